@@ -1,0 +1,15 @@
+.PHONY: venv tune test lint
+
+venv:
+	scripts/venv
+
+# The main job: tune the bundled reference server on this machine.
+tune: venv
+	.venv/bin/batchpilot tune --local
+
+# The whole test suite (unit, component, operator, e2e).
+test:
+	scripts/test
+
+lint: venv
+	.venv/bin/ruff check . && .venv/bin/ruff format --check . && .venv/bin/mypy

@@ -1,0 +1,171 @@
+"""Value types shared by every part: a batching configuration, an SLA, a request mix,
+and the results of a measurement.
+
+They are the contract between the load generator, the capacity search, the simulator,
+the tuner and the operator, so they live here rather than in any one of them. Results
+serialise to the JSON the CLI prints (`model_dump(mode="json")`).
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Sequence
+from typing import Annotated, Self
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+MAX_BATCH_SIZE_LIMIT = 4096
+MAX_QUEUE_TIME_MS_LIMIT = 60_000.0
+
+
+class Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class BatchingConfig(Frozen):
+    """The two knobs of dynamic batching."""
+
+    max_batch_size: Annotated[int, Field(ge=1, le=MAX_BATCH_SIZE_LIMIT)]
+    max_queue_time_ms: Annotated[float, Field(ge=0.0, le=MAX_QUEUE_TIME_MS_LIMIT)]
+
+    def label(self) -> str:
+        return f"batch={self.max_batch_size} wait={self.max_queue_time_ms:g}ms"
+
+
+class SLA(Frozen):
+    """What a sustained rate must keep to count as effective throughput."""
+
+    p99_ms: Annotated[float, Field(gt=0.0, le=3_600_000.0)]
+    max_error_rate: Annotated[float, Field(ge=0.0, lt=1.0)] = 0.001
+
+
+class RequestClass(Frozen):
+    """One kind of request in a mix: its relative weight and its input size
+    (feature rows for the MLP, tokens for the sequence model)."""
+
+    weight: Annotated[float, Field(gt=0.0)]
+    size: Annotated[int, Field(ge=1, le=65_536)]
+
+
+class RequestMix(Frozen):
+    """Weighted request sizes. Uniform sizes give a fake p99 (DESIGN.md §1), so the
+    default mix is mostly short requests with a long tail."""
+
+    classes: Annotated[tuple[RequestClass, ...], Field(min_length=1)]
+
+    @classmethod
+    def default(cls) -> RequestMix:
+        return cls(
+            classes=(
+                RequestClass(weight=8, size=16),
+                RequestClass(weight=2, size=64),
+            )
+        )
+
+    @classmethod
+    def uniform(cls, size: int) -> RequestMix:
+        return cls(classes=(RequestClass(weight=1, size=size),))
+
+    def mean_size(self) -> float:
+        total = sum(c.weight for c in self.classes)
+        return sum(c.weight * c.size for c in self.classes) / total
+
+    def sampler(self, seed: int) -> SizeSampler:
+        return SizeSampler(self, seed)
+
+
+class SizeSampler:
+    """Seeded draws of request sizes from a mix."""
+
+    def __init__(self, mix: RequestMix, seed: int) -> None:
+        self._rng = random.Random(seed)
+        self._sizes = [c.size for c in mix.classes]
+        self._weights = [c.weight for c in mix.classes]
+
+    def draw(self, n: int) -> list[int]:
+        return self._rng.choices(self._sizes, weights=self._weights, k=n)
+
+
+class LatencySummary(Frozen):
+    """End-to-end latency percentiles in milliseconds."""
+
+    count: int
+    mean_ms: float
+    p50_ms: float
+    p90_ms: float
+    p95_ms: float
+    p99_ms: float
+    p999_ms: float
+    max_ms: float
+
+
+class StepResult(Frozen):
+    """One fixed window of the capacity search at one offered rate."""
+
+    offered_rps: float
+    achieved_rps: float
+    p50_ms: float
+    p99_ms: float
+    error_rate: float
+    requests: int
+    passed: bool
+    reason: str = ""  # why the step failed, empty when it passed
+    duration_s: float
+    source: str = "client"  # client | prometheus | simulator
+
+
+class CapacityResult(Frozen):
+    """The effective throughput of one configuration and every step that found it."""
+
+    effective_rps: float  # 0.0 when no step passed
+    p99_ms: float | None  # p99 at effective_rps
+    sla: SLA
+    feasible: bool  # at least one step passed
+    pruned: bool = False  # the search stopped early because it could not win
+    precision: float
+    steps: list[StepResult]
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Self:
+        if self.feasible != (self.effective_rps > 0.0):
+            raise ValueError("feasible must be true exactly when effective_rps > 0")
+        return self
+
+
+def step_passes(
+    *,
+    p99_ms: float,
+    error_rate: float,
+    offered_rps: float,
+    achieved_rps: float,
+    sla: SLA,
+    min_achieved_ratio: float = 0.97,
+) -> tuple[bool, str]:
+    """The step rule of DESIGN.md §6: p99 within the SLA, errors within the bound, and the
+    server keeping up with the offered rate. Returns (passed, reason for failing)."""
+    reasons: list[str] = []
+    if not math.isfinite(p99_ms) or p99_ms > sla.p99_ms:
+        reasons.append(f"p99 {p99_ms:.1f} ms > SLA {sla.p99_ms:g} ms")
+    if error_rate > sla.max_error_rate:
+        reasons.append(f"error rate {error_rate:.4f} > {sla.max_error_rate:g}")
+    if offered_rps > 0 and achieved_rps < min_achieved_ratio * offered_rps:
+        reasons.append(
+            f"achieved {achieved_rps:.1f} req/s < {min_achieved_ratio:.0%} of offered "
+            f"{offered_rps:.1f} req/s"
+        )
+    return (not reasons, "; ".join(reasons))
+
+
+def accelerator_hours_per_million(
+    effective_rps: float, replicas: int = 1, accelerators_per_replica: int = 1
+) -> float:
+    """Accelerator-hours per million effective requests (DESIGN.md §1)."""
+    if effective_rps <= 0:
+        return math.inf
+    return replicas * accelerators_per_replica / (effective_rps * 3600.0) * 1e6
+
+
+def best_of(results: Sequence[CapacityResult]) -> CapacityResult | None:
+    feasible = [r for r in results if r.feasible]
+    return max(feasible, key=lambda r: r.effective_rps, default=None)

@@ -1,0 +1,41 @@
+"""What the tuner needs from the world, and nothing more (DESIGN.md §2).
+
+Local mode implements these against a reference-server subprocess; the operator
+implements them against Kubernetes workloads. The tuner never imports either.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from batchpilot.models import BatchingConfig, CapacityResult
+
+
+class Target(Protocol):
+    """Where a configuration is applied."""
+
+    async def current(self) -> BatchingConfig:
+        """The configuration that is live now (the baseline before tuning)."""
+        ...
+
+    async def apply(self, config: BatchingConfig) -> None:
+        """Apply `config` and return only once it is live: every serving replica runs it,
+        is ready and warmed up. Raises TargetError when that cannot be reached."""
+        ...
+
+
+class Probe(Protocol):
+    """How the live configuration is scored."""
+
+    async def measure(self, config: BatchingConfig, *, must_beat: float | None) -> CapacityResult:
+        """Effective throughput of what is live now (`config` is for labelling).
+
+        `must_beat` is the best effective req/s so far: the probe may stop its ramp
+        early (returning a result with `pruned=True`) once this configuration
+        provably cannot exceed it."""
+        ...
+
+
+class TargetError(RuntimeError):
+    """The target could not be brought to the requested configuration; the trial fails
+    with this message as its reason."""
