@@ -8,7 +8,14 @@ import importlib
 import click
 
 # name -> "module:attribute" of a click command
-SUBCOMMANDS: dict[str, str] = {}
+SUBCOMMANDS: dict[str, str] = {
+    "serve": "batchpilot.server.cli:serve",
+    "operator": "batchpilot.operator.cli:operator",
+    "tune": "batchpilot.tuner.cli:tune",
+    "simulate": "batchpilot.simulator.cli:simulate",
+    "loadtest": "batchpilot.loadgen.cli:loadtest",
+    "capacity": "batchpilot.capacity.cli:capacity",
+}
 
 
 class LazyGroup(click.Group):

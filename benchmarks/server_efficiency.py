@@ -1,0 +1,279 @@
+"""How close the reference server gets to its model's own throughput.
+
+For each batch size b: the bound, b / t(b) with t(b) the pure-PyTorch forward time of a
+batch of b one-row requests on one thread (the server's default on a 2-core machine),
+beside the server's saturated throughput with `max_batch_size = b`: closed-loop clients
+(2·b requests always in flight, so batches stay full) against one server process, the
+batch size changed live between windows (PUT /admin/batching). Target: ratio >= 0.8 for
+b >= 8.
+
+The clients run in this process and share the machine with the server: on 2 cores the
+server's torch thread has one core and the server's event loop and the clients share the
+other, so the figures move from run to run; the ratios, measured in the same run, less.
+The clients are bare keep-alive HTTP/1.1 on asyncio streams rather than aiohttp: a
+heavier client would take CPU from the server it measures.
+
+    python benchmarks/server_efficiency.py [--json] [--window-s 3] [--repeats 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import statistics
+import time
+
+import aiohttp
+import torch
+from pydantic import BaseModel
+from rich.console import Console
+from rich.table import Table
+
+from batchpilot.server.process import ServerProcess
+from batchpilot.server.workloads import MLPWorkload
+
+BATCH_SIZES = (1, 2, 4, 8, 16, 32, 64)
+TARGET_RATIO = 0.8
+TARGET_FROM_BATCH = 8
+THREADS = 1
+TIMEOUT = aiohttp.ClientTimeout(total=10)
+
+
+class Row(BaseModel):
+    batch_size: int
+    bound_rps: float
+    server_rps: float
+    ratio: float  # median of the per-repeat ratios
+    mean_batch: float  # requests per batch the server actually ran
+    forward_ms: float  # pure-PyTorch t(b), wall clock
+    server_compute_ms: float  # the server's own mean compute time at batch size b
+    # CPU seconds, which other processes on the machine disturb far less than wall time:
+    # the model's CPU per request beside the server process's CPU per request (model,
+    # HTTP, JSON, batching, metrics). Their ratio is the share of the server's CPU that
+    # goes to the model.
+    model_cpu_us_per_request: float
+    server_cpu_us_per_request: float
+    cpu_ratio: float
+
+
+class Report(BaseModel):
+    model: str
+    threads: int
+    window_s: float
+    repeats: int
+    target_ratio: float
+    target_from_batch: int
+    meets_target: bool
+    load_average: tuple[float, float]  # 1-minute load at start and end: how busy the machine was
+    cpu_count: int
+    rows: list[Row]
+
+
+def forward_time_s(workload: MLPWorkload, batch_size: int) -> tuple[float, float]:
+    """Mean (wall, CPU) seconds of one forward pass of the model alone, over about half
+    a second."""
+    batch = workload.synthetic(batch_size).clone()
+    with torch.inference_mode():
+        workload.net(batch)
+        iterations = max(5, 200 // batch_size)
+        wall, cpu = time.perf_counter(), time.thread_time()
+        for _ in range(iterations):
+            workload.net(batch)
+        return (
+            (time.perf_counter() - wall) / iterations,
+            (time.thread_time() - cpu) / iterations,
+        )
+
+
+def process_cpu_s(pid: int) -> float:
+    """User + system CPU seconds a process has used (Linux /proc)."""
+    with open(f"/proc/{pid}/stat") as stat:
+        fields = stat.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+SYNTHETIC_ONE_ROW = b'{"synthetic": {"size": 1}}'
+
+
+class ClosedLoopClients:
+    """`concurrency` connections, each sending the next request as soon as the last one is
+    answered; counts 200s and anything else."""
+
+    def __init__(self, host: str, port: int) -> None:
+        self.host = host
+        self.port = port
+        self.request = (
+            f"POST /v1/predict HTTP/1.1\r\nHost: {host}:{port}\r\n"
+            f"Content-Type: application/json\r\nContent-Length: {len(SYNTHETIC_ONE_ROW)}\r\n\r\n"
+        ).encode() + SYNTHETIC_ONE_ROW
+
+    async def _connection(self, deadline: float, counts: list[int]) -> None:
+        loop = asyncio.get_running_loop()
+        reader, writer = await asyncio.wait_for(
+            asyncio.open_connection(self.host, self.port), timeout=10
+        )
+        try:
+            while loop.time() < deadline:
+                writer.write(self.request)
+                head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), timeout=10)
+                start = head.lower().index(b"content-length:") + len(b"content-length:")
+                length = int(head[start : head.index(b"\r\n", start)])
+                await asyncio.wait_for(reader.readexactly(length), timeout=10)
+                counts[0 if head.startswith(b"HTTP/1.1 200") else 1] += 1
+        finally:
+            writer.close()
+
+    async def rate(self, concurrency: int, duration_s: float) -> float:
+        """Successful responses per second over `duration_s`; raises if any failed."""
+        loop = asyncio.get_running_loop()
+        counts = [0, 0]
+        started = loop.time()
+        await asyncio.gather(
+            *(self._connection(started + duration_s, counts) for _ in range(concurrency))
+        )
+        if counts[1]:
+            raise RuntimeError(f"{counts[1]} of {sum(counts)} requests failed")
+        return counts[0] / (loop.time() - started)
+
+
+async def _json(
+    http: aiohttp.ClientSession, method: str, url: str, body: object = None
+) -> dict[str, object]:
+    async with http.request(method, url, json=body) as response:
+        response.raise_for_status()
+        result: dict[str, object] = await response.json()
+        return result
+
+
+async def server_window(
+    server: ServerProcess, http: aiohttp.ClientSession, batch_size: int, window_s: float
+) -> tuple[float, float, float, float]:
+    """(req/s, mean requests per batch, mean compute ms at `batch_size`, server CPU
+    seconds per request) for one window."""
+    await _json(http, "DELETE", f"{server.url}/admin/profile")
+    cpu_before = process_cpu_s(server.pid)
+    rps = await ClosedLoopClients(server.host, server.port).rate(2 * batch_size, window_s)
+    cpu_per_request = (process_cpu_s(server.pid) - cpu_before) / max(rps * window_s, 1.0)
+    profile = await _json(http, "GET", f"{server.url}/admin/profile")
+    batches = profile["batches"]
+    assert isinstance(batches, list)
+    requests = sum(b["batch_size"] * b["count"] for b in batches)
+    count = sum(b["count"] for b in batches)
+    at_size = [b["mean_compute_ms"] for b in batches if b["batch_size"] == batch_size]
+    compute_ms = at_size[0] if at_size else float("nan")
+    return rps, requests / max(count, 1), compute_ms, cpu_per_request
+
+
+async def measure(window_s: float, repeats: int) -> list[Row]:
+    """Per batch size, `repeats` pairs of (bound, server window) taken back to back, so
+    each ratio compares figures measured under the same load on the machine."""
+    torch.set_num_threads(THREADS)
+    workload = MLPWorkload(torch.device("cpu"))
+    rows = []
+    async with (
+        ServerProcess(max_batch_size=max(BATCH_SIZES), max_queue_time_ms=50.0, threads=THREADS)
+        as server,
+        aiohttp.ClientSession(timeout=TIMEOUT) as http,
+    ):  # fmt: skip
+        for batch_size in BATCH_SIZES:
+            await _json(http, "PUT", f"{server.url}/admin/batching", {"max_batch_size": batch_size})
+            # A short closed-loop run settles the connections and the batch shapes.
+            await ClosedLoopClients(server.host, server.port).rate(2 * batch_size, 1.0)
+            bounds, model_cpu, windows = [], [], []
+            for _ in range(repeats):
+                # The server is idle meanwhile: its process only waits on its socket.
+                wall, cpu = forward_time_s(workload, batch_size)
+                bounds.append(batch_size / wall)
+                model_cpu.append(cpu / batch_size)
+                windows.append(await server_window(server, http, batch_size, window_s))
+            ratios = [w[0] / bound for w, bound in zip(windows, bounds, strict=True)]
+            rows.append(
+                Row(
+                    batch_size=batch_size,
+                    bound_rps=round(statistics.median(bounds), 1),
+                    server_rps=round(statistics.median(w[0] for w in windows), 1),
+                    ratio=round(statistics.median(ratios), 3),
+                    mean_batch=round(statistics.median(w[1] for w in windows), 2),
+                    forward_ms=round(1000 * batch_size / statistics.median(bounds), 3),
+                    server_compute_ms=round(statistics.median(w[2] for w in windows), 3),
+                    model_cpu_us_per_request=round(statistics.median(model_cpu) * 1e6, 1),
+                    server_cpu_us_per_request=round(
+                        statistics.median(w[3] for w in windows) * 1e6, 1
+                    ),
+                    cpu_ratio=round(
+                        statistics.median(
+                            m / w[3] for m, w in zip(model_cpu, windows, strict=True)
+                        ),
+                        3,
+                    ),
+                )
+            )
+    return rows
+
+
+def run(window_s: float, repeats: int) -> Report:
+    load_before = os.getloadavg()[0]
+    rows = asyncio.run(measure(window_s, repeats))
+    load_after = os.getloadavg()[0]
+    meets = all(r.ratio >= TARGET_RATIO for r in rows if r.batch_size >= TARGET_FROM_BATCH)
+    return Report(
+        model="mlp",
+        threads=THREADS,
+        window_s=window_s,
+        repeats=repeats,
+        target_ratio=TARGET_RATIO,
+        target_from_batch=TARGET_FROM_BATCH,
+        meets_target=meets,
+        load_average=(round(load_before, 2), round(load_after, 2)),
+        cpu_count=os.cpu_count() or 1,
+        rows=rows,
+    )
+
+
+def render(report: Report) -> None:
+    table = Table(title=f"reference server vs. model bound ({report.model}, 1 torch thread)")
+    columns = ("batch", "bound req/s", "server req/s", "ratio", "mean batch", "t(b) ms",
+               "model CPU µs/req", "server CPU µs/req", "CPU ratio")  # fmt: skip
+    for column in columns:
+        table.add_column(column, justify="right")
+    for r in report.rows:
+        table.add_row(
+            str(r.batch_size),
+            f"{r.bound_rps:.0f}",
+            f"{r.server_rps:.0f}",
+            f"{r.ratio:.2f}",
+            f"{r.mean_batch:.1f}",
+            f"{r.forward_ms:.2f}",
+            f"{r.model_cpu_us_per_request:.0f}",
+            f"{r.server_cpu_us_per_request:.0f}",
+            f"{r.cpu_ratio:.2f}",
+        )
+    console = Console()
+    console.print(table)
+    verdict = "meets" if report.meets_target else "misses"
+    console.print(
+        f"{verdict} the target ratio >= {report.target_ratio} for batch >= "
+        f"{report.target_from_batch}; load average {report.load_average[0]:g} -> "
+        f"{report.load_average[1]:g} on {report.cpu_count} CPUs"
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    parser.add_argument("--window-s", type=float, default=3.0, help="seconds per window")
+    parser.add_argument("--repeats", type=int, default=3, help="windows per batch size")
+    args = parser.parse_args()
+    if args.window_s <= 0 or args.repeats < 1:
+        parser.error("--window-s must be > 0 and --repeats >= 1")
+    report = run(args.window_s, args.repeats)
+    if args.json:
+        print(json.dumps(report.model_dump(mode="json")))
+    else:
+        render(report)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,137 @@
+"""`batchpilot capacity`: the effective throughput of a live endpoint, every step shown."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+from pathlib import Path
+from typing import Any, Literal, cast
+
+import click
+from rich.console import Console
+
+from batchpilot.capacity.http import measure_capacity
+from batchpilot.capacity.prometheus import PrometheusQueryError, PrometheusStepSource
+from batchpilot.capacity.report import capacity_json, render_capacity, step_line
+from batchpilot.capacity.search import summarise_steps
+from batchpilot.loadgen.arrivals import ARRIVALS
+from batchpilot.loadgen.clitools import OneLineErrors, fail, on_interrupt
+from batchpilot.loadgen.endpoints import UnreachableError, check_reachable, normalise_urls
+from batchpilot.loadgen.mix import parse_mix
+from batchpilot.loadgen.result import LoadResult
+from batchpilot.models import SLA, CapacityResult, RequestMix, StepResult
+
+INTERRUPTED_EXIT = 130
+_POSITIVE = click.FloatRange(0, min_open=True)
+
+
+@click.command(cls=OneLineErrors)
+@click.argument("urls", metavar="URL...", nargs=-1, required=True)
+@click.option(
+    "--p99-ms", type=click.FloatRange(0, 3_600_000, min_open=True), required=True,
+    help="SLA: p99 latency bound in milliseconds.",
+)  # fmt: skip
+@click.option(
+    "--max-error-rate", type=click.FloatRange(0, 1, max_open=True), default=0.001,
+    show_default=True, help="SLA: largest allowed fraction of failed requests.",
+)  # fmt: skip
+@click.option("--mix", "mix_spec", default=None, help="WEIGHT:SIZE pairs or a YAML/JSON file.")
+@click.option(
+    "--precision", type=click.FloatRange(0, 1, min_open=True, max_open=True), default=0.05,
+    show_default=True, help="Stop bisecting when (hi - lo) / lo is at most this.",
+)  # fmt: skip
+@click.option("--step-seconds", type=_POSITIVE, default=5.0, show_default=True)
+@click.option("--warmup-seconds", type=click.FloatRange(0), default=2.0, show_default=True)
+@click.option("--start-rps", type=_POSITIVE, default=None, help="Default: from the warm-up.")
+@click.option("--timeout", type=_POSITIVE, default=None, help="Default: max(5 x SLA, 1 s).")
+@click.option("--arrival", type=click.Choice(ARRIVALS), default="poisson", show_default=True)
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--path", default="/v1/predict", show_default=True)
+@click.option("--replicas", type=click.IntRange(1), default=1, show_default=True)
+@click.option("--accelerators-per-replica", type=click.IntRange(1), default=1, show_default=True)
+@click.option("--prometheus", "prometheus_url", default=None, help="Decide steps from PromQL.")
+@click.option("--prometheus-selector", default="", help="Label matchers, e.g. 'job=\"x\"'.")
+@click.option("--plot", "plot_path", type=click.Path(dir_okay=False), default=None)
+@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
+def capacity(
+    urls: tuple[str, ...],
+    p99_ms: float,
+    max_error_rate: float,
+    mix_spec: str | None,
+    precision: float,
+    step_seconds: float,
+    warmup_seconds: float,
+    start_rps: float | None,
+    timeout: float | None,
+    arrival: str,
+    seed: int,
+    path: str,
+    replicas: int,
+    accelerators_per_replica: int,
+    prometheus_url: str | None,
+    prometheus_selector: str,
+    plot_path: str | None,
+    as_json: bool,
+) -> None:
+    """Find the effective throughput of URL: the highest offered rate whose p99 and error
+    rate stay within the SLA. Warm-up, geometric ramp, bisection; every step reported.
+    Ctrl-C stops and prints the steps so far."""
+    try:
+        mix = parse_mix(mix_spec) if mix_spec is not None else RequestMix.default()
+        bases = normalise_urls(urls)
+        if prometheus_url is not None:
+            normalise_urls(prometheus_url)
+        if plot_path is not None and Path(plot_path).suffix.lower() not in (".png", ".svg", ".pdf"):
+            raise ValueError(f"--plot must name a .png, .svg or .pdf file, got {plot_path!r}")
+    except ValueError as e:
+        raise fail(str(e)) from None
+    sla = SLA(p99_ms=p99_ms, max_error_rate=max_error_rate)
+    console = Console(stderr=True)
+    steps: list[StepResult] = []
+
+    def progress(step: StepResult, load: LoadResult) -> None:
+        steps.append(step)
+        if not as_json:
+            console.print(step_line(len(steps), step), highlight=False)
+
+    async def run() -> tuple[CapacityResult, bool]:
+        task = asyncio.current_task()
+        assert task is not None
+        on_interrupt(task.cancel)
+        try:
+            await check_reachable(bases)
+            source = None
+            if prometheus_url is not None:
+                await check_reachable([prometheus_url.rstrip("/")])
+                source = PrometheusStepSource(prometheus_url, selector=prometheus_selector)
+            result = await measure_capacity(
+                bases, sla=sla, mix=mix, precision=precision, step_duration_s=step_seconds,
+                warmup_s=warmup_seconds, start_rps=start_rps, timeout_s=timeout, seed=seed,
+                source=source, arrival=cast(Literal["poisson", "constant"], arrival),
+                path=path, on_step=progress,
+            )  # fmt: skip
+            return result, False
+        except asyncio.CancelledError:
+            return summarise_steps(steps, sla=sla, precision=precision), True
+
+    try:
+        result, interrupted = asyncio.run(run())
+    except (UnreachableError, PrometheusQueryError, ValueError) as e:
+        raise fail(str(e)) from None
+    written = None
+    if plot_path is not None and result.steps:
+        # matplotlib costs seconds to import: only when a plot is asked for.
+        from batchpilot.capacity.plot import plot_capacity
+
+        written = str(plot_capacity({", ".join(bases): result}, plot_path))
+    data: dict[str, Any] = capacity_json(
+        result, urls=bases, replicas=replicas, accelerators_per_replica=accelerators_per_replica,
+        interrupted=interrupted, plot=written,
+    )  # fmt: skip
+    if as_json:
+        click.echo(json.dumps(data, indent=2))
+    else:
+        render_capacity(data, Console())
+    if interrupted:
+        sys.exit(INTERRUPTED_EXIT)

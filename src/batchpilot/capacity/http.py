@@ -1,0 +1,151 @@
+"""Effective throughput of a live HTTP endpoint: warm up, then search with steps from
+the open-loop generator, decided on the client's percentiles or on Prometheus's."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import math
+import time
+from collections.abc import Callable, Sequence
+from typing import Literal, Protocol
+
+from batchpilot.capacity.search import search_capacity
+from batchpilot.capacity.steps import step_from_load
+from batchpilot.loadgen.endpoints import check_reachable, normalise_urls
+from batchpilot.loadgen.generator import run_load
+from batchpilot.loadgen.result import LoadResult
+from batchpilot.loadgen.warmup import closed_loop_rate
+from batchpilot.models import SLA, CapacityResult, RequestMix, StepResult
+
+# The warm-up keeps this many requests in flight per target; its rate, halved, is where
+# the search starts when no start rate is given (the ramp doubles from there).
+WARMUP_CONCURRENCY = 16
+FALLBACK_START_RPS = 10.0
+
+
+class StepSource(Protocol):
+    """Decides a step from somewhere other than the client's own measurement."""
+
+    async def step_result(
+        self, *, load: LoadResult, start_unix: float, end_unix: float, sla: SLA
+    ) -> StepResult:
+        """The step decision for the window [start_unix, end_unix] during which `load`
+        was offered."""
+        ...
+
+
+def default_timeout_s(sla: SLA) -> float:
+    """Well above the SLA, so a timeout marks a request that failed, not a slow pass."""
+    return max(5.0 * sla.p99_ms / 1000.0, 1.0)
+
+
+async def measure_step(
+    urls: Sequence[str],
+    *,
+    rate: float,
+    sla: SLA,
+    mix: RequestMix,
+    duration_s: float,
+    timeout_s: float,
+    seed: int,
+    arrival: Literal["poisson", "constant"] = "poisson",
+    source: StepSource | None = None,
+    path: str = "/v1/predict",
+) -> tuple[StepResult, LoadResult]:
+    """One window at `rate`: the step decision and the client's full measurement."""
+    start_unix = time.time()
+    load = await run_load(
+        urls,
+        rate=rate,
+        duration_s=duration_s,
+        mix=mix,
+        arrival=arrival,
+        timeout_s=timeout_s,
+        seed=seed,
+        path=path,
+    )
+    end_unix = time.time()
+    if source is None:
+        return step_from_load(load, sla), load
+    step = await source.step_result(load=load, start_unix=start_unix, end_unix=end_unix, sla=sla)
+    return step, load
+
+
+async def measure_capacity(
+    urls: str | Sequence[str],
+    *,
+    sla: SLA,
+    mix: RequestMix,
+    precision: float = 0.05,
+    step_duration_s: float = 5.0,
+    warmup_s: float = 2.0,
+    start_rps: float | None = None,
+    must_beat: float | None = None,
+    timeout_s: float | None = None,
+    seed: int = 0,
+    source: StepSource | None = None,
+    arrival: Literal["poisson", "constant"] = "poisson",
+    max_rps: float = 1e6,
+    path: str = "/v1/predict",
+    on_step: Callable[[StepResult, LoadResult], None] | None = None,
+    cooldown_s: float | None = None,
+) -> CapacityResult:
+    """Warm up, then search for the effective throughput (see search_capacity).
+    `on_step` sees every step as it completes (progress display, partial results).
+    After a failing step the search pauses `cooldown_s` (default: the request timeout)
+    so the backlog that step left in the server does not spill into the next window.
+    Raises ValueError for bad arguments and UnreachableError when a target does not
+    answer at all."""
+    bases = normalise_urls(urls)
+    if not (math.isfinite(step_duration_s) and step_duration_s > 0):
+        raise ValueError(f"step duration must be > 0 s, got {step_duration_s:g}")
+    if not (math.isfinite(warmup_s) and warmup_s >= 0):
+        raise ValueError(f"warm-up must be ≥ 0 s, got {warmup_s:g}")
+    if start_rps is not None and not (math.isfinite(start_rps) and start_rps > 0):
+        raise ValueError(f"start rate must be > 0 req/s, got {start_rps:g}")
+    timeout = timeout_s if timeout_s is not None else default_timeout_s(sla)
+    cooldown = timeout if cooldown_s is None else cooldown_s
+    await check_reachable(bases)
+    estimate = 0.0
+    if warmup_s > 0:
+        estimate = await closed_loop_rate(
+            bases,
+            concurrency=WARMUP_CONCURRENCY * len(bases),
+            duration_s=warmup_s,
+            mix=mix,
+            timeout_s=timeout,
+            path=path,
+            seed=seed,
+        )
+    if start_rps is None:
+        start_rps = max(1.0, estimate / 2.0) if estimate > 0 else FALLBACK_START_RPS
+    step_seeds = itertools.count(seed + 1)
+
+    async def measure(rate: float) -> StepResult:
+        step, load = await measure_step(
+            bases,
+            rate=rate,
+            sla=sla,
+            mix=mix,
+            duration_s=step_duration_s,
+            timeout_s=timeout,
+            seed=next(step_seeds),
+            arrival=arrival,
+            source=source,
+            path=path,
+        )
+        if on_step is not None:
+            on_step(step, load)
+        if not step.passed and cooldown > 0:
+            await asyncio.sleep(cooldown)
+        return step
+
+    return await search_capacity(
+        measure,
+        sla=sla,
+        start_rps=start_rps,
+        precision=precision,
+        must_beat=must_beat,
+        max_rps=max_rps,
+    )

@@ -1,0 +1,130 @@
+"""Step decisions from the server's own metrics, through Prometheus (DESIGN.md §6): p99
+from `histogram_quantile` over the step window, rates from counters."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from typing import Any
+
+from prometheus_api_client import PrometheusConnect
+from prometheus_api_client.exceptions import PrometheusApiClientException
+from requests import RequestException
+from urllib3.util.retry import Retry
+
+from batchpilot.loadgen.result import LoadResult
+from batchpilot.models import SLA, StepResult, step_passes
+
+
+class PrometheusQueryError(RuntimeError):
+    """Prometheus did not answer a query; the message says which and why."""
+
+
+class PrometheusStepSource:
+    """Decides a step from PromQL over the window the step ran in. `selector` narrows the
+    series to the target's (e.g. `job="resnet",namespace="prod"`)."""
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        latency_metric: str = "batchpilot_request_latency_seconds",
+        requests_metric: str = "batchpilot_requests_total",
+        ok_outcome: str = "ok",
+        selector: str = "",
+        settle_s: float = 2.5,
+        query_timeout_s: float = 10.0,
+    ) -> None:
+        if settle_s < 0 or query_timeout_s <= 0:
+            raise ValueError("settle time must be ≥ 0 s and query timeout > 0 s")
+        self.url = url.rstrip("/")
+        self._latency = latency_metric
+        self._requests = requests_metric
+        self._ok = ok_outcome
+        self._selector = selector.strip().strip("{}").strip()
+        self._settle_s = settle_s
+        self._timeout_s = query_timeout_s
+        # Few, quick retries: the whole query is bounded by query_timeout_s anyway.
+        retry = Retry(total=2, backoff_factor=0.1, status_forcelist=(502, 503, 504))
+        self._client = PrometheusConnect(
+            url=self.url, disable_ssl=True, timeout=math.ceil(query_timeout_s), retry=retry
+        )
+
+    def queries(self, window_s: float) -> dict[str, str]:
+        """The PromQL for a window, by what it measures."""
+        window = f"{max(1, round(window_s * 1000))}ms"
+        buckets = f"{self._latency}_bucket{self._matchers()}"
+        ok = self._matchers(f'outcome="{self._ok}"')
+        return {
+            "p50": f"histogram_quantile(0.5, sum by (le) (rate({buckets}[{window}])))",
+            "p99": f"histogram_quantile(0.99, sum by (le) (rate({buckets}[{window}])))",
+            "ok_rps": f"sum(rate({self._requests}{ok}[{window}]))",
+            "total_rps": f"sum(rate({self._requests}{self._matchers()}[{window}]))",
+        }
+
+    async def step_result(
+        self, *, load: LoadResult, start_unix: float, end_unix: float, sla: SLA
+    ) -> StepResult:
+        # Let Prometheus scrape past the end of the window before asking about it.
+        await asyncio.sleep(self._settle_s)
+        window_s = max(end_unix - start_unix, 2.0)
+        values = {
+            name: await self.query_scalar(query, at_unix=end_unix)
+            for name, query in self.queries(window_s).items()
+        }
+        p99_ms = values["p99"] * 1000.0
+        total = values["total_rps"]
+        ok_rps = values["ok_rps"] if math.isfinite(values["ok_rps"]) else 0.0
+        error_rate = 1.0 - ok_rps / total if math.isfinite(total) and total > 0 else 1.0
+        if not math.isfinite(p99_ms) or not (math.isfinite(total) and total > 0):
+            passed, reason = False, "Prometheus holds no requests for this window"
+        else:
+            passed, reason = step_passes(
+                p99_ms=p99_ms,
+                error_rate=error_rate,
+                offered_rps=load.offered_rps,
+                achieved_rps=ok_rps,
+                sla=sla,
+            )
+        return StepResult(
+            offered_rps=load.offered_rps,
+            achieved_rps=ok_rps,
+            p50_ms=_finite_or(values["p50"] * 1000.0, 0.0),
+            p99_ms=_finite_or(p99_ms, math.inf),
+            error_rate=error_rate,
+            requests=round(total * window_s) if math.isfinite(total) else 0,
+            passed=passed,
+            reason=reason,
+            duration_s=load.duration_s,
+            source="prometheus",
+        )
+
+    async def query_scalar(self, query: str, *, at_unix: float) -> float:
+        """The single value of an instant query at `at_unix`; NaN when there is none."""
+        try:
+            result: Any = await asyncio.wait_for(
+                asyncio.to_thread(
+                    self._client.custom_query,
+                    query,
+                    params={"time": f"{at_unix:.3f}"},
+                    timeout=math.ceil(self._timeout_s),
+                ),
+                timeout=self._timeout_s + 1.0,
+            )
+        except TimeoutError:
+            raise PrometheusQueryError(
+                f"Prometheus at {self.url} did not answer within {self._timeout_s:g} s"
+            ) from None
+        except (PrometheusApiClientException, RequestException, ValueError) as e:
+            raise PrometheusQueryError(f"Prometheus at {self.url}: {e}") from None
+        if not result:
+            return math.nan
+        return float(result[0]["value"][1])
+
+    def _matchers(self, *extra: str) -> str:
+        parts = [p for p in (self._selector, *extra) if p]
+        return "{" + ",".join(parts) + "}" if parts else ""
+
+
+def _finite_or(value: float, default: float) -> float:
+    return value if math.isfinite(value) else default

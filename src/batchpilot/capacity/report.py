@@ -1,0 +1,86 @@
+"""The capacity result as JSON (with the cost line) and as a table for people."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from batchpilot.models import CapacityResult, StepResult, accelerator_hours_per_million
+
+
+def capacity_json(
+    result: CapacityResult,
+    *,
+    urls: list[str],
+    replicas: int,
+    accelerators_per_replica: int,
+    interrupted: bool = False,
+    plot: str | None = None,
+) -> dict[str, Any]:
+    """The result's JSON plus the cost line (DESIGN.md §1) and how it was obtained."""
+    cost = accelerator_hours_per_million(
+        result.effective_rps, replicas=replicas, accelerators_per_replica=accelerators_per_replica
+    )
+    data = result.model_dump(mode="json")
+    data.update(
+        urls=urls,
+        replicas=replicas,
+        accelerators_per_replica=accelerators_per_replica,
+        accelerator_hours_per_million=cost if math.isfinite(cost) else None,
+        interrupted=interrupted,
+        plot=plot,
+    )
+    return data
+
+
+def step_line(index: int, step: StepResult) -> str:
+    verdict = "pass" if step.passed else f"FAIL ({step.reason})"
+    return (
+        f"step {index}: offered {step.offered_rps:,.1f} req/s → achieved "
+        f"{step.achieved_rps:,.1f}, p50 {step.p50_ms:,.1f} ms, p99 {step.p99_ms:,.1f} ms, "
+        f"errors {step.error_rate:.2%}: {verdict}"
+    )
+
+
+def render_capacity(data: dict[str, Any], console: Console) -> None:
+    result = CapacityResult.model_validate(
+        {k: v for k, v in data.items() if k in CapacityResult.model_fields}
+    )
+    title = "Capacity search" + (" (interrupted: partial result)" if data["interrupted"] else "")
+    table = Table(title=title)
+    for name in ("#", "offered req/s", "achieved req/s", "p50 ms", "p99 ms", "errors", "step"):
+        table.add_column(name, justify="right" if name != "step" else "left")
+    for index, step in enumerate(result.steps, start=1):
+        table.add_row(
+            str(index),
+            f"{step.offered_rps:,.1f}",
+            f"{step.achieved_rps:,.1f}",
+            f"{step.p50_ms:,.1f}",
+            f"{step.p99_ms:,.1f}",
+            f"{step.error_rate:.2%}",
+            "[green]pass[/]" if step.passed else f"[red]fail[/] {step.reason}",
+        )
+    console.print(table)
+    sla = result.sla
+    if result.feasible:
+        console.print(
+            f"Effective throughput: [bold]{result.effective_rps:,.1f} req/s[/] "
+            f"(p99 {result.p99_ms or 0:,.1f} ms ≤ SLA {sla.p99_ms:g} ms, errors ≤ "
+            f"{sla.max_error_rate:g}; precision {result.precision:.0%})"
+            + (" — pruned early" if result.pruned else "")
+        )
+        console.print(
+            f"Cost: {data['accelerator_hours_per_million']:,.3f} accelerator-hours per million "
+            f"effective requests ({data['replicas']} replica(s) x "
+            f"{data['accelerators_per_replica']} accelerator(s))"
+        )
+    else:
+        console.print(
+            f"[red]No offered rate met the SLA[/] (p99 ≤ {sla.p99_ms:g} ms, errors ≤ "
+            f"{sla.max_error_rate:g}): effective throughput 0"
+        )
+    if data.get("plot"):
+        console.print(f"Plot written to {data['plot']}")

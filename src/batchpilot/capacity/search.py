@@ -1,0 +1,144 @@
+"""The capacity search over an abstract step function.
+
+It knows nothing of HTTP: the load generator, Prometheus and the queueing simulator all
+supply steps, so one search decides for all of them."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Awaitable, Callable, Sequence
+
+from batchpilot.models import SLA, CapacityResult, StepResult
+
+MeasureStep = Callable[[float], Awaitable[StepResult]]
+
+
+async def search_capacity(
+    measure_step: MeasureStep,
+    *,
+    sla: SLA,
+    start_rps: float,
+    precision: float = 0.05,
+    growth: float = 2.0,
+    max_rps: float = 1e6,
+    max_steps: int = 40,
+    must_beat: float | None = None,
+    max_ramp_down: int = 6,
+) -> CapacityResult:
+    """Ramp the offered rate geometrically from `start_rps` until a step fails, then
+    bisect between the last pass and the first fail until (hi - lo) / lo ≤ precision.
+
+    If the first step fails, ramp down (÷ growth, at most `max_ramp_down` times) to find a
+    passing rate; none passing means infeasible. With `must_beat` (the best effective
+    rate so far) the search stops with `pruned=True` as soon as this configuration
+    provably cannot exceed it: a step fails at a rate ≤ must_beat, or the bisection's
+    upper bound drops to ≤ must_beat. Every step is returned, in order."""
+    _validate(start_rps, precision, growth, max_rps, max_steps, max_ramp_down, must_beat)
+    steps: list[StepResult] = []
+    passed: dict[float, StepResult] = {}
+
+    def result(lo: float, *, pruned: bool = False) -> CapacityResult:
+        at = passed.get(lo)
+        return CapacityResult(
+            effective_rps=lo,
+            p99_ms=at.p99_ms if at is not None else None,
+            sla=sla,
+            feasible=lo > 0,
+            pruned=pruned,
+            precision=precision,
+            steps=steps,
+        )
+
+    async def measure(rate: float) -> bool:
+        step = await measure_step(rate)
+        steps.append(step)
+        if step.passed:
+            passed[rate] = step
+        return step.passed
+
+    def cannot_win(failed_at: float) -> bool:
+        return must_beat is not None and failed_at <= must_beat
+
+    rate = min(start_rps, max_rps)
+    lo = 0.0
+    hi = math.inf
+    if await measure(rate):
+        lo = rate
+    else:
+        hi = rate
+        if cannot_win(rate):
+            return result(0.0, pruned=True)
+        for _ in range(max_ramp_down):
+            if len(steps) >= max_steps:
+                return result(0.0)
+            rate /= growth
+            if await measure(rate):
+                lo = rate
+                break
+            hi = rate
+            if cannot_win(rate):
+                return result(0.0, pruned=True)
+        else:
+            return result(0.0)
+
+    while hi == math.inf:  # ramp up until a step fails
+        if lo >= max_rps or len(steps) >= max_steps:
+            return result(lo)
+        rate = min(lo * growth, max_rps)
+        if await measure(rate):
+            lo = rate
+        else:
+            hi = rate
+            if cannot_win(rate):
+                return result(lo, pruned=True)
+
+    while (hi - lo) / lo > precision:  # bisect
+        if must_beat is not None and hi <= must_beat:
+            return result(lo, pruned=True)
+        if len(steps) >= max_steps:
+            break
+        rate = (lo + hi) / 2.0
+        if await measure(rate):
+            lo = rate
+        else:
+            hi = rate
+    return result(lo)
+
+
+def summarise_steps(steps: Sequence[StepResult], *, sla: SLA, precision: float) -> CapacityResult:
+    """A CapacityResult from the steps of a search that was interrupted: the highest
+    passing offered rate is the effective rate so far."""
+    best = max((s for s in steps if s.passed), key=lambda s: s.offered_rps, default=None)
+    return CapacityResult(
+        effective_rps=best.offered_rps if best is not None else 0.0,
+        p99_ms=best.p99_ms if best is not None else None,
+        sla=sla,
+        feasible=best is not None and best.offered_rps > 0,
+        precision=precision,
+        steps=list(steps),
+    )
+
+
+def _validate(
+    start_rps: float,
+    precision: float,
+    growth: float,
+    max_rps: float,
+    max_steps: int,
+    max_ramp_down: int,
+    must_beat: float | None,
+) -> None:
+    if not (math.isfinite(start_rps) and start_rps > 0):
+        raise ValueError(f"start rate must be > 0 req/s, got {start_rps:g}")
+    if not (0 < precision < 1):
+        raise ValueError(f"precision must be in (0, 1), got {precision:g}")
+    if not (math.isfinite(growth) and growth > 1):
+        raise ValueError(f"growth must be > 1, got {growth:g}")
+    if not (max_rps > 0):
+        raise ValueError(f"max rate must be > 0 req/s, got {max_rps:g}")
+    if max_steps < 1:
+        raise ValueError(f"max steps must be ≥ 1, got {max_steps}")
+    if max_ramp_down < 0:
+        raise ValueError(f"max ramp-down steps must be ≥ 0, got {max_ramp_down}")
+    if must_beat is not None and not (must_beat >= 0):
+        raise ValueError(f"must_beat must be ≥ 0 req/s, got {must_beat:g}")

@@ -1,0 +1,2 @@
+"""Open-loop load generation: request mixes, arrival schedules, latency histograms and the
+generator that drives an HTTP endpoint (DESIGN.md §6)."""

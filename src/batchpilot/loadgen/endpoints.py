@@ -1,0 +1,62 @@
+"""Where load goes: validating target URLs and checking up front that they answer."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+
+import aiohttp
+from yarl import URL
+
+
+class UnreachableError(ConnectionError):
+    """A target did not answer; the message says which and why."""
+
+
+def normalise_urls(urls: str | Sequence[str]) -> list[str]:
+    """Base URLs without a trailing slash. Raises ValueError for anything that is not an
+    absolute http(s) URL with a host."""
+    items = [urls] if isinstance(urls, str) else list(urls)
+    if not items:
+        raise ValueError("no target URL given: expected one or more http(s)://HOST:PORT URLs")
+    result: list[str] = []
+    for item in items:
+        try:
+            url = URL(item.strip())
+        except (ValueError, TypeError):
+            url = None
+        if url is None or url.scheme not in ("http", "https") or not url.host:
+            raise ValueError(f"target URL {item!r} is not valid: expected http(s)://HOST[:PORT]")
+        result.append(str(url).rstrip("/"))
+    return result
+
+
+def endpoint_url(base: str, path: str) -> URL:
+    if not path.startswith("/"):
+        raise ValueError(f"request path must start with '/', got {path!r}")
+    return URL(base + path)
+
+
+async def check_reachable(urls: Sequence[str], *, timeout_s: float = 3.0) -> None:
+    """Raise UnreachableError unless every base URL answers HTTP at all (any status will
+    do: only "nobody is listening" is an error here)."""
+    timeout = aiohttp.ClientTimeout(total=timeout_s)
+    async with aiohttp.ClientSession(timeout=timeout) as session:
+        for url in urls:
+            try:
+                async with session.get(url + "/", allow_redirects=False) as response:
+                    await response.read()
+            except TimeoutError:
+                raise UnreachableError(
+                    f"cannot reach {url}: no HTTP answer within {timeout_s:g} s"
+                ) from None
+            except aiohttp.ClientConnectorError as e:
+                reason = (
+                    "connection refused (nothing listening)"
+                    if isinstance(e.os_error, ConnectionRefusedError)
+                    else e.os_error.strerror or str(e.os_error)
+                )
+                raise UnreachableError(f"cannot reach {url}: {reason}") from None
+            except (aiohttp.ClientError, OSError) as e:
+                raise UnreachableError(f"cannot reach {url}: {e or type(e).__name__}") from None
+            await asyncio.sleep(0)

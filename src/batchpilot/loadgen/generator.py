@@ -1,0 +1,308 @@
+"""The open-loop generator (DESIGN.md §6).
+
+Every request has a scheduled send time from the arrival process, computed before the run;
+its latency runs from that scheduled time, so a slow server cannot slow the generator down
+and hide its own tail (no coordinated omission). When the generator itself falls behind,
+the lag is measured and reported rather than silently under-driving.
+
+The HTTP client is aiohttp: measured against httpx on the same endpoint it sustained over
+ten times the request rate per core (see benchmarks/loadgen_accuracy.py)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import gc
+import json
+import math
+import resource
+from collections import deque
+from collections.abc import Callable, Iterator, Sequence
+from typing import Literal
+
+import aiohttp
+from yarl import URL
+
+from batchpilot.loadgen.arrivals import ARRIVALS, schedule
+from batchpilot.loadgen.endpoints import endpoint_url, normalise_urls
+from batchpilot.loadgen.result import (
+    CANCELLED,
+    CONNECTION,
+    OK,
+    OVERLOAD,
+    TIMEOUT,
+    LoadResult,
+    summarise,
+)
+from batchpilot.models import RequestMix
+
+MAX_RATE = 1_000_000.0
+MAX_DURATION_S = 24 * 3600.0
+# The schedule and per-request records are held in memory: about 100 bytes a request.
+MAX_REQUESTS = 10_000_000
+# Sends start this long after the schedule is ready, so the first requests are not late.
+_LEAD_S = 0.005
+# Longest single sleep of the dispatcher, so a stop request is noticed promptly at low rates.
+_MAX_SLEEP_S = 0.1
+# How often the reaper looks for requests past their deadline (bounded by timeout/10).
+_REAP_INTERVAL_S = 0.01
+_HEADERS = {"Content-Type": "application/json"}
+
+
+def synthetic_body(size: int) -> bytes:
+    """The reference server's synthetic request: it fabricates an input of `size` items."""
+    return json.dumps({"synthetic": {"size": size}}).encode()
+
+
+def default_max_connections() -> int:
+    # Open loop needs a connection per request in flight; stay well inside the fd limit.
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    return max(16, min(1024, soft // 2 if soft > 0 else 512))
+
+
+async def run_load(
+    urls: str | Sequence[str],
+    *,
+    rate: float,
+    duration_s: float,
+    mix: RequestMix,
+    arrival: Literal["poisson", "constant"] = "poisson",
+    timeout_s: float = 10.0,
+    seed: int = 0,
+    path: str = "/v1/predict",
+    stop: asyncio.Event | None = None,
+    body_for_size: Callable[[int], bytes] = synthetic_body,
+    max_in_flight: int = 50_000,
+    max_connections: int | None = None,
+) -> LoadResult:
+    """Offer `rate` req/s for `duration_s` seconds, spread round-robin over `urls`, and
+    measure. Setting `stop` ends the run early: requests still in flight are cancelled and
+    the partial result is returned with `interrupted=True`. Raises ValueError for bad
+    arguments."""
+    bases = normalise_urls(urls)
+    _validate(rate, duration_s, arrival, timeout_s, max_in_flight)
+    offsets = schedule(rate, duration_s, arrival, seed)
+    sizes = mix.sampler(seed).draw(len(offsets))
+    bodies = {size: body_for_size(size) for size in set(sizes)}
+    targets = [endpoint_url(base, path) for base in bases]
+    run = _Run(
+        offsets=offsets,
+        requests=[(targets[i % len(targets)], bodies[s]) for i, s in enumerate(sizes)],
+        timeout_s=timeout_s,
+        max_in_flight=max_in_flight,
+        stop=stop,
+    )
+    connector = aiohttp.TCPConnector(
+        limit=max_connections or default_max_connections(), limit_per_host=0
+    )
+    async with aiohttp.ClientSession(
+        connector=connector,
+        cookie_jar=aiohttp.DummyCookieJar(),
+        auto_decompress=False,
+        # Deadlines run from each request's scheduled time; the run's reaper enforces them.
+        timeout=aiohttp.ClientTimeout(total=None),
+    ) as session:
+        with _rare_gc():
+            window_s = await run.execute(session, duration_s)
+    return summarise(
+        urls=bases,
+        arrival=arrival,
+        seed=seed,
+        target_rps=rate,
+        window_s=window_s,
+        offsets=offsets,
+        outcomes=run.outcomes,
+        latencies_ms=run.latencies_ms,
+        lags_ms=run.lags_ms,
+        done_at=run.done_at,
+        elapsed_s=run.elapsed_s,
+        interrupted=run.interrupted,
+    )
+
+
+@contextlib.contextmanager
+def _rare_gc() -> Iterator[None]:
+    """Collect garbage rarely during a run: the client churns through short-lived
+    objects, and frequent collections cost about a fifth of the CPU per request, which
+    would show up as generator lag at high rates."""
+    thresholds = gc.get_threshold()
+    gc.set_threshold(max(thresholds[0], 50_000), *thresholds[1:])
+    try:
+        yield
+    finally:
+        gc.set_threshold(*thresholds)
+
+
+def _validate(
+    rate: float, duration_s: float, arrival: str, timeout_s: float, max_in_flight: int
+) -> None:
+    if not (math.isfinite(rate) and 0 < rate <= MAX_RATE):
+        raise ValueError(f"rate must be > 0 and ≤ {MAX_RATE:g} req/s, got {rate:g}")
+    if not (math.isfinite(duration_s) and 0 < duration_s <= MAX_DURATION_S):
+        raise ValueError(f"duration must be > 0 and ≤ {MAX_DURATION_S:g} s, got {duration_s:g}")
+    if rate * duration_s > MAX_REQUESTS:
+        raise ValueError(
+            f"rate x duration is {rate * duration_s:,.0f} requests, more than one run holds "
+            f"({MAX_REQUESTS:,}): split it into shorter runs"
+        )
+    if arrival not in ARRIVALS:
+        raise ValueError(f"arrival must be one of {', '.join(ARRIVALS)}, got {arrival!r}")
+    if not (math.isfinite(timeout_s) and timeout_s > 0):
+        raise ValueError(f"timeout must be a positive number of seconds, got {timeout_s:g}")
+    if max_in_flight < 1:
+        raise ValueError(f"max_in_flight must be ≥ 1, got {max_in_flight}")
+
+
+class _Run:
+    """One run's schedule and per-request records. The hot path only writes into
+    preallocated lists; everything else happens in `summarise` afterwards.
+
+    Timeouts are enforced by one reaper task rather than a timer per request: deadlines
+    arrive in schedule order, so the reaper only ever looks at the head of a queue, and
+    the client saves the cost of arming and disarming a timer for every request."""
+
+    def __init__(
+        self,
+        *,
+        offsets: list[float],
+        requests: list[tuple[URL, bytes]],
+        timeout_s: float,
+        max_in_flight: int,
+        stop: asyncio.Event | None,
+    ) -> None:
+        n = len(offsets)
+        self.offsets = offsets
+        self.requests = requests
+        self.timeout_s = timeout_s
+        self.max_in_flight = max_in_flight
+        self.stop = stop
+        self.outcomes: list[str | None] = [None] * n
+        self.latencies_ms = [0.0] * n
+        self.lags_ms = [math.nan] * n  # NaN until the request starts
+        self.done_at = [0.0] * n
+        self.elapsed_s = 0.0
+        self.interrupted = False
+        self._timed_out = [False] * n
+        # (deadline, index, task) in dispatch order, hence in deadline order
+        self._pending: deque[tuple[float, int, asyncio.Task[None]]] = deque()
+        self._in_flight = 0
+        self._t0 = 0.0
+
+    async def execute(self, session: aiohttp.ClientSession, duration_s: float) -> float:
+        """Run the schedule; returns the scheduling window actually covered (shorter than
+        `duration_s` when stopped)."""
+        loop = asyncio.get_running_loop()
+        self._t0 = t0 = loop.time() + _LEAD_S
+        window_s = duration_s
+        reaper = loop.create_task(self._reap(loop))
+        try:
+            stopped_at = await self._dispatch(session, loop, t0)
+            if stopped_at is not None:
+                self.interrupted = True
+                window_s = max(stopped_at - t0, 1e-3)
+                self._cancel_pending()
+            await self._wait_pending()
+        finally:
+            reaper.cancel()
+            if self._pending:  # cancelled from outside: leave nothing running
+                self._cancel_pending()
+                await self._wait_pending()
+        self.elapsed_s = loop.time() - t0
+        return window_s
+
+    async def _dispatch(
+        self, session: aiohttp.ClientSession, loop: asyncio.AbstractEventLoop, t0: float
+    ) -> float | None:
+        """Send every request at its time; returns the loop time of a stop, if any."""
+        offsets = self.offsets
+        n = len(offsets)
+        pending = self._pending
+        timeout_s = self.timeout_s
+        stop = self.stop
+        i = 0
+        while i < n:
+            if stop is not None and stop.is_set():
+                return loop.time()
+            now = loop.time()
+            due = t0 + offsets[i]
+            if due > now:
+                await asyncio.sleep(min(due - now, _MAX_SLEEP_S))
+                continue
+            # Everything already due goes out now, then the loop yields once so responses
+            # are read even while the generator is behind.
+            while i < n and t0 + offsets[i] <= now:
+                due = t0 + offsets[i]
+                if self._in_flight >= self.max_in_flight:
+                    self.outcomes[i] = OVERLOAD
+                    self.lags_ms[i] = 0.0
+                else:
+                    self._in_flight += 1
+                    task = loop.create_task(self._fire(session, i, due))
+                    pending.append((due + timeout_s, i, task))
+                i += 1
+            await asyncio.sleep(0)
+        return None
+
+    async def _fire(self, session: aiohttp.ClientSession, i: int, due: float) -> None:
+        loop_time = asyncio.get_running_loop().time
+        self.lags_ms[i] = (loop_time() - due) * 1000.0
+        url, body = self.requests[i]
+        outcome: str
+        try:
+            async with session.post(url, data=body, headers=_HEADERS) as response:
+                await response.read()
+                status = response.status
+            outcome = OK if 200 <= status < 300 else str(status)
+        except asyncio.CancelledError:
+            if not self._timed_out[i]:
+                self.outcomes[i] = CANCELLED
+                raise
+            outcome = TIMEOUT  # the reaper's cancellation: this request ran out of time
+        except TimeoutError:
+            outcome = TIMEOUT
+        except (aiohttp.ClientConnectionError, OSError):
+            outcome = CONNECTION
+        except aiohttp.ClientError as e:
+            outcome = type(e).__name__
+        finally:
+            self._in_flight -= 1
+        now = loop_time()
+        latency_s = now - due
+        if outcome == TIMEOUT:
+            latency_s = max(latency_s, self.timeout_s)
+        self.latencies_ms[i] = latency_s * 1000.0
+        self.done_at[i] = now - self._t0
+        self.outcomes[i] = outcome
+
+    async def _reap(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Cancel requests past their deadline (scheduled time + timeout)."""
+        pending = self._pending
+        interval = min(_REAP_INTERVAL_S, self.timeout_s / 10.0)
+        while True:
+            await asyncio.sleep(interval)
+            now = loop.time()
+            while pending and (pending[0][2].done() or pending[0][0] <= now):
+                deadline, i, task = pending.popleft()
+                if task.done():
+                    continue
+                self._timed_out[i] = True
+                if math.isnan(self.lags_ms[i]):
+                    # Never started: the generator was further behind than the timeout.
+                    self.lags_ms[i] = (now - (deadline - self.timeout_s)) * 1000.0
+                    self.outcomes[i] = TIMEOUT
+                    self.latencies_ms[i] = (
+                        max(now - deadline + self.timeout_s, self.timeout_s) * 1000.0
+                    )
+                    self.done_at[i] = now - self._t0
+                    self._in_flight -= 1
+                task.cancel()
+
+    async def _wait_pending(self) -> None:
+        # The reaper keeps running meanwhile, so this ends by the last deadline at worst.
+        while tasks := [task for _, _, task in self._pending if not task.done()]:
+            await asyncio.wait(tasks)
+        self._pending.clear()
+
+    def _cancel_pending(self) -> None:
+        for _, _, task in self._pending:
+            task.cancel()

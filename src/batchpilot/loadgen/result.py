@@ -1,0 +1,230 @@
+"""The outcome of one open-loop run, and how per-request records become it.
+
+Everything here is pure: the generator only fills arrays on its hot path and hands them to
+`summarise` once the run is over."""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from collections.abc import Sequence
+
+from pydantic import BaseModel, ConfigDict
+
+from batchpilot.loadgen.histogram import LatencyHistogram, merge_encoded
+from batchpilot.models import LatencySummary
+
+OK = "ok"
+TIMEOUT = "timeout"
+CONNECTION = "connection"
+CANCELLED = "cancelled"  # in flight when the run was interrupted: neither ok nor an error
+OVERLOAD = "client_overload"  # not sent: the generator's in-flight bound was reached
+
+
+class TimelineSecond(BaseModel):
+    """Requests scheduled in one second of the run, by their scheduled time."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    t_s: int
+    scheduled: int
+    ok: int
+    errors: int
+    p50_ms: float
+    p99_ms: float
+    max_lag_ms: float
+
+
+class LoadResult(BaseModel):
+    """Everything one run measured. Latency covers successful responses and timeouts (a
+    timeout counts as at least the timeout); other errors are counted, not timed, since a
+    fast rejection would flatter the percentiles."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    urls: list[str]
+    arrival: str
+    seed: int
+    target_rps: float  # the rate asked for
+    offered_rps: float  # requests actually scheduled per second of the window
+    achieved_rps: float  # successful responses per second (see achieved_rate)
+    duration_s: float  # the scheduling window that was run
+    elapsed_s: float  # from the first send until the last response
+    requests: int  # completed attempts: ok + errors
+    ok: int
+    error_rate: float
+    errors: dict[str, int]  # by kind: HTTP status code, "timeout", "connection", ...
+    timeouts: int
+    latency: LatencySummary
+    max_lag_ms: float  # how far the generator's sends fell behind their schedule
+    mean_lag_ms: float
+    interrupted: bool = False
+    timeline: list[TimelineSecond]
+    histogram: str  # encoded HDR histogram of the latencies, for exact merging
+
+    def latency_histogram(self) -> LatencyHistogram:
+        return LatencyHistogram.decode(self.histogram)
+
+
+def achieved_rate(ok_done_times: Sequence[float], window_s: float) -> float:
+    """Successful responses per second. Over the window when the server kept up; over the
+    span of completions when responses trailed past the window (a saturated server drains
+    its backlog late, so its completion span stretches and the rate falls to its
+    capacity). Counting only completions inside the window would instead penalise every
+    step by latency/window even when the server keeps up."""
+    if not ok_done_times:
+        return 0.0
+    span = max(ok_done_times) - min(ok_done_times)
+    return len(ok_done_times) / max(window_s, span)
+
+
+def summarise(
+    *,
+    urls: Sequence[str],
+    arrival: str,
+    seed: int,
+    target_rps: float,
+    window_s: float,
+    offsets: Sequence[float],
+    outcomes: Sequence[str | None],
+    latencies_ms: Sequence[float],
+    lags_ms: Sequence[float],
+    done_at: Sequence[float],
+    elapsed_s: float,
+    interrupted: bool,
+) -> LoadResult:
+    """Reduce per-request records (index i = i-th scheduled request; outcome None = never
+    sent) to a LoadResult. `done_at` is the completion time relative to the start."""
+    histogram = LatencyHistogram()
+    kinds: Counter[str] = Counter()
+    ok_done: list[float] = []
+    lags: list[float] = []
+    per_second: dict[int, _Second] = {}
+    sent = 0
+    for i, outcome in enumerate(outcomes):
+        if outcome is None:
+            continue
+        sent += 1
+        lags.append(lags_ms[i])
+        second = per_second.setdefault(int(offsets[i]), _Second())
+        second.scheduled += 1
+        second.max_lag_ms = max(second.max_lag_ms, lags_ms[i])
+        if outcome == CANCELLED:
+            continue
+        kinds[outcome] += 1
+        if outcome == OK:
+            ok_done.append(done_at[i])
+            second.ok += 1
+        else:
+            second.errors += 1
+        if outcome in (OK, TIMEOUT):
+            histogram.record_ms(latencies_ms[i])
+            second.latencies.append(latencies_ms[i])
+    ok = kinds.pop(OK, 0)
+    requests = ok + sum(kinds.values())
+    return LoadResult(
+        urls=list(urls),
+        arrival=arrival,
+        seed=seed,
+        target_rps=target_rps,
+        offered_rps=sent / window_s if window_s > 0 else 0.0,
+        achieved_rps=achieved_rate(ok_done, window_s),
+        duration_s=window_s,
+        elapsed_s=elapsed_s,
+        requests=requests,
+        ok=ok,
+        error_rate=(requests - ok) / requests if requests else 0.0,
+        errors=dict(sorted(kinds.items())),
+        timeouts=kinds.get(TIMEOUT, 0),
+        latency=histogram.summary(),
+        max_lag_ms=max(lags, default=0.0),
+        mean_lag_ms=math.fsum(lags) / len(lags) if lags else 0.0,
+        interrupted=interrupted,
+        timeline=[per_second[t].freeze(t) for t in sorted(per_second)],
+        histogram=histogram.encode(),
+    )
+
+
+class _Second:
+    __slots__ = ("errors", "latencies", "max_lag_ms", "ok", "scheduled")
+
+    def __init__(self) -> None:
+        self.scheduled = 0
+        self.ok = 0
+        self.errors = 0
+        self.max_lag_ms = 0.0
+        self.latencies: list[float] = []
+
+    def freeze(self, t: int) -> TimelineSecond:
+        ordered = sorted(self.latencies)
+        return TimelineSecond(
+            t_s=t,
+            scheduled=self.scheduled,
+            ok=self.ok,
+            errors=self.errors,
+            p50_ms=_nearest_rank(ordered, 0.50),
+            p99_ms=_nearest_rank(ordered, 0.99),
+            max_lag_ms=self.max_lag_ms,
+        )
+
+
+def _nearest_rank(ordered: Sequence[float], q: float) -> float:
+    if not ordered:
+        return 0.0
+    return ordered[min(len(ordered) - 1, max(0, math.ceil(q * len(ordered)) - 1))]
+
+
+def merge_results(results: Sequence[LoadResult]) -> LoadResult:
+    """Results of generators that ran at the same time (e.g. one per pod) as one run:
+    rates and counts add, histograms merge exactly, the timeline adds second by second."""
+    if not results:
+        raise ValueError("merge_results needs at least one result")
+    histogram = merge_encoded(r.histogram for r in results)
+    errors: Counter[str] = Counter()
+    for r in results:
+        errors.update(r.errors)
+    requests = sum(r.requests for r in results)
+    ok = sum(r.ok for r in results)
+    seconds: dict[int, list[TimelineSecond]] = {}
+    for r in results:
+        for s in r.timeline:
+            seconds.setdefault(s.t_s, []).append(s)
+    sent = sum(r.offered_rps * r.duration_s for r in results)
+    return LoadResult(
+        urls=[u for r in results for u in r.urls],
+        arrival=results[0].arrival,
+        seed=results[0].seed,
+        target_rps=sum(r.target_rps for r in results),
+        offered_rps=sum(r.offered_rps for r in results),
+        achieved_rps=sum(r.achieved_rps for r in results),
+        duration_s=max(r.duration_s for r in results),
+        elapsed_s=max(r.elapsed_s for r in results),
+        requests=requests,
+        ok=ok,
+        error_rate=(requests - ok) / requests if requests else 0.0,
+        errors=dict(sorted(errors.items())),
+        timeouts=errors.get(TIMEOUT, 0),
+        latency=histogram.summary(),
+        max_lag_ms=max(r.max_lag_ms for r in results),
+        mean_lag_ms=(
+            sum(r.mean_lag_ms * r.offered_rps * r.duration_s for r in results) / sent
+            if sent
+            else 0.0
+        ),
+        interrupted=any(r.interrupted for r in results),
+        timeline=[_merge_second(t, seconds[t]) for t in sorted(seconds)],
+        histogram=histogram.encode(),
+    )
+
+
+def _merge_second(t: int, parts: Sequence[TimelineSecond]) -> TimelineSecond:
+    # Per-second percentiles cannot be merged exactly; the worst part is the honest bound.
+    return TimelineSecond(
+        t_s=t,
+        scheduled=sum(p.scheduled for p in parts),
+        ok=sum(p.ok for p in parts),
+        errors=sum(p.errors for p in parts),
+        p50_ms=max(p.p50_ms for p in parts),
+        p99_ms=max(p.p99_ms for p in parts),
+        max_lag_ms=max(p.max_lag_ms for p in parts),
+    )

@@ -1,0 +1,528 @@
+"""What the operator does next, as pure functions of (spec, status, observed world).
+
+Nothing here talks to Kubernetes or the clock: the handlers and the study runner pass
+`now` and the objects they read, and act on what comes back. That keeps every decision
+unit-testable without a cluster (DESIGN.md §5).
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, Literal
+
+from batchpilot.models import SLA
+from batchpilot.operator.spec import (
+    MAX_BATCH_SIZE,
+    MAX_QUEUE_TIME_MS,
+    InferenceServiceSpec,
+    Params,
+)
+from batchpilot.operator.status import (
+    MAX_CONDITIONS,
+    TRIALS_KEPT,
+    Condition,
+    InferenceServiceStatus,
+    OriginalConfig,
+    Result,
+    TrialEntry,
+    TrialsSummary,
+)
+
+PlanKind = Literal["idle", "new-study", "record-original", "trial", "finish", "fail"]
+FINISHED_STATES = frozenset({"Complete", "Pruned", "Infeasible"})
+ACTIVE_PHASES = frozenset({"Pending", "Baseline", "Tuning"})
+
+
+@dataclass(frozen=True)
+class Plan:
+    kind: PlanKind
+    reason: str = ""
+
+
+def plan(spec: InferenceServiceSpec, status: InferenceServiceStatus, generation: int) -> Plan:
+    """The next step of the study for this generation of the spec."""
+    if status.observed_generation != generation:
+        return Plan("new-study", f"spec generation {generation} has no study yet")
+    if status.phase in ("Converged", "Failed"):
+        return Plan("idle", f"study of generation {generation} is {status.phase}")
+    if status.original is None:
+        return Plan("record-original", "the target's configuration is not recorded yet")
+    if len(status.trials) >= TRIALS_KEPT:
+        # the tuner rebuilds from a gap-free history, so the study ends before any of
+        # it would have to be summarised away
+        return Plan("finish", f"the trial history is full ({TRIALS_KEPT} trials)")
+    failures = consecutive_failures(status.trials)
+    if failures >= spec.tuning.max_failures:
+        return Plan("fail", f"{failures} trials in a row failed")
+    finished = sum(1 for t in status.trials if t.state in FINISHED_STATES)
+    finished += status.trials_summary.complete if status.trials_summary else 0
+    if finished >= spec.tuning.max_trials:
+        return Plan("finish", f"all {spec.tuning.max_trials} trials done")
+    patience = spec.tuning.patience
+    if patience is not None and trials_since_improvement(status.trials) >= patience:
+        return Plan("finish", f"no improvement in the last {patience} trials")
+    return Plan("trial")
+
+
+def consecutive_failures(trials: Sequence[TrialEntry]) -> int:
+    """Failed trials at the end of the history; a Running one ends no streak."""
+    count = 0
+    for trial in reversed(trials):
+        if trial.state == "Running":
+            continue
+        if trial.state != "Failed":
+            break
+        count += 1
+    return count
+
+
+def trials_since_improvement(trials: Sequence[TrialEntry]) -> int:
+    """Finished trials after the one that set the best so far."""
+    best = 0.0
+    since = 0
+    for trial in trials:
+        if trial.state not in FINISHED_STATES:
+            continue
+        rps = trial.effective_rps or 0.0
+        if trial.state == "Complete" and rps > best:
+            best, since = rps, 0
+        else:
+            since += 1
+    return since
+
+
+def phase_for(trials: Sequence[TrialEntry]) -> Literal["Baseline", "Tuning"]:
+    """Baseline until the first trial has a result, Tuning afterwards."""
+    if any(t.source == "baseline" and t.state != "Running" for t in trials):
+        return "Tuning"
+    if any(t.source == "baseline" for t in trials):
+        return "Baseline"
+    return "Tuning" if trials else "Baseline"
+
+
+def new_study(previous: InferenceServiceStatus, generation: int) -> InferenceServiceStatus:
+    """A fresh status for a new generation. Conditions carry over so their transition
+    times stay true; results of the old generation do not."""
+    return InferenceServiceStatus(
+        phase="Pending",
+        observed_generation=generation,
+        message=f"new study for spec generation {generation}",
+        conditions=previous.conditions,
+    )
+
+
+def needs_cleanup(status: InferenceServiceStatus, strategy: str) -> tuple[bool, bool]:
+    """(delete the canary, restore the original) for a study that stops before its end:
+    deletion of the resource, a spec change, or a failure."""
+    delete_canary = status.canary is not None
+    restore = (
+        strategy == "InPlace"
+        and status.original is not None
+        and not status.restored
+        and not status.applied
+        and status.phase in ACTIVE_PHASES
+    )
+    return delete_canary, restore
+
+
+def set_condition(
+    conditions: Sequence[Condition],
+    *,
+    type: str,
+    status: Literal["True", "False", "Unknown"],
+    reason: str,
+    message: str,
+    generation: int | None,
+    now: datetime,
+) -> list[Condition]:
+    """Conditions with `type` set; lastTransitionTime moves only when status changes."""
+    result: list[Condition] = []
+    previous: Condition | None = None
+    for condition in conditions:
+        if condition.type == type:
+            previous = condition
+        else:
+            result.append(condition)
+    changed = previous is None or previous.status != status
+    transition = now if changed or previous is None else previous.last_transition_time
+    result.append(
+        Condition(
+            type=type,
+            status=status,
+            reason=reason,
+            message=message[:1024],
+            last_transition_time=transition,
+            observed_generation=generation,
+        )
+    )
+    return sorted(result, key=lambda c: c.type)[-MAX_CONDITIONS:]
+
+
+def bound_trials(
+    trials: Sequence[TrialEntry], summary: TrialsSummary | None
+) -> tuple[list[TrialEntry], TrialsSummary | None]:
+    """Keep the newest TRIALS_KEPT trials; fold older ones into the summary."""
+    if len(trials) <= TRIALS_KEPT:
+        return list(trials), summary
+    old, kept = trials[: len(trials) - TRIALS_KEPT], trials[len(trials) - TRIALS_KEPT :]
+    base = summary or TrialsSummary()
+    folded = TrialsSummary(
+        count=base.count + len(old),
+        complete=base.complete + sum(1 for t in old if t.state in FINISHED_STATES),
+        failed=base.failed + sum(1 for t in old if t.state == "Failed"),
+        last_number=max(t.number for t in old),
+    )
+    return list(kept), folded
+
+
+def result_of(trial: TrialEntry, generation: int | None) -> Result:
+    return Result(
+        max_batch_size=int(trial.params[MAX_BATCH_SIZE]),
+        max_queue_time_ms=float(trial.params[MAX_QUEUE_TIME_MS]),
+        params=dict(trial.params),
+        effective_rps=trial.effective_rps,
+        p99_ms=trial.p99_ms,
+        error_rate=trial.error_rate,
+        trial=trial.number,
+        generation=generation,
+    )
+
+
+def best_trial(trials: Iterable[TrialEntry]) -> TrialEntry | None:
+    """The Complete trial with the highest effective throughput (first wins a tie)."""
+    best: TrialEntry | None = None
+    for trial in trials:
+        if trial.state != "Complete" or not trial.effective_rps:
+            continue
+        if best is None or trial.effective_rps > (best.effective_rps or 0.0):
+            best = trial
+    return best
+
+
+def baseline_trial(trials: Iterable[TrialEntry]) -> TrialEntry | None:
+    finished = [t for t in trials if t.source == "baseline" and t.state != "Running"]
+    return finished[-1] if finished else None
+
+
+def _fmt(value: float) -> str:
+    return f"{value:g}" if value == int(value) else f"{value:.1f}"
+
+
+def describe_params(params: Mapping[str, float | int]) -> str:
+    parts = [f"batch={int(params[MAX_BATCH_SIZE])}", f"wait={_fmt(params[MAX_QUEUE_TIME_MS])}ms"]
+    parts += [
+        f"{k}={_fmt(v)}" for k, v in params.items() if k not in (MAX_BATCH_SIZE, MAX_QUEUE_TIME_MS)
+    ]
+    return " ".join(parts)
+
+
+def trial_message(trial: TrialEntry, sla: SLA) -> str:
+    """The event text of a finished trial, e.g.
+    `Trial 7: batch=8 wait=30ms → 620 req/s, p99 287 ms ≤ 300 ms`."""
+    head = f"Trial {trial.number}: {describe_params(trial.params)}"
+    if trial.state == "Complete" and trial.effective_rps is not None:
+        p99 = f", p99 {trial.p99_ms:.0f} ms ≤ {sla.p99_ms:g} ms" if trial.p99_ms is not None else ""
+        return f"{head} → {trial.effective_rps:.0f} req/s{p99}"
+    if trial.state == "Pruned":
+        return f"{head} → pruned: cannot beat the best so far ({trial.reason or 'stopped early'})"
+    if trial.state == "Infeasible":
+        return f"{head} → no rate met the SLA ({trial.reason or f'p99 ≤ {sla.p99_ms:g} ms'})"
+    if trial.state == "Failed":
+        return f"{head} → failed: {trial.reason or 'unknown error'}"
+    return f"{head} → running"
+
+
+def backoff_delay(attempt: int, *, base: float, cap: float, rng: random.Random) -> float:
+    """Exponential backoff with full jitter: retries of many resources spread out
+    instead of arriving together."""
+    return rng.uniform(0.0, min(cap, base * (2 ** max(0, attempt))))
+
+
+def clamp_params(params: Mapping[str, float | int], spec: InferenceServiceSpec) -> Params:
+    """Values moved into the search space (a baseline outside it is still a start)."""
+    space = spec.parameters
+    result: Params = dict(params)
+    result[MAX_BATCH_SIZE] = min(
+        max(int(params[MAX_BATCH_SIZE]), space.max_batch_size.min), space.max_batch_size.max
+    )
+    result[MAX_QUEUE_TIME_MS] = min(
+        max(float(params[MAX_QUEUE_TIME_MS]), space.max_queue_time_ms.min),
+        space.max_queue_time_ms.max,
+    )
+    for extra in space.extra:
+        if extra.name in params:
+            value = min(max(float(params[extra.name]), extra.min), extra.max)
+            result[extra.name] = round(value) if extra.kind == "int" else value
+    return result
+
+
+def rule_of_thumb(spec: InferenceServiceSpec) -> Params:
+    """The seed's starting point (DESIGN.md §1): batch at about 2/3 of the largest
+    allowed, wait 10-30 ms, inside the search space."""
+    space = spec.parameters
+    batch = max(space.max_batch_size.min, round(space.max_batch_size.max * 2 / 3))
+    wait = min(max(20.0, space.max_queue_time_ms.min), space.max_queue_time_ms.max)
+    return {MAX_BATCH_SIZE: batch, MAX_QUEUE_TIME_MS: wait}
+
+
+# --- the observed world: workloads and pods -------------------------------------------
+
+
+def find_container(workload: Mapping[str, Any], name: str | None) -> Mapping[str, Any] | None:
+    containers = workload.get("spec", {}).get("template", {}).get("spec", {}).get("containers", [])
+    if not containers:
+        return None
+    if name is None:
+        first: Mapping[str, Any] = containers[0]
+        return first
+    for container in containers:
+        if container.get("name") == name:
+            found: Mapping[str, Any] = container
+            return found
+    return None
+
+
+def env_values(container: Mapping[str, Any], names: Iterable[str]) -> dict[str, str | None]:
+    """Plain values of the named variables (None: unset or set from a reference)."""
+    present = {e.get("name"): e.get("value") for e in container.get("env", []) or []}
+    return {name: present.get(name) for name in names}
+
+
+def params_from_env(env: Mapping[str, str | None], env_names: Mapping[str, str]) -> Params | None:
+    """Parameter values read from the environment; None when a batching knob is unset
+    (the server then runs its built-in default, which the operator cannot see)."""
+    params: Params = {}
+    for param, variable in env_names.items():
+        raw = env.get(variable)
+        if raw is None:
+            if param in (MAX_BATCH_SIZE, MAX_QUEUE_TIME_MS):
+                return None
+            continue
+        try:
+            number = float(raw)
+        except ValueError:
+            return None
+        params[param] = int(number) if param == MAX_BATCH_SIZE else number
+    return params
+
+
+def original_config(
+    workload: Mapping[str, Any], spec: InferenceServiceSpec, now: datetime
+) -> OriginalConfig:
+    container = find_container(workload, spec.target.container) or {}
+    names = spec.env_names()
+    env = env_values(container, names.values())
+    return OriginalConfig(params=params_from_env(env, names) or {}, env=env, recorded_at=now)
+
+
+def format_env_value(param: str, value: float | int) -> str:
+    if param == MAX_BATCH_SIZE or float(value).is_integer():
+        return str(int(value))
+    return f"{float(value):g}"
+
+
+def env_apply_patch(
+    workload: Mapping[str, Any], container: str, env: Mapping[str, str | None]
+) -> dict[str, Any]:
+    """A server-side apply body that sets exactly these variables on one container.
+    Variables given as None are left out, so an apply releases them: fields only the
+    `batchpilot` manager owned disappear, which restores an originally unset variable."""
+    meta = workload.get("metadata", {})
+    entries = [{"name": k, "value": v} for k, v in sorted(env.items()) if v is not None]
+    return {
+        "apiVersion": workload.get("apiVersion", "apps/v1"),
+        "kind": workload.get("kind", "Deployment"),
+        "metadata": {"name": meta.get("name"), "namespace": meta.get("namespace")},
+        "spec": {"template": {"spec": {"containers": [{"name": container, "env": entries}]}}},
+    }
+
+
+def env_for_params(
+    params: Mapping[str, float | int], env_names: Mapping[str, str]
+) -> dict[str, str]:
+    return {
+        env_names[name]: format_env_value(name, value)
+        for name, value in params.items()
+        if name in env_names
+    }
+
+
+CANARY_LABEL = "batchpilot.dev/canary"
+CANARY_SUFFIX = "-bp-canary"
+_DROPPED_ANNOTATIONS = (
+    "deployment.kubernetes.io/revision",
+    "kubectl.kubernetes.io/last-applied-configuration",
+)
+
+
+def canary_name(target: str) -> str:
+    # pod names derive from it; keep room for the ReplicaSet and pod hash suffixes
+    return target[: 63 - len(CANARY_SUFFIX) - 17].rstrip("-") + CANARY_SUFFIX
+
+
+def canary_manifest(
+    workload: Mapping[str, Any], owner: Mapping[str, Any], name: str
+) -> dict[str, Any]:
+    """A one-replica Deployment cloned from the target's pod template whose pods no
+    Service of the target selects: every label the target's selector matches on gets
+    a distinct value, and a canary label is added. Owned by the InferenceService so it
+    is garbage-collected with it even if the finalizer never runs."""
+    meta = workload.get("metadata", {})
+    spec = workload.get("spec", {})
+    template = dict(spec.get("template", {}))
+    template_meta = dict(template.get("metadata", {}))
+    selector_labels: Mapping[str, str] = spec.get("selector", {}).get("matchLabels", {}) or {}
+    labels = dict(template_meta.get("labels", {}) or {})
+    canary_labels = {key: _canary_value(value) for key, value in selector_labels.items()}
+    canary_labels[CANARY_LABEL] = _label_value(owner["metadata"]["name"])
+    labels.update(canary_labels)
+    template_meta["labels"] = labels
+    template["metadata"] = template_meta
+    owner_meta = owner["metadata"]
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {
+            "name": name,
+            "namespace": meta.get("namespace"),
+            "labels": {CANARY_LABEL: canary_labels[CANARY_LABEL]},
+            "annotations": {
+                k: v
+                for k, v in (meta.get("annotations") or {}).items()
+                if k not in _DROPPED_ANNOTATIONS
+            },
+            "ownerReferences": [
+                {
+                    "apiVersion": owner["apiVersion"],
+                    "kind": owner["kind"],
+                    "name": owner_meta["name"],
+                    "uid": owner_meta["uid"],
+                    "controller": True,
+                    "blockOwnerDeletion": True,
+                }
+            ],
+        },
+        "spec": {
+            "replicas": 1,
+            # Recreate: a pod holding the only free GPU must go before its successor
+            # can be scheduled, or every Env trial would wait forever.
+            "strategy": {"type": "Recreate"},
+            "selector": {"matchLabels": canary_labels},
+            "template": template,
+        },
+    }
+
+
+def _label_value(value: str) -> str:
+    return value[:63].rstrip("-_.")
+
+
+def _canary_value(value: str) -> str:
+    suffix = "-bp-canary"
+    return _label_value(value[: 63 - len(suffix)] + suffix)
+
+
+@dataclass(frozen=True)
+class Rollout:
+    done: bool
+    message: str
+
+
+def rollout_status(workload: Mapping[str, Any]) -> Rollout:
+    """Whether a Deployment or StatefulSet runs its current template on every replica."""
+    meta = workload.get("metadata", {})
+    spec = workload.get("spec", {})
+    status = workload.get("status", {}) or {}
+    want = spec.get("replicas", 1)
+    generation = meta.get("generation", 0)
+    if status.get("observedGeneration", 0) < generation:
+        return Rollout(False, "the controller has not seen the new template yet")
+    updated = status.get("updatedReplicas", 0)
+    ready = status.get("readyReplicas", 0)
+    total = status.get("replicas", 0)
+    if updated < want:
+        return Rollout(False, f"{updated} of {want} replicas updated")
+    if total > want:
+        return Rollout(False, f"{total - want} old replicas still terminating")
+    if ready < want:
+        return Rollout(False, f"{ready} of {want} replicas ready")
+    if workload.get("kind") == "StatefulSet":
+        if status.get("updateRevision") and status.get("currentRevision") != status.get(
+            "updateRevision"
+        ):
+            return Rollout(False, "the StatefulSet is still rolling to its new revision")
+    elif status.get("availableReplicas", 0) < want:
+        return Rollout(False, f"{status.get('availableReplicas', 0)} of {want} replicas available")
+    return Rollout(True, f"{want} replicas updated and ready")
+
+
+@dataclass(frozen=True)
+class PodProblem:
+    reason: str  # CamelCase, for conditions and events
+    message: str
+    fatal: bool  # waiting longer will not help
+
+
+_FATAL_WAITING = frozenset(
+    {
+        "CrashLoopBackOff",
+        "ImagePullBackOff",
+        "ErrImagePull",
+        "CreateContainerConfigError",
+        "InvalidImageName",
+        "CreateContainerError",
+    }
+)
+
+
+def pod_problem(pods: Sequence[Mapping[str, Any]]) -> PodProblem | None:
+    """The first reason in these pods' status that a person must act on."""
+    for pod in pods:
+        name = pod.get("metadata", {}).get("name", "?")
+        status = pod.get("status", {}) or {}
+        for condition in status.get("conditions", []) or []:
+            if (
+                condition.get("type") == "PodScheduled"
+                and condition.get("status") == "False"
+                and condition.get("reason") == "Unschedulable"
+            ):
+                return PodProblem(
+                    "Unschedulable",
+                    f"pod {name} cannot be scheduled: {condition.get('message', '')}".strip(),
+                    fatal=False,
+                )
+        for container in status.get("containerStatuses", []) or []:
+            waiting = (container.get("state") or {}).get("waiting") or {}
+            reason = waiting.get("reason")
+            if reason in _FATAL_WAITING:
+                detail = waiting.get("message") or f"restarted {container.get('restartCount', 0)}x"
+                return PodProblem(
+                    str(reason),
+                    f"pod {name} container {container.get('name')}: {reason}: {detail}",
+                    fatal=True,
+                )
+    return None
+
+
+def ready_pod_ips(pods: Sequence[Mapping[str, Any]]) -> list[str]:
+    """IPs of pods that are Running, Ready and not being deleted."""
+    ips: list[str] = []
+    for pod in pods:
+        if pod.get("metadata", {}).get("deletionTimestamp"):
+            continue
+        status = pod.get("status", {}) or {}
+        ready = any(
+            c.get("type") == "Ready" and c.get("status") == "True"
+            for c in status.get("conditions", []) or []
+        )
+        if status.get("phase") == "Running" and ready and status.get("podIP"):
+            ips.append(str(status["podIP"]))
+    return sorted(ips)
+
+
+def label_selector(workload: Mapping[str, Any]) -> str:
+    labels = workload.get("spec", {}).get("selector", {}).get("matchLabels", {}) or {}
+    return ",".join(f"{k}={v}" for k, v in sorted(labels.items()))

@@ -1,0 +1,306 @@
+"""Kopf handlers for InferenceService: thin glue between Kopf, the API client, the
+study runner and the world. `kopf run -m batchpilot.operator.handlers` runs them, and so
+does `batchpilot operator`.
+
+Shared objects live in Kopf's memo, so a test (or the CLI) can pass its own:
+`slots` (the measurement semaphore), `world_factory` (builds the World of a resource),
+`poll_s` and `backoff_cap_s`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import random
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import kopf
+from pydantic import ValidationError
+
+from batchpilot.operator import decisions, metrics
+from batchpilot.operator.crd import GROUP, PLURAL, VERSION
+from batchpilot.operator.kube import Connection, Kube, KubeError, isvc_path
+from batchpilot.operator.spec import InferenceServiceSpec, explain_validation_error, parse_spec
+from batchpilot.operator.status import InferenceServiceStatus
+from batchpilot.operator.study import (
+    EventType,
+    RecoverableError,
+    Slots,
+    StudyRunner,
+    utcnow,
+)
+from batchpilot.operator.world import KubeWorld, ProblemSink, TargetProblem, World
+
+log = logging.getLogger(__name__)
+
+WorldFactory = Callable[[Kube, InferenceServiceSpec, str, Mapping[str, Any], ProblemSink], World]
+
+
+class _Credentials:
+    """The connection Kopf logged in with, reused by the operator's own API client."""
+
+    connection: Connection | None = None
+
+
+CREDENTIALS = _Credentials()
+# target problems that make restoring pointless rather than worth retrying
+GONE = frozenset({"TargetNotFound", "ContainerNotFound"})
+
+
+def kube_world(
+    kube: Kube,
+    spec: InferenceServiceSpec,
+    namespace: str,
+    owner: Mapping[str, Any],
+    on_problem: ProblemSink,
+) -> World:
+    return KubeWorld(kube, spec=spec, namespace=namespace, owner=owner, on_problem=on_problem)
+
+
+@kopf.on.login()
+def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
+    info = kopf.login_with_service_account(**kwargs) or kopf.login_with_kubeconfig(**kwargs)
+    if info is not None:
+        CREDENTIALS.connection = Connection.from_kopf(info)
+    return info
+
+
+@kopf.on.startup()
+async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
+    prefix = GROUP
+    settings.persistence.finalizer = f"{GROUP}/finalizer"
+    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=prefix)
+    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
+        prefix=prefix, key="last-handled-configuration"
+    )
+    # Kopf would post every INFO log line as an event; the runner posts its own.
+    settings.posting.level = logging.WARNING
+    settings.networking.request_timeout = 60.0
+    settings.networking.connect_timeout = 10.0
+    settings.watching.server_timeout = 300
+    settings.watching.client_timeout = 330
+    memo.setdefault("slots", Slots(asyncio.Semaphore(int(memo.get("max_concurrent_trials", 1)))))
+    memo.setdefault("world_factory", kube_world)
+    memo.setdefault("poll_s", 5.0)
+    memo.setdefault("backoff_cap_s", 300.0)
+    memo.setdefault("runners", {})
+    memo.setdefault("locks", {})
+    # Kopf gives every resource a shallow copy of the memo: objects created later are
+    # shared through this dict, not through new memo keys
+    memo.setdefault("clients", {})
+
+
+@kopf.on.cleanup()
+async def close(memo: kopf.Memo, **_: Any) -> None:
+    kube = memo["clients"].pop("kube", None)
+    if isinstance(kube, Kube):
+        await kube.close()
+
+
+def _kube(memo: kopf.Memo) -> Kube:
+    clients: dict[str, Kube] = memo["clients"]
+    kube = clients.get("kube")
+    if kube is None:
+        if CREDENTIALS.connection is None:
+            raise kopf.TemporaryError("not logged in to the API server yet", delay=5)
+        kube = clients["kube"] = Kube(CREDENTIALS.connection)
+    return kube
+
+
+def _lock(memo: kopf.Memo, key: tuple[str, str]) -> asyncio.Lock:
+    locks: dict[tuple[str, str], asyncio.Lock] = memo["locks"]
+    return locks.setdefault(key, asyncio.Lock())
+
+
+def _runner(
+    memo: kopf.Memo,
+    body: kopf.Body,
+    spec: InferenceServiceSpec,
+    status: InferenceServiceStatus,
+) -> StudyRunner:
+    namespace, name = str(body.metadata.namespace), str(body.metadata.name)
+    kube = _kube(memo)
+    owner = {
+        "apiVersion": body.get("apiVersion", f"{GROUP}/{VERSION}"),
+        "kind": body.get("kind", "InferenceService"),
+        "metadata": {"name": name, "uid": body.metadata.uid},
+    }
+
+    async def write_status(new: InferenceServiceStatus) -> None:
+        await kube.merge_patch(
+            isvc_path(namespace, name, status=True),
+            {"status": new.model_dump(mode="json", by_alias=True)},
+        )
+
+    def event(type: EventType, reason: str, message: str) -> None:
+        kopf.event(body, type=type, reason=reason, message=message[:1024])
+
+    holder: list[StudyRunner] = []
+
+    async def on_problem(problem: decisions.PodProblem) -> None:
+        await holder[0].report_pod_problem(problem)
+
+    world: World = memo["world_factory"](kube, spec, namespace, owner, on_problem)
+    runner = StudyRunner(
+        namespace=namespace,
+        name=name,
+        spec=spec,
+        status=status,
+        world=world,
+        write_status=write_status,
+        event=event,
+        slots=memo["slots"],
+        clock=utcnow,
+    )
+    holder.append(runner)
+    memo["runners"][namespace, name] = runner
+    return runner
+
+
+def _status_of(body: kopf.Body) -> InferenceServiceStatus:
+    try:
+        return InferenceServiceStatus.model_validate(dict(body.get("status") or {}))
+    except ValidationError:
+        # a status this version cannot read is replaced by a new study, not a crash loop
+        return InferenceServiceStatus()
+
+
+async def _report_invalid(
+    memo: kopf.Memo, body: kopf.Body, generation: int, error: ValidationError
+) -> None:
+    message = f"invalid spec: {explain_validation_error(error)}"
+    previous = _status_of(body)
+    conditions = decisions.set_condition(
+        previous.conditions,
+        type="SpecValid",
+        status="False",
+        reason="InvalidSpec",
+        message=message,
+        generation=generation,
+        now=utcnow(),
+    )
+    status = InferenceServiceStatus(
+        phase="Failed", observed_generation=generation, message=message, conditions=conditions
+    )
+    kopf.event(body, type="Warning", reason="InvalidSpec", message=message[:1024])
+    await _kube(memo).merge_patch(
+        isvc_path(str(body.metadata.namespace), str(body.metadata.name), status=True),
+        {"status": status.model_dump(mode="json", by_alias=True)},
+    )
+
+
+async def _until_stopped(
+    task: asyncio.Task[bool],
+    stopped: kopf.DaemonStopped,
+    changed: Callable[[], bool],
+    poll_s: float,
+) -> bool | None:
+    """The step's result, or None when the daemon was told to stop or the spec changed
+    first: the step is cancelled (a trial cut short is retried after a restart, or
+    dropped with the study a new spec replaces)."""
+    waiter = asyncio.ensure_future(stopped.wait())
+    try:
+        while True:
+            done, _ = await asyncio.wait(
+                {task, waiter}, timeout=poll_s, return_when=asyncio.FIRST_COMPLETED
+            )
+            if task in done:
+                return task.result()
+            if waiter in done or changed():
+                break
+    finally:
+        waiter.cancel()
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
+    return None
+
+
+@kopf.daemon(GROUP, VERSION, PLURAL, cancellation_timeout=60.0)
+async def study(
+    body: kopf.Body, stopped: kopf.DaemonStopped, memo: kopf.Memo, logger: kopf.Logger, **_: Any
+) -> None:
+    key = (str(body.metadata.namespace), str(body.metadata.name))
+    rng = random.Random()
+    runner: StudyRunner | None = None
+    runner_generation: int | None = None
+    attempt = 0
+    while not stopped:
+        generation = int(body.metadata.get("generation") or 1)
+        if runner_generation != generation:
+            try:
+                spec = parse_spec(body.get("spec"))
+            except ValidationError as error:
+                if runner_generation != -generation:
+                    await _report_invalid(memo, body, generation, error)
+                    runner_generation = -generation  # reported once per generation
+                await stopped.wait(float(memo["poll_s"]))
+                continue
+            status = runner.status if runner is not None else _status_of(body)
+            if runner is not None:
+                async with _lock(memo, key):
+                    with contextlib.suppress(RecoverableError, Exception):
+                        await runner.stop_early("the spec changed")
+                status = runner.status
+            runner = _runner(memo, body, spec, status)
+            runner_generation = generation
+        assert runner is not None  # set above once the spec parsed
+        async with _lock(memo, key):
+            task = asyncio.ensure_future(runner.step(generation))
+
+            def changed(seen: int = generation) -> bool:
+                return int(body.metadata.get("generation") or 1) != seen
+
+            try:
+                busy = await _until_stopped(task, stopped, changed, float(memo["poll_s"]))
+            except RecoverableError as error:
+                delay = decisions.backoff_delay(
+                    attempt, base=2.0, cap=float(memo["backoff_cap_s"]), rng=rng
+                )
+                attempt += 1
+                logger.warning(f"{error.reason}: {error.message}; retrying in {delay:.0f} s")
+                await stopped.wait(delay)
+                continue
+            except Exception as error:  # the daemon must never crash-loop
+                delay = decisions.backoff_delay(
+                    attempt, base=2.0, cap=float(memo["backoff_cap_s"]), rng=rng
+                )
+                attempt += 1
+                logger.exception(f"study step failed; retrying in {delay:.0f} s")
+                kopf.event(body, type="Warning", reason="StepFailed", message=repr(error)[:1024])
+                await stopped.wait(delay)
+                continue
+        attempt = 0
+        if busy is None and stopped:
+            return
+        if busy is False:
+            await stopped.wait(float(memo["poll_s"]))
+
+
+@kopf.on.delete(GROUP, VERSION, PLURAL, retries=20, backoff=10)
+async def finalize(body: kopf.Body, memo: kopf.Memo, logger: kopf.Logger, **_: Any) -> None:
+    """Undo an unfinished study before the resource goes: delete the canary, restore
+    the original configuration of an InPlace target."""
+    key = (str(body.metadata.namespace), str(body.metadata.name))
+    async with _lock(memo, key):
+        runner: StudyRunner | None = memo["runners"].pop(key, None)
+        if runner is None:
+            try:
+                spec = parse_spec(body.get("spec"))
+            except ValidationError:
+                return  # an invalid spec never started a study: nothing to undo
+            runner = _runner(memo, body, spec, _status_of(body))
+            memo["runners"].pop(key, None)
+        try:
+            await runner.stop_early("the InferenceService was deleted")
+        except TargetProblem as problem:
+            if problem.reason not in GONE:
+                raise kopf.TemporaryError(f"cleanup: {problem.message}", delay=10) from problem
+            logger.warning(f"nothing to restore: {problem.message}")
+        except KubeError as error:
+            raise kopf.TemporaryError(f"cleanup: {error}", delay=10) from error
+    metrics.forget(*key)
+    memo["locks"].pop(key, None)
+    logger.info("cleaned up")

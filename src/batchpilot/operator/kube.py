@@ -1,0 +1,231 @@
+"""A small asynchronous Kubernetes API client: the few calls the operator makes, each
+with a timeout, and retries with backoff and jitter for conflicts, throttling and
+server errors. It uses the credentials Kopf logged in with, so the operator has one
+identity (its ServiceAccount) for Kopf's own calls and for these.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import json
+import random
+import ssl
+import tempfile
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import quote, urlencode
+
+import aiohttp
+
+from batchpilot.operator.decisions import backoff_delay
+
+FIELD_MANAGER = "batchpilot"
+RETRIABLE = frozenset({409, 429, 500, 502, 503, 504})
+JSON = dict[str, Any]
+
+
+class KubeError(RuntimeError):
+    def __init__(self, status: int, reason: str, message: str) -> None:
+        super().__init__(f"{status} {reason}: {message}")
+        self.status = status
+        self.reason = reason
+        self.message = message
+
+
+class NotFound(KubeError):
+    pass
+
+
+@dataclass(frozen=True)
+class Connection:
+    """Where the API server is and how to authenticate (a copy of Kopf's ConnectionInfo)."""
+
+    server: str
+    token: str | None = None
+    ca_data: bytes | None = None
+    ca_path: str | None = None
+    insecure: bool = False
+    certificate_data: bytes | None = None
+    certificate_path: str | None = None
+    private_key_data: bytes | None = None
+    private_key_path: str | None = None
+    username: str | None = None
+    password: str | None = None
+
+    @classmethod
+    def from_kopf(cls, info: Any) -> Connection:
+        def data(value: str | bytes | None) -> bytes | None:
+            if value is None:
+                return None
+            raw = value.encode() if isinstance(value, str) else value
+            # kubeconfig holds base64; a service account's CA file is PEM already
+            return raw if raw.lstrip().startswith(b"-----") else base64.b64decode(raw)
+
+        def path(value: Any) -> str | None:
+            return None if value is None else str(value)
+
+        return cls(
+            server=str(info.server).rstrip("/"),
+            token=info.token,
+            ca_data=data(info.ca_data),
+            ca_path=path(info.ca_path),
+            insecure=bool(info.insecure),
+            certificate_data=data(info.certificate_data),
+            certificate_path=path(info.certificate_path),
+            private_key_data=data(info.private_key_data),
+            private_key_path=path(info.private_key_path),
+            username=info.username,
+            password=info.password,
+        )
+
+    def ssl_context(self) -> ssl.SSLContext | bool:
+        if not self.server.startswith("https"):
+            return False
+        context = ssl.create_default_context(
+            cafile=self.ca_path, cadata=self.ca_data.decode() if self.ca_data else None
+        )
+        if self.insecure:
+            context.check_hostname = False
+            context.verify_mode = ssl.CERT_NONE
+        cert, key = self.certificate_path, self.private_key_path
+        with tempfile.TemporaryDirectory() as tmp:
+            # ssl only loads client certificates from files
+            if self.certificate_data is not None:
+                cert = f"{tmp}/cert.pem"
+                with open(cert, "wb") as f:
+                    f.write(self.certificate_data)
+            if self.private_key_data is not None:
+                key = f"{tmp}/key.pem"
+                with open(key, "wb") as f:
+                    f.write(self.private_key_data)
+            if cert is not None:
+                context.load_cert_chain(cert, key)
+        return context
+
+    def headers(self) -> dict[str, str]:
+        if self.token:
+            return {"Authorization": f"Bearer {self.token}"}
+        if self.username is not None and self.password is not None:
+            pair = base64.b64encode(f"{self.username}:{self.password}".encode()).decode()
+            return {"Authorization": f"Basic {pair}"}
+        return {}
+
+
+class Kube:
+    """The API calls of the operator. Create inside a running event loop; close()."""
+
+    def __init__(
+        self,
+        connection: Connection,
+        *,
+        timeout_s: float = 30.0,
+        attempts: int = 5,
+        backoff_base_s: float = 0.5,
+        backoff_cap_s: float = 8.0,
+        rng: random.Random | None = None,
+    ) -> None:
+        self._connection = connection
+        self._timeout = aiohttp.ClientTimeout(total=timeout_s, connect=min(10.0, timeout_s))
+        self._attempts = attempts
+        self._base = backoff_base_s
+        self._cap = backoff_cap_s
+        self._rng = rng or random.Random()
+        self._session = aiohttp.ClientSession(
+            headers=connection.headers(),
+            connector=aiohttp.TCPConnector(ssl=connection.ssl_context(), limit=16),
+            timeout=self._timeout,
+        )
+
+    async def close(self) -> None:
+        await self._session.close()
+
+    async def request(
+        self,
+        method: str,
+        path: str,
+        *,
+        body: Any = None,
+        content_type: str = "application/json",
+        params: Mapping[str, str] | None = None,
+    ) -> JSON:
+        url = self._connection.server + path
+        if params:
+            url += "?" + urlencode(params)
+        data = None if body is None else json.dumps(body)
+        headers = {"Content-Type": content_type} if data is not None else {}
+        for attempt in range(self._attempts):
+            try:
+                async with self._session.request(method, url, data=data, headers=headers) as r:
+                    text = await r.text()
+                    if r.status < 400:
+                        result: JSON = json.loads(text) if text else {}
+                        return result
+                    error = _error(r.status, text)
+            except (aiohttp.ClientConnectionError, TimeoutError) as exc:
+                error = KubeError(0, "Unreachable", f"{method} {path}: {exc!r}")
+            if error.status and error.status not in RETRIABLE:
+                raise error
+            if attempt + 1 == self._attempts:
+                raise error
+            await asyncio.sleep(
+                backoff_delay(attempt, base=self._base, cap=self._cap, rng=self._rng)
+            )
+        raise AssertionError("unreachable")  # the loop returns or raises
+
+    async def get(self, path: str, params: Mapping[str, str] | None = None) -> JSON:
+        return await self.request("GET", path, params=params)
+
+    async def create(self, path: str, body: JSON) -> JSON:
+        return await self.request("POST", path, body=body)
+
+    async def delete(self, path: str) -> None:
+        with contextlib.suppress(NotFound):
+            await self.request("DELETE", path, body={"propagationPolicy": "Foreground"})
+
+    async def merge_patch(self, path: str, body: JSON) -> JSON:
+        return await self.request(
+            "PATCH", path, body=body, content_type="application/merge-patch+json"
+        )
+
+    async def server_side_apply(self, path: str, body: JSON, *, force: bool) -> JSON:
+        """Server-side apply under the `batchpilot` field manager. JSON is YAML, so the
+        body goes as JSON with the apply-patch content type."""
+        params = {"fieldManager": FIELD_MANAGER, "force": "true" if force else "false"}
+        return await self.request(
+            "PATCH",
+            path,
+            body=body,
+            content_type="application/apply-patch+yaml",
+            params=params,
+        )
+
+
+def _error(status: int, text: str) -> KubeError:
+    try:
+        payload = json.loads(text)
+        reason, message = str(payload.get("reason", "")), str(payload.get("message", text))
+    except (ValueError, AttributeError):
+        reason, message = "", text[:500]
+    cls = NotFound if status == 404 else KubeError
+    return cls(status, reason or "Error", message)
+
+
+def workload_path(kind: str, namespace: str, name: str = "") -> str:
+    plural = {"Deployment": "deployments", "StatefulSet": "statefulsets"}[kind]
+    base = f"/apis/apps/v1/namespaces/{quote(namespace)}/{plural}"
+    return f"{base}/{quote(name)}" if name else base
+
+
+def pods_path(namespace: str) -> str:
+    return f"/api/v1/namespaces/{quote(namespace)}/pods"
+
+
+def isvc_path(namespace: str, name: str, *, status: bool = False) -> str:
+    path = (
+        f"/apis/batchpilot.dev/v1alpha1/namespaces/{quote(namespace)}"
+        f"/inferenceservices/{quote(name)}"
+    )
+    return path + "/status" if status else path

@@ -1,0 +1,134 @@
+"""The InferenceService status as typed models. The status is the study's only
+persistent state: after a restart the operator rebuilds the study from it
+(DESIGN.md §5), so it carries every trial that the tuner needs, bounded in size.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+from pydantic.alias_generators import to_camel
+
+from batchpilot.operator.spec import MAX_TRIALS_LIMIT
+
+Phase = Literal["Pending", "Baseline", "Tuning", "Converged", "Failed"]
+TrialState = Literal["Running", "Complete", "Pruned", "Infeasible", "Failed"]
+TrialSource = Literal["baseline", "warm-start", "sampler"]
+
+# Trials kept in full. A study has at most MAX_TRIALS_LIMIT trials plus retried failures,
+# so the kept window normally holds the whole study and a restart rebuilds it exactly;
+# older entries only ever fall into the summary when a study fails over and over.
+TRIALS_KEPT = MAX_TRIALS_LIMIT + 20
+MAX_CONDITIONS = 8
+
+
+class _Status(BaseModel):
+    model_config = ConfigDict(
+        alias_generator=to_camel,
+        validate_by_name=True,
+        validate_by_alias=True,
+        extra="ignore",
+        frozen=True,
+    )
+
+
+class Condition(_Status):
+    """A Kubernetes-style condition."""
+
+    type: str = Field(description="Condition type, e.g. Ready, Measuring, TargetReady.")
+    status: Literal["True", "False", "Unknown"] = Field(description="True, False or Unknown.")
+    reason: str = Field(default="", description="CamelCase reason for the last transition.")
+    message: str = Field(default="", description="What is happening, for a person.")
+    last_transition_time: datetime | None = Field(
+        default=None, description="When status last changed."
+    )
+    observed_generation: int | None = Field(
+        default=None, description="Spec generation the condition was set for."
+    )
+
+
+class TrialEntry(_Status):
+    """One trial: the configuration tried and what it scored."""
+
+    number: int = Field(description="Trial number in the study, from 0 (the baseline).")
+    params: dict[str, float | int] = Field(description="Values tried, by parameter name.")
+    source: TrialSource = Field(description="baseline, warm-start or sampler.")
+    state: TrialState = Field(description="Running, Complete, Pruned, Infeasible or Failed.")
+    effective_rps: float | None = Field(default=None, description="Effective throughput, req/s.")
+    p99_ms: float | None = Field(default=None, description="p99 at the effective rate, ms.")
+    error_rate: float | None = Field(default=None, description="Error rate at the effective rate.")
+    reason: str = Field(default="", description="Why it was pruned, infeasible or failed.")
+    started_at: datetime | None = Field(default=None, description="When the trial started.")
+    finished_at: datetime | None = Field(default=None, description="When the trial finished.")
+
+
+class TrialsSummary(_Status):
+    """Counts of trials that no longer fit in status.trials."""
+
+    count: int = Field(default=0, description="Trials summarised.")
+    complete: int = Field(default=0, description="Of which complete.")
+    failed: int = Field(default=0, description="Of which failed.")
+    last_number: int | None = Field(default=None, description="Highest trial number summarised.")
+
+
+class Result(_Status):
+    """A configuration and its score."""
+
+    max_batch_size: int = Field(description="max_batch_size.")
+    max_queue_time_ms: float = Field(description="max_queue_time_ms.")
+    params: dict[str, float | int] = Field(
+        default_factory=dict, description="All parameters, extras included."
+    )
+    effective_rps: float | None = Field(default=None, description="Effective throughput, req/s.")
+    p99_ms: float | None = Field(default=None, description="p99 at the effective rate, ms.")
+    error_rate: float | None = Field(default=None, description="Error rate at the effective rate.")
+    trial: int | None = Field(default=None, description="Trial that measured it.")
+    generation: int | None = Field(default=None, description="Spec generation of the study.")
+
+
+class OriginalConfig(_Status):
+    """The target's configuration before the study, restored on failure or deletion."""
+
+    params: dict[str, float | int] = Field(
+        default_factory=dict, description="Values in effect, by parameter name."
+    )
+    env: dict[str, str | None] = Field(
+        default_factory=dict,
+        description="Environment variables as they were (null: not set), method Env.",
+    )
+    recorded_at: datetime | None = Field(default=None, description="When it was recorded.")
+
+
+class InferenceServiceStatus(_Status):
+    """What the operator has found so far."""
+
+    phase: Phase = Field(
+        default="Pending", description="Pending, Baseline, Tuning, Converged, Failed."
+    )
+    observed_generation: int | None = Field(
+        default=None, description="Spec generation the study in status belongs to."
+    )
+    message: str = Field(default="", description="The latest news, for a person.")
+    conditions: list[Condition] = Field(
+        default_factory=list, description="Conditions.", max_length=MAX_CONDITIONS
+    )
+    original: OriginalConfig | None = Field(
+        default=None, description="Configuration before the study."
+    )
+    canary: str | None = Field(default=None, description="Name of the canary workload, if any.")
+    baseline: Result | None = Field(default=None, description="The original configuration's score.")
+    best: Result | None = Field(default=None, description="The best configuration found.")
+    trials: list[TrialEntry] = Field(
+        default_factory=list, description="Trials, oldest first.", max_length=TRIALS_KEPT
+    )
+    trials_summary: TrialsSummary | None = Field(
+        default=None, description="Trials older than those kept in trials."
+    )
+    applied: bool = Field(
+        default=False, description="The best configuration was written back to the target."
+    )
+    restored: bool = Field(
+        default=False, description="The original configuration was put back on the target."
+    )

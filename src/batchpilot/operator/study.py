@@ -1,0 +1,347 @@
+"""The study runner: one InferenceService's study, one step at a time.
+
+Each step reads nothing but its own status (kept in memory, written to the API server
+after every change) and the world, asks `decisions.plan` what comes next and does it.
+The tuner is rebuilt from the trial history for every trial, so a resumed operator
+takes exactly the path an uninterrupted one would (DESIGN.md §5).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Literal
+
+from batchpilot.models import BatchingConfig, CapacityResult
+from batchpilot.operator import decisions, metrics
+from batchpilot.operator.kube import KubeError
+from batchpilot.operator.spec import InferenceServiceSpec, batching_config
+from batchpilot.operator.status import InferenceServiceStatus, TrialEntry
+from batchpilot.operator.world import TargetProblem, World
+from batchpilot.tuner.interfaces import TargetError
+from batchpilot.tuner.space import ParameterSpec, SearchSpace
+from batchpilot.tuner.study import TrialRecord, Tuner
+
+log = logging.getLogger(__name__)
+
+EventType = Literal["Normal", "Warning"]
+EventSink = Callable[[EventType, str, str], None]
+StatusWriter = Callable[[InferenceServiceStatus], Awaitable[None]]
+Clock = Callable[[], datetime]
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+@dataclass
+class Slots:
+    """The measurement slot(s) shared by every study of one operator process."""
+
+    semaphore: asyncio.Semaphore = field(default_factory=lambda: asyncio.Semaphore(1))
+
+
+class RecoverableError(RuntimeError):
+    """A step could not finish; the daemon retries it after a backoff."""
+
+    def __init__(self, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+        self.message = message
+
+
+def search_space(spec: InferenceServiceSpec) -> SearchSpace:
+    p = spec.parameters
+    return SearchSpace.from_bounds(
+        max_batch_size=(p.max_batch_size.min, p.max_batch_size.max),
+        max_queue_time_ms=(p.max_queue_time_ms.min, p.max_queue_time_ms.max),
+        extra=[
+            ParameterSpec(name=e.name, kind=e.kind, low=e.min, high=e.max, log=e.log)
+            for e in p.extra
+        ],
+    )
+
+
+def to_record(entry: TrialEntry) -> TrialRecord:
+    return TrialRecord.model_validate(entry.model_dump())
+
+
+def to_entry(record: TrialRecord) -> TrialEntry:
+    return TrialEntry.model_validate(record.model_dump())
+
+
+class StudyRunner:
+    def __init__(
+        self,
+        *,
+        namespace: str,
+        name: str,
+        spec: InferenceServiceSpec,
+        status: InferenceServiceStatus,
+        world: World,
+        write_status: StatusWriter,
+        event: EventSink,
+        slots: Slots,
+        clock: Clock = utcnow,
+    ) -> None:
+        self.namespace = namespace
+        self.name = name
+        self.spec = spec
+        self.status = status
+        self._world = world
+        self._write = write_status
+        self._event = event
+        self._slots = slots
+        self._clock = clock
+        self._prepared = False
+
+    # --- bookkeeping ------------------------------------------------------------------
+
+    async def _save(self, **changes: object) -> None:
+        self.status = self.status.model_copy(update=changes)
+        await self._write(self.status)
+
+    def _condition(
+        self, type: str, status: Literal["True", "False", "Unknown"], reason: str, message: str
+    ) -> None:
+        self.status = self.status.model_copy(
+            update={
+                "conditions": decisions.set_condition(
+                    self.status.conditions,
+                    type=type,
+                    status=status,
+                    reason=reason,
+                    message=message,
+                    generation=self.status.observed_generation,
+                    now=self._clock(),
+                )
+            }
+        )
+
+    async def report_problem(self, reason: str, message: str) -> None:
+        """A target problem that the study waits out or retries: condition + event."""
+        self._condition("TargetReady", "False", reason, message)
+        await self._save(message=message)
+        self._event("Warning", reason, message)
+
+    async def report_pod_problem(self, problem: decisions.PodProblem) -> None:
+        await self.report_problem(problem.reason, problem.message)
+
+    def _tuner(self) -> Tuner:
+        original = self.status.original
+        baseline: BatchingConfig | None = None
+        if original is not None and original.params:
+            baseline = batching_config(decisions.clamp_params(original.params, self.spec))
+        warm = batching_config(decisions.rule_of_thumb(self.spec))
+        return Tuner(
+            search_space(self.spec),
+            sampler=self.spec.tuning.sampler,
+            seed=self.spec.tuning.seed,
+            baseline=baseline,
+            warm_start=[warm],
+            history=[to_record(t) for t in self.status.trials],
+            clock=self._clock,
+        )
+
+    # --- the steps --------------------------------------------------------------------
+
+    async def step(self, generation: int) -> bool:
+        """Do the next step; False when the study of this generation is over."""
+        plan = decisions.plan(self.spec, self.status, generation)
+        try:
+            if plan.kind == "idle":
+                return False
+            if plan.kind == "new-study":
+                await self._new_study(generation)
+            elif plan.kind == "record-original":
+                await self._record_original()
+            elif plan.kind == "trial":
+                await self._trial()
+            elif plan.kind == "finish":
+                await self._finish(plan.reason)
+            else:
+                await self._fail(plan.reason)
+        except TargetProblem as exc:
+            await self.report_problem(exc.reason, exc.message)
+            raise RecoverableError(exc.reason, exc.message) from exc
+        except KubeError as exc:
+            message = f"Kubernetes API: {exc}"
+            self._event("Warning", "APIError", message)
+            raise RecoverableError("APIError", message) from exc
+        return True
+
+    async def _new_study(self, generation: int) -> None:
+        if self.status.observed_generation is not None:
+            await self.stop_early("a new spec generation replaces this study")
+        self.status = decisions.new_study(self.status, generation)
+        self._prepared = False
+        self._condition("Ready", "False", "StudyStarted", self.status.message)
+        await self._save()
+        self._event("Normal", "StudyStarted", self.status.message)
+
+    async def _record_original(self) -> None:
+        original = await self._world.record_original(self._clock())
+        shown = decisions.describe_params(original.params) if original.params else "unset"
+        message = f"recorded the original configuration ({shown}); measuring the baseline"
+        self._condition("TargetReady", "True", "TargetFound", f"{self.spec.target.name} found")
+        await self._save(original=original, phase="Baseline", message=message)
+        self._event("Normal", "Baseline", message)
+
+    async def _prepare(self) -> None:
+        if self._prepared:
+            return
+        canary = await self._world.prepare(self.status.canary)
+        self._prepared = True
+        if canary != self.status.canary:
+            await self._save(canary=canary)
+            if canary is not None:
+                self._event("Normal", "CanaryCreated", f"trials run on canary {canary}")
+
+    async def _trial(self) -> None:
+        await self._prepare()
+        tuner = self._tuner()
+        number, config, params = tuner.ask()
+        records = tuner.records()
+        entries = [to_entry(r) for r in records]
+        label = decisions.describe_params(params)
+        await self._save(
+            trials=entries,
+            phase=decisions.phase_for(entries),
+            message=f"trial {number}: measuring {label}",
+        )
+        self._event("Normal", "TrialStarted", f"Trial {number}: {label}")
+        started = time.monotonic()
+        record = await self._run_trial(tuner, number, config, params)
+        duration = time.monotonic() - started
+        metrics.TRIAL_SECONDS.observe(duration)
+        metrics.TRIALS.labels(self.namespace, self.name, record.state).inc()
+        await self._record(tuner, record)
+
+    async def _run_trial(
+        self, tuner: Tuner, number: int, config: BatchingConfig, params: dict[str, float | int]
+    ) -> TrialRecord:
+        semaphore = self._slots.semaphore
+        if semaphore.locked():
+            message = "waiting: another study is being measured (one trial at a time)"
+            self._condition("Measuring", "False", "WaitingForSlot", message)
+            await self._save(message=message)
+            metrics.WAITING.inc()
+            try:
+                await semaphore.acquire()
+            finally:
+                metrics.WAITING.dec()
+        else:
+            await semaphore.acquire()
+        try:
+            self._condition("Measuring", "True", "Measuring", f"trial {number}")
+            await self._save()
+            deadline = self.spec.tuning.trial_deadline_seconds
+            try:
+                async with asyncio.timeout(deadline):
+                    await self._world.apply(params)
+                    self._condition("TargetReady", "True", "Applied", "configuration is live")
+                    result: CapacityResult = await self._world.measure(
+                        config, must_beat=tuner.must_beat()
+                    )
+            except TargetProblem as exc:
+                self._condition("TargetReady", "False", exc.reason, exc.message)
+                self._event("Warning", exc.reason, exc.message)
+                return tuner.tell_failed(number, f"{exc.reason}: {exc.message}")
+            except TimeoutError:
+                return tuner.tell_failed(number, f"trial deadline of {deadline} s passed")
+            except OSError as exc:
+                # refused or reset connections to the pods: the load generator's view
+                message = f"pods did not answer: {exc}"[:500]
+                self._condition("TargetReady", "False", "Unreachable", message)
+                self._event("Warning", "Unreachable", message)
+                return tuner.tell_failed(number, message)
+            except (TargetError, KubeError, ValueError) as exc:
+                return tuner.tell_failed(number, str(exc)[:500])
+            return tuner.tell(number, result)
+        finally:
+            semaphore.release()
+            self._condition("Measuring", "False", "Idle", "no trial is being measured")
+
+    async def _record(self, tuner: Tuner, record: TrialRecord) -> None:
+        entries = [to_entry(r) for r in tuner.records()]
+        kept, summary = decisions.bound_trials(entries, self.status.trials_summary)
+        generation = self.status.observed_generation
+        best = decisions.best_trial(kept)
+        baseline = decisions.baseline_trial(kept)
+        entry = to_entry(record)
+        message = decisions.trial_message(entry, self.spec.sla.to_sla())
+        if best is not None and best.effective_rps is not None:
+            metrics.BEST_RPS.labels(self.namespace, self.name).set(best.effective_rps)
+        await self._save(
+            trials=kept,
+            trials_summary=summary,
+            best=decisions.result_of(best, generation) if best else None,
+            baseline=decisions.result_of(baseline, generation) if baseline else None,
+            phase="Tuning",
+            message=message,
+        )
+        self._event("Warning" if entry.state == "Failed" else "Normal", "Trial", message)
+
+    async def _finish(self, reason: str) -> None:
+        best = decisions.best_trial(self.status.trials)
+        if best is None:
+            await self._fail(f"{reason}, and no configuration met the SLA")
+            return
+        await self._remove_canary()
+        if self.spec.tuning.write_back == "Apply" and not self.status.applied:
+            await self._world.write_back(dict(best.params))
+            await self._save(applied=True)
+            self._event(
+                "Normal",
+                "Applied",
+                f"wrote {decisions.describe_params(best.params)} to {self.spec.target.name}",
+            )
+        elif (
+            self.spec.tuning.write_back == "Recommend"
+            and self.spec.tuning.strategy == "InPlace"
+            and not self.status.restored
+            and self.status.original is not None
+        ):
+            await self._world.restore(self.status.original)
+            await self._save(restored=True)
+        message = (
+            f"{reason}: best {decisions.describe_params(best.params)} → "
+            f"{best.effective_rps or 0.0:.0f} req/s (trial {best.number})"
+        )
+        if self.spec.tuning.write_back == "Recommend":
+            message += "; recommended only (writeBack: Recommend)"
+        self._condition("Ready", "True", "Converged", message)
+        self._condition("TargetReady", "True", "Done", "study finished")
+        await self._save(phase="Converged", message=message)
+        self._event("Normal", "Converged", message)
+
+    async def _fail(self, reason: str) -> None:
+        await self.stop_early(reason)
+        message = f"study failed: {reason}"
+        if self.status.restored:
+            message += "; original configuration restored"
+        self._condition("Ready", "False", "StudyFailed", message)
+        await self._save(phase="Failed", message=message)
+        self._event("Warning", "StudyFailed", message)
+
+    async def _remove_canary(self) -> None:
+        if self.status.canary is not None:
+            name = self.status.canary
+            await self._world.remove_canary(name)
+            await self._save(canary=None)
+            self._event("Normal", "CanaryDeleted", f"deleted canary {name}")
+
+    async def stop_early(self, why: str) -> None:
+        """Undo what the study changed: the canary goes, an InPlace target gets its
+        original configuration back (failure, cancellation, deletion, new spec)."""
+        delete_canary, restore = decisions.needs_cleanup(self.status, self.spec.tuning.strategy)
+        if delete_canary:
+            await self._remove_canary()
+        if restore and self.status.original is not None:
+            await self._world.restore(self.status.original)
+            await self._save(restored=True)
+            self._event("Normal", "Restored", f"original configuration restored: {why}")

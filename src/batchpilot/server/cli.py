@@ -1,0 +1,156 @@
+"""`batchpilot serve`: flags and environment variables of the reference server.
+
+PyTorch is imported only once the command runs, so `batchpilot --help` stays fast."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+from typing import Any
+
+import click
+
+from batchpilot.models import MAX_BATCH_SIZE_LIMIT, MAX_QUEUE_TIME_MS_LIMIT
+
+MODELS = ("mlp", "encoder")
+
+
+class _OneLineUsageError(click.ClickException):
+    exit_code = 2
+
+
+class OneLineErrors(click.Command):
+    """Bad flags or environment values print one line (what was wrong, what is
+    allowed) instead of click's usage block."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        try:
+            return super().parse_args(ctx, args)
+        except click.UsageError as exc:
+            message = exc.format_message()
+            param = exc.param if isinstance(exc, click.BadParameter) else None
+            envvar = param.envvar if param is not None else None
+            from_env = isinstance(envvar, str) and envvar in os.environ
+            if from_env and param is not None and not any(o in args for o in param.opts):
+                message += f" (it came from the environment variable {envvar})"
+            raise _OneLineUsageError(message) from None
+
+
+def _default_threads() -> int:
+    from batchpilot.server.engine import default_threads
+
+    return default_threads()
+
+
+@click.command(cls=OneLineErrors)
+@click.option(
+    "--host",
+    envvar="HOST",
+    default="127.0.0.1",
+    show_default=True,
+    help="Address to listen on [env HOST].",
+)
+@click.option(
+    "--port",
+    envvar="PORT",
+    type=click.IntRange(1, 65535),
+    default=8080,
+    show_default=True,
+    help="TCP port [env PORT].",
+)
+@click.option(
+    "--model",
+    type=click.Choice(MODELS),
+    default="mlp",
+    show_default=True,
+    help="Built-in model: mlp (rows of features) or encoder (token sequences).",
+)
+@click.option(
+    "--device",
+    type=click.Choice(("cpu", "cuda", "auto")),
+    default="cpu",
+    show_default=True,
+    help="Where the model runs; auto picks CUDA when present.",
+)
+@click.option(
+    "--threads",
+    type=click.IntRange(1, 1024),
+    default=None,
+    help="Torch threads [default: usable cores - 1, at least 1].",
+)
+@click.option(
+    "--max-batch-size",
+    envvar="MAX_BATCH_SIZE",
+    type=click.IntRange(1, MAX_BATCH_SIZE_LIMIT),
+    default=8,
+    show_default=True,
+    help="Most requests in one batch [env MAX_BATCH_SIZE].",
+)
+@click.option(
+    "--max-queue-time-ms",
+    envvar="MAX_QUEUE_TIME_MS",
+    type=click.FloatRange(0.0, MAX_QUEUE_TIME_MS_LIMIT),
+    default=5.0,
+    show_default=True,
+    help="Longest wait for a batch to fill, from its first request [env MAX_QUEUE_TIME_MS].",
+)
+@click.option(
+    "--queue-limit",
+    type=click.IntRange(1, 1_000_000),
+    default=1024,
+    show_default=True,
+    help="Most requests waiting; beyond it 503 + Retry-After.",
+)
+@click.option(
+    "--max-body-bytes",
+    type=click.IntRange(1024, 1 << 30),
+    default=8 << 20,
+    show_default=True,
+    help="Largest request body accepted.",
+)
+@click.option(
+    "--drain-timeout-s",
+    type=click.FloatRange(0.0, 3600.0),
+    default=30.0,
+    show_default=True,
+    help="On SIGTERM, longest wait for in-flight requests.",
+)
+@click.option(
+    "--log-level",
+    type=click.Choice(("debug", "info", "warning", "error")),
+    default="info",
+    show_default=True,
+)
+def serve(**kwargs: Any) -> None:  # fmt: skip
+    """Run the reference inference server with dynamic batching."""
+    logging.basicConfig(
+        level=kwargs["log_level"].upper(),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    # Imported here: these pull in PyTorch.
+    from batchpilot.models import BatchingConfig
+    from batchpilot.server.app import ServerOptions
+    from batchpilot.server.runner import ServeError, ServeSettings
+    from batchpilot.server.runner import serve as run_server
+
+    settings = ServeSettings(
+        host=kwargs["host"],
+        port=kwargs["port"],
+        model=kwargs["model"],
+        device=kwargs["device"],
+        threads=kwargs["threads"] or _default_threads(),
+        drain_timeout_s=kwargs["drain_timeout_s"],
+        options=ServerOptions(
+            batching=BatchingConfig(
+                max_batch_size=kwargs["max_batch_size"],
+                max_queue_time_ms=kwargs["max_queue_time_ms"],
+            ),
+            queue_limit=kwargs["queue_limit"],
+            max_body_bytes=kwargs["max_body_bytes"],
+        ),
+    )
+    try:
+        asyncio.run(run_server(settings))
+    except ServeError as exc:
+        raise click.ClickException(str(exc)) from None

@@ -1,0 +1,191 @@
+"""Run the reference server as a subprocess: what tests, benchmarks and the local tuner
+use to get a real server on a loopback port and be sure it is gone afterwards."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import socket
+import sys
+import tempfile
+from collections.abc import Mapping, Sequence
+from types import TracebackType
+from typing import IO, Self
+
+import aiohttp
+
+STDERR_TAIL_BYTES = 4000
+_POLL_INTERVAL_S = 0.1
+_PROBE_TIMEOUT_S = 2.0
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port the OS reports free on `host` now. Another process may still take it
+    before the caller binds; callers on a shared machine should be ready to retry."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+class ServerStartError(RuntimeError):
+    """The server did not become ready; the message carries the tail of its stderr."""
+
+
+class ServerProcess:
+    """`async with ServerProcess(max_batch_size=16) as server: ... server.url ...`
+
+    Starts `python -m batchpilot serve` on 127.0.0.1 and a free port, waits until
+    GET /readyz answers 200 (warm-up done), and on exit sends SIGTERM, waits for the
+    drain, then SIGKILL if the server has not gone."""
+
+    def __init__(
+        self,
+        *,
+        model: str = "mlp",
+        max_batch_size: int = 8,
+        max_queue_time_ms: float = 5.0,
+        threads: int | None = None,
+        extra_args: Sequence[str] = (),
+        env: Mapping[str, str] | None = None,
+        ready_timeout_s: float = 120.0,
+        stop_timeout_s: float = 15.0,
+        host: str = "127.0.0.1",
+    ) -> None:
+        self.host = host
+        self.port = free_port(host)
+        self.url = f"http://{host}:{self.port}"
+        self._args = [
+            sys.executable,
+            "-m",
+            "batchpilot",
+            "serve",
+            "--host",
+            host,
+            "--port",
+            str(self.port),
+            "--model",
+            model,
+            "--max-batch-size",
+            str(max_batch_size),
+            "--max-queue-time-ms",
+            str(max_queue_time_ms),
+        ]
+        if threads is not None:
+            self._args += ["--threads", str(threads)]
+        self._args += list(extra_args)
+        self._env = dict(os.environ if env is None else env)
+        self._ready_timeout_s = ready_timeout_s
+        self._stop_timeout_s = stop_timeout_s
+        self._proc: asyncio.subprocess.Process | None = None
+        self._stderr: IO[bytes] | None = None
+        self.returncode: int | None = None
+        self._final_stderr = ""
+
+    @property
+    def pid(self) -> int:
+        if self._proc is None:
+            raise RuntimeError("the server process has not been started")
+        return self._proc.pid
+
+    @property
+    def args(self) -> list[str]:
+        return list(self._args)
+
+    async def __aenter__(self) -> Self:
+        await self.start()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.stop()
+
+    async def start(self) -> None:
+        # stderr goes to a temporary file rather than a pipe: nobody reads it while the
+        # server runs, and a full pipe would block the server's logging.
+        self._stderr = tempfile.TemporaryFile()  # noqa: SIM115 - lives as long as the server
+        self._proc = await asyncio.create_subprocess_exec(
+            *self._args,
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.DEVNULL,
+            stderr=self._stderr,
+            env=self._env,
+        )
+        try:
+            await self._wait_ready()
+        except BaseException:
+            await self.stop()
+            raise
+
+    async def _wait_ready(self) -> None:
+        assert self._proc is not None
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self._ready_timeout_s
+        timeout = aiohttp.ClientTimeout(total=_PROBE_TIMEOUT_S)
+        async with aiohttp.ClientSession(timeout=timeout) as session:
+            while True:
+                if self._proc.returncode is not None:
+                    raise ServerStartError(
+                        f"the server exited with code {self._proc.returncode} before it was "
+                        f"ready ({' '.join(self._args[2:])}); stderr:\n{self.stderr_tail()}"
+                    )
+                with contextlib.suppress(aiohttp.ClientError, TimeoutError):
+                    async with session.get(f"{self.url}/readyz") as response:
+                        if response.status == 200:
+                            return
+                if loop.time() >= deadline:
+                    raise ServerStartError(
+                        f"the server on {self.url} was not ready within "
+                        f"{self._ready_timeout_s:g} s; stderr:\n{self.stderr_tail()}"
+                    )
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._proc.wait(), _POLL_INTERVAL_S)
+
+    def send_signal(self, sig: int) -> None:
+        if self._proc is not None and self._proc.returncode is None:
+            self._proc.send_signal(sig)
+
+    async def wait(self, timeout_s: float) -> int:
+        """Wait for the process to exit on its own; its exit code."""
+        assert self._proc is not None
+        self.returncode = await asyncio.wait_for(self._proc.wait(), timeout_s)
+        return self.returncode
+
+    async def stop(self) -> None:
+        """SIGTERM (the server drains in-flight requests), then SIGKILL after the grace."""
+        proc = self._proc
+        if proc is None:
+            return
+        try:
+            if proc.returncode is None:
+                proc.send_signal(signal.SIGTERM)
+                try:
+                    await asyncio.wait_for(proc.wait(), self._stop_timeout_s)
+                except TimeoutError:
+                    proc.kill()
+                    await proc.wait()
+            self.returncode = proc.returncode
+        finally:
+            if self._stderr is not None:
+                # Keep the log's tail: tests read what the server said while draining.
+                self._final_stderr = self._read_tail(self._stderr, STDERR_TAIL_BYTES)
+                self._stderr.close()
+                self._stderr = None
+
+    def stderr_tail(self, limit: int = STDERR_TAIL_BYTES) -> str:
+        """The last `limit` bytes the server wrote to stderr (its log), also after exit."""
+        if self._stderr is None:
+            return self._final_stderr[-limit:]
+        return self._read_tail(self._stderr, limit)
+
+    @staticmethod
+    def _read_tail(file: IO[bytes], limit: int) -> str:
+        size = file.seek(0, os.SEEK_END)
+        file.seek(max(0, size - limit))
+        return file.read().decode("utf-8", errors="replace")

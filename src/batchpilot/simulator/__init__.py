@@ -1,0 +1,38 @@
+"""Queueing simulator of dynamic-batching replicas: predicts a configuration's effective
+throughput from a fitted batch-cost model, in the same shape the measured capacity
+search reports, fast enough to score a whole grid in seconds."""
+
+from batchpilot.simulator.arrivals import MMPP, ArrivalProcess, Poisson, Trace, load_trace
+from batchpilot.simulator.capacity import simulate_capacity
+from batchpilot.simulator.cost import (
+    CostModel,
+    LinearCost,
+    ProfileError,
+    TableCost,
+    fit_cost_model,
+    parse_cost_model,
+)
+from batchpilot.simulator.engine import Policy, latencies
+from batchpilot.simulator.propose import KnobBounds, propose_configs
+from batchpilot.simulator.scenario import Scenario, Traffic
+
+__all__ = [
+    "MMPP",
+    "ArrivalProcess",
+    "CostModel",
+    "KnobBounds",
+    "LinearCost",
+    "Poisson",
+    "Policy",
+    "ProfileError",
+    "Scenario",
+    "TableCost",
+    "Trace",
+    "Traffic",
+    "fit_cost_model",
+    "latencies",
+    "load_trace",
+    "parse_cost_model",
+    "propose_configs",
+    "simulate_capacity",
+]

@@ -1,0 +1,141 @@
+"""One simulated step: a scenario (cost model, traffic, replicas) at one offered rate,
+judged by the same rule as a measured step (`batchpilot.models.step_passes`)."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import numpy as np
+import numpy.typing as npt
+from pydantic import Field
+
+from batchpilot.capacity.http import default_timeout_s
+from batchpilot.models import SLA, BatchingConfig, Frozen, RequestMix, StepResult, step_passes
+from batchpilot.simulator.arrivals import ArrivalProcess, Poisson
+from batchpilot.simulator.cost import CostModel
+from batchpilot.simulator.engine import Policy, latencies
+
+FloatArray = npt.NDArray[np.float64]
+IntArray = npt.NDArray[np.int64]
+
+# A simulated step starts with an empty, idle server; the first requests see no queue.
+# They are simulated but left out of the figures, as a warm-up window would be.
+WARMUP_FRACTION = 0.1
+
+
+class Scenario(Frozen):
+    """Everything but the batching configuration and the offered rate."""
+
+    cost: CostModel
+    mix: RequestMix = Field(default_factory=RequestMix.default)
+    arrival: ArrivalProcess = Field(default_factory=Poisson)
+    replicas: Annotated[int, Field(ge=1, le=1024)] = 1
+    requests: Annotated[int, Field(ge=200, le=50_000_000)] = 20_000
+    seed: int = 0
+    policy: Policy = "sequential"
+    # Client timeout: a request slower than this is an error and counts as this latency,
+    # as the load generator counts it. None: the measured capacity search's default.
+    timeout_ms: Annotated[float, Field(gt=0.0)] | None = None
+
+    def timeout_for(self, sla: SLA) -> float:
+        if self.timeout_ms is not None:
+            return self.timeout_ms
+        return default_timeout_s(sla) * 1000.0
+
+    def service_bound_rps(self, max_batch_size: int) -> float:
+        """Throughput of the workers if every batch held `max_batch_size` requests of the
+        mean size: the rate no configuration with that cap can exceed."""
+        b = np.array([max_batch_size], dtype=np.int64)
+        rows = np.array([max_batch_size * self.mix.mean_size()])
+        ms = float(self.cost.batch_ms(b, rows)[0])
+        return self.replicas * max_batch_size * 1000.0 / max(ms, 1e-6)
+
+
+class Traffic:
+    """The scenario's requests: sizes drawn once, arrival times per offered rate. Every
+    rate and every configuration sees the same draws (common random numbers), so the
+    difference between two configurations is theirs, not the dice's."""
+
+    def __init__(self, scenario: Scenario) -> None:
+        self.scenario = scenario
+        rng = np.random.default_rng([scenario.seed, 1])
+        sizes = np.array([c.size for c in scenario.mix.classes], dtype=np.int64)
+        weights = np.array([c.weight for c in scenario.mix.classes])
+        self.sizes: IntArray = rng.choice(sizes, size=scenario.requests, p=weights / weights.sum())
+        self._unit: FloatArray | None = None
+        if isinstance(scenario.arrival, Poisson):
+            # A Poisson stream at rate r is a unit-rate stream with time divided by r.
+            self._unit = scenario.arrival.times(
+                scenario.requests, 1.0, np.random.default_rng([scenario.seed, 2])
+            )
+
+    def arrivals(self, rate: float) -> FloatArray:
+        """Arrival times at `rate`, rescaled so the measured window holds exactly `rate`
+        requests a second: the offered rate of a step is then the rate actually offered,
+        not one off by the sampling noise of a few thousand draws (which would otherwise
+        fail the "achieved >= 97% of offered" rule on some seeds)."""
+        if self._unit is not None:
+            times: FloatArray = self._unit / rate
+        else:
+            rng = np.random.default_rng([self.scenario.seed, 2])
+            times = self.scenario.arrival.times(self.scenario.requests, rate, rng)
+        first = measured_from(times.size)
+        span = float(times[-1] - times[first])
+        if span > 0:
+            times = times * ((times.size - 1 - first) / rate / span)
+        return times
+
+
+def measured_from(n: int) -> int:
+    """Index of the first request the figures count (after the warm-up share)."""
+    return int(n * WARMUP_FRACTION)
+
+
+def simulate_step(
+    traffic: Traffic, config: BatchingConfig, sla: SLA, offered_rps: float
+) -> StepResult:
+    """The step of the capacity search at `offered_rps`, simulated."""
+    scenario = traffic.scenario
+    arrivals = traffic.arrivals(offered_rps)
+    latency_s = latencies(
+        arrivals,
+        traffic.sizes,
+        max_batch_size=config.max_batch_size,
+        max_queue_time_s=config.max_queue_time_ms / 1000.0,
+        cost=scenario.cost,
+        replicas=scenario.replicas,
+        policy=scenario.policy,
+    )
+    first = measured_from(arrivals.size)
+    measured_ms = latency_s[first:] * 1000.0
+    timeout_ms = scenario.timeout_for(sla)
+    timed_out = measured_ms > timeout_ms
+    clamped = np.minimum(measured_ms, timeout_ms)
+    ok = ~timed_out
+    # The load generator's rule: answers over the window, or over the span of the
+    # answers when they trail past it (a saturated server drains its backlog late).
+    window_s = float(arrivals[-1] - arrivals[first])
+    done_s = (arrivals[first:] + latency_s[first:])[ok]
+    span_s = float(done_s.max() - done_s.min()) if done_s.size else 0.0
+    achieved = done_s.size / max(window_s, span_s) if done_s.size else 0.0
+    p50, p99 = (float(v) for v in np.percentile(clamped, [50.0, 99.0]))
+    error_rate = float(np.count_nonzero(timed_out)) / measured_ms.size
+    passed, reason = step_passes(
+        p99_ms=p99,
+        error_rate=error_rate,
+        offered_rps=offered_rps,
+        achieved_rps=achieved,
+        sla=sla,
+    )
+    return StepResult(
+        offered_rps=offered_rps,
+        achieved_rps=achieved,
+        p50_ms=p50,
+        p99_ms=p99,
+        error_rate=error_rate,
+        requests=int(measured_ms.size),
+        passed=passed,
+        reason=reason,
+        duration_s=window_s,
+        source="simulator",
+    )

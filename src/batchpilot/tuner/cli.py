@@ -1,0 +1,237 @@
+"""`batchpilot tune --local`: flags, the configuration file, output and exit codes."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import sys
+from pathlib import Path
+
+import click
+from optuna.storages import BaseStorage
+from rich.console import Console
+
+from batchpilot.models import SLA, RequestMix
+from batchpilot.server.cli import OneLineErrors
+from batchpilot.tuner.config import (
+    QUICK_MEASUREMENT,
+    QUICK_SIMULATOR_WARM_STARTS,
+    QUICK_TRIALS,
+    ConfigError,
+    TuneConfig,
+    load_config,
+)
+from batchpilot.tuner.samplers import SAMPLERS, sampler_factory
+from batchpilot.tuner.space import SearchSpace
+
+EXIT_INTERRUPTED = 130
+
+
+class TuneError(click.ClickException):
+    """One line on stderr, exit 2: bad input the user can fix."""
+
+    exit_code = 2
+
+
+def build_config(
+    base: TuneConfig,
+    *,
+    trials: int | None,
+    sla_p99_ms: float | None,
+    seed: int | None,
+    sampler: str | None,
+    mix: str | None,
+    quick: bool,
+) -> TuneConfig:
+    """The file's configuration with the flags applied; --quick first, so an explicit
+    --trials still wins over it."""
+    tuning = base.tuning
+    measurement = base.measurement
+    if quick:
+        measurement = QUICK_MEASUREMENT
+        tuning = tuning.model_copy(
+            update={"trials": QUICK_TRIALS, "simulator_warm_starts": QUICK_SIMULATOR_WARM_STARTS}
+        )
+    updates: dict[str, object] = {}
+    if trials is not None:
+        updates["trials"] = trials
+    if seed is not None:
+        updates["seed"] = seed
+    if sampler is not None:
+        updates["sampler"] = sampler
+    tuning = tuning.model_copy(update=updates)
+    sla = base.sla
+    if sla_p99_ms is not None:
+        sla = SLA(p99_ms=sla_p99_ms, max_error_rate=sla.max_error_rate)
+    return base.model_copy(
+        update={
+            "tuning": tuning,
+            "measurement": measurement,
+            "sla": sla,
+            "mix": mix if mix is not None else base.mix,
+        }
+    )
+
+
+def resolve(config: TuneConfig) -> tuple[SearchSpace, RequestMix]:
+    """The search space and mix a configuration names; ValueError says what is wrong."""
+    sampler_factory(config.tuning.sampler)  # an unknown name fails here, not mid-run
+    p = config.parameters
+    space = SearchSpace.from_bounds(
+        max_batch_size=(p.max_batch_size.min, p.max_batch_size.max),
+        max_queue_time_ms=(p.max_queue_time_ms.min, p.max_queue_time_ms.max),
+    )
+    if config.mix is None:
+        return space, RequestMix.default()
+    from batchpilot.loadgen.mix import parse_mix
+
+    return space, parse_mix(config.mix)
+
+
+def _storage(spec: str | None) -> str | BaseStorage | None:
+    """Opened before the server starts, so a bad URL costs nothing and says why."""
+    if spec is None:
+        return None
+    from optuna.storages import RDBStorage
+
+    from batchpilot.tuner.study import open_storage
+
+    try:
+        storage = open_storage(spec)
+    except OSError as exc:
+        raise TuneError(f"--storage {spec}: cannot open the journal file: {exc}") from None
+    if isinstance(storage, str):
+        try:
+            return RDBStorage(storage)
+        except Exception as exc:  # any driver's refusal: one line for the user
+            first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            raise TuneError(
+                f"--storage {spec}: {first} (give a database URL such as sqlite:///tune.db "
+                "or a journal file path)"
+            ) from None
+    return storage
+
+
+@click.command(cls=OneLineErrors)
+@click.option(
+    "--local", "local", is_flag=True, help="Tune the bundled reference server on this machine."
+)
+@click.option(
+    "--config",
+    "config_path",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="YAML/JSON file: server, sla, mix, parameters, measurement, tuning.",
+)
+@click.option(
+    "--trials",
+    type=click.IntRange(1, 1000),
+    default=None,
+    help="Trials to measure, baseline and warm starts included [default 20].",
+)
+@click.option(
+    "--sla-p99-ms",
+    type=click.FloatRange(0, 3_600_000, min_open=True),
+    default=None,
+    help="p99 latency SLA in ms [default 100].",
+)
+@click.option(
+    "--storage",
+    default=None,
+    help="Optuna storage URL (sqlite:///tune.db) or a journal file: resumes a run.",
+)
+@click.option(
+    "--json", "as_json", is_flag=True, help="Print the result as one JSON object on stdout."
+)
+@click.option(
+    "--report",
+    "report_dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    help="Write report.json and PNG plots into this directory.",
+)
+@click.option(
+    "--quick", is_flag=True, help="Short measurement windows and 6 trials: about 2 minutes."
+)
+@click.option(
+    "--mix",
+    default=None,
+    help="Request mix: WEIGHT:SIZE pairs ('80:1,15:4,5:16') or a YAML/JSON file.",
+)
+@click.option("--seed", type=int, default=None, help="Seed of the sampler and the load.")
+@click.option(
+    "--sampler",
+    type=click.Choice(sorted(SAMPLERS), case_sensitive=False),
+    default=None,
+    help="Optuna sampler [default TPE].",
+)
+def tune(
+    local: bool,
+    config_path: Path | None,
+    trials: int | None,
+    sla_p99_ms: float | None,
+    storage: str | None,
+    as_json: bool,
+    report_dir: Path | None,
+    quick: bool,
+    mix: str | None,
+    seed: int | None,
+    sampler: str | None,
+) -> None:
+    """Find the dynamic-batching configuration with the most effective throughput
+    within the p99 SLA, measured in the same run against the baseline and the rule of
+    thumb."""
+    if not local:
+        raise TuneError(
+            "tune needs --local (tune the bundled reference server here); services in a "
+            "cluster are tuned by the operator through an InferenceService resource"
+        )
+    try:
+        base = load_config(config_path) if config_path is not None else TuneConfig()
+        config = build_config(
+            base,
+            trials=trials,
+            sla_p99_ms=sla_p99_ms,
+            seed=seed,
+            sampler=sampler,
+            mix=mix,
+            quick=quick,
+        )
+        space, request_mix = resolve(config)
+    except (ConfigError, ValueError) as exc:
+        raise TuneError(str(exc)) from None
+    if report_dir is not None and report_dir.exists() and not report_dir.is_dir():
+        raise TuneError(f"--report {report_dir}: exists and is not a directory")
+
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    import optuna
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    from batchpilot.server.process import ServerStartError
+    from batchpilot.tuner.interfaces import TargetError
+    from batchpilot.tuner.localmode import LocalRun, tune_local
+    from batchpilot.tuner.progress import render_summary
+
+    # soft_wrap: progress lines stay whole in logs and pipes instead of breaking at 80
+    console = Console(stderr=True, soft_wrap=True)
+    run = LocalRun(config=config, space=space, mix=request_mix, storage=_storage(storage))
+    try:
+        summary = asyncio.run(tune_local(run, console))
+    except ServerStartError as exc:
+        raise click.ClickException(
+            "the reference server did not start: " + str(exc).splitlines()[0]
+        ) from None
+    except TargetError as exc:
+        raise click.ClickException(f"the reference server misbehaved: {exc}") from None
+    except ConnectionError as exc:  # the load generator found the server gone
+        raise click.ClickException(f"the reference server stopped answering: {exc}") from None
+    except ValueError as exc:  # a stored study that does not fit this run
+        raise TuneError(str(exc).splitlines()[0]) from None
+    render_summary(console, summary)
+    if report_dir is not None:
+        from batchpilot.tuner.report import write_report
+
+        paths = write_report(summary, report_dir)
+        console.print(f"Report: {', '.join(str(p) for p in paths)}", highlight=False)
+    if as_json:
+        sys.stdout.write(summary.model_dump_json() + "\n")
+    if summary.interrupted:
+        sys.exit(EXIT_INTERRUPTED)

@@ -1,0 +1,132 @@
+"""The `tune --local` configuration file (YAML or JSON) and its defaults.
+
+Every section and key is optional; command-line flags override the file. Unknown keys
+are rejected, so a typo is an error rather than a silently ignored setting."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated, Any, Literal, Self
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from batchpilot.models import MAX_BATCH_SIZE_LIMIT, MAX_QUEUE_TIME_MS_LIMIT, SLA
+
+# The default SLA for the reference server on a small machine: its p99 at light load
+# with the server's own defaults is ~50 ms on 2 shared cores (a batch of 8 mostly
+# single-row requests computes in ~17 ms, and the client shares the CPU), so 100 ms
+# leaves room for batching to pay off without making every configuration infeasible.
+DEFAULT_SLA_P99_MS = 100.0
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Bounds(Strict):
+    min: float
+    max: float
+
+    @model_validator(mode="after")
+    def _ordered(self) -> Self:
+        if self.min > self.max:
+            raise ValueError(f"min {self.min:g} must be <= max {self.max:g}")
+        return self
+
+
+class IntBounds(Bounds):
+    min: int
+    max: int
+
+
+class Parameters(Strict):
+    # 64 is what "fits safely" for the reference MLP on a CPU: a batch of 64 typical
+    # requests computes in roughly the default SLA. The queue-time bound covers the
+    # seed's bands up to "throughput first" (>= 100 ms).
+    max_batch_size: IntBounds = IntBounds(min=1, max=64)
+    max_queue_time_ms: Bounds = Bounds(min=0, max=100)
+
+
+class ServerSection(Strict):
+    """The reference server that local mode starts; its starting configuration is the
+    baseline, as a deployment's current settings are in cluster mode."""
+
+    model: Literal["mlp", "encoder"] = "mlp"
+    threads: Annotated[int, Field(ge=1, le=1024)] | None = None
+    max_batch_size: Annotated[int, Field(ge=1, le=MAX_BATCH_SIZE_LIMIT)] = 8
+    max_queue_time_ms: Annotated[float, Field(ge=0.0, le=MAX_QUEUE_TIME_MS_LIMIT)] = 5.0
+
+
+class Measurement(Strict):
+    """How each trial's effective throughput is measured (the capacity search)."""
+
+    # 4 s windows: at a few hundred req/s that is >1000 requests a step, so p99 rests
+    # on ~10 samples above it rather than 2-3
+    step_duration_s: Annotated[float, Field(gt=0.0, le=600.0)] = 4.0
+    warmup_s: Annotated[float, Field(ge=0.0, le=600.0)] = 1.5
+    precision: Annotated[float, Field(gt=0.0, lt=1.0)] = 0.05
+    timeout_s: Annotated[float, Field(gt=0.0, le=3600.0)] | None = None
+
+
+class Tuning(Strict):
+    trials: Annotated[int, Field(ge=1, le=1000)] = 20
+    sampler: str = "TPE"
+    seed: int = 0
+    rule_of_thumb: bool = True
+    simulator_warm_starts: Annotated[int, Field(ge=0, le=20)] = 2
+
+
+class TuneConfig(Strict):
+    server: ServerSection = ServerSection()
+    sla: SLA = SLA(p99_ms=DEFAULT_SLA_P99_MS)
+    mix: str | None = None  # a mix spec ("80:1,15:4,5:16") or file; None: the default mix
+    parameters: Parameters = Parameters()
+    measurement: Measurement = Measurement()
+    tuning: Tuning = Tuning()
+
+
+# --quick: a smoke run that still ends with a measured recommendation. Short windows
+# and a coarse precision; enough trials for baseline, rule of thumb, one simulator
+# proposal and a few sampler trials.
+QUICK_MEASUREMENT = Measurement(step_duration_s=1.2, warmup_s=0.5, precision=0.15)
+QUICK_TRIALS = 6
+QUICK_SIMULATOR_WARM_STARTS = 1
+
+
+class ConfigError(ValueError):
+    """A configuration file that cannot be used; the message says where and why."""
+
+
+def _describe(exc: ValidationError) -> str:
+    parts = []
+    for error in exc.errors(include_url=False):
+        where = ".".join(str(p) for p in error["loc"]) or "(top level)"
+        parts.append(f"{where}: {error['msg']}")
+    return "; ".join(parts)
+
+
+def parse_config(data: Any, source: str = "configuration") -> TuneConfig:
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{source} must be a mapping of sections (server, sla, ...)")
+    try:
+        return TuneConfig.model_validate(data)
+    except ValidationError as exc:
+        allowed = ", ".join(TuneConfig.model_fields)
+        raise ConfigError(f"{source}: {_describe(exc)} (sections: {allowed})") from None
+
+
+def load_config(path: Path) -> TuneConfig:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(f"cannot read config file {str(path)!r}: {exc.strerror}") from None
+    try:
+        data = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
+    except (json.JSONDecodeError, yaml.YAMLError) as exc:
+        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise ConfigError(f"config file {str(path)!r} is not valid YAML/JSON: {first}") from None
+    return parse_config(data, f"config file {str(path)!r}")

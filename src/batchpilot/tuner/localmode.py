@@ -1,0 +1,204 @@
+"""`tune --local`: tune the bundled reference server on this machine.
+
+Start the server (subprocess, loopback, free port), take its starting configuration as
+the baseline, measure the rules of thumb, add the simulator's proposals once the batch
+cost curve is known from the baseline's traffic, then let the sampler work. Ctrl-C or
+SIGTERM stops the trial in flight, keeps the best so far, and stops the server."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+import time
+from collections.abc import Coroutine
+from dataclasses import dataclass
+from typing import Any
+
+from optuna.storages import BaseStorage
+from rich.console import Console
+
+from batchpilot.models import SLA, BatchingConfig, RequestMix
+from batchpilot.server.process import ServerProcess
+from batchpilot.tuner.config import TuneConfig
+from batchpilot.tuner.local import LocalProbe, LocalTarget
+from batchpilot.tuner.progress import TrialProgress
+from batchpilot.tuner.rules import rules_of_thumb
+from batchpilot.tuner.runner import TrialDone, TrialStart, run_trials
+from batchpilot.tuner.space import SearchSpace
+from batchpilot.tuner.study import Tuner
+from batchpilot.tuner.summary import TuneSummary, label_of, summarize
+
+log = logging.getLogger(__name__)
+
+STUDY_NAME = "batchpilot-local"
+
+
+@dataclass(frozen=True)
+class LocalRun:
+    config: TuneConfig
+    space: SearchSpace
+    mix: RequestMix
+    storage: str | BaseStorage | None = None  # an opened storage or a URL
+
+
+class SimulatorWarmStart:
+    """Adds the simulator's proposals once: when a measured trial has left a batch-cost
+    profile in the server. Skipped, with the reason logged, when the simulator is not
+    installed or the profile cannot be fitted yet (too few distinct batch sizes)."""
+
+    def __init__(
+        self, tuner: Tuner, target: LocalTarget, run: LocalRun, rules: list[BatchingConfig]
+    ) -> None:
+        self.tuner = tuner
+        self.target = target
+        self.run = run
+        self.rules = rules
+        wanted = run.config.tuning.simulator_warm_starts
+        already = any(label_of(r, rules) == "simulator" for r in tuner.records())
+        self.done = wanted == 0 or already
+        self.skipped: str = ""
+
+    async def maybe(self) -> list[BatchingConfig]:
+        if self.done or not any(r.state == "Complete" for r in self.tuner.records()):
+            return []
+        try:
+            from batchpilot.simulator.cost import ProfileError, fit_cost_model
+            from batchpilot.simulator.propose import propose_configs
+        except ImportError as exc:
+            return self._skip(f"the simulator is not available ({exc})")
+        profile = await self.target.profile()
+        try:
+            cost = fit_cost_model(profile)
+        except ProfileError as exc:
+            log.info("simulator warm start waits for a better profile: %s", exc)
+            return []
+        cfg = self.run.config
+        configs = await asyncio.to_thread(
+            propose_configs,
+            cost,
+            self.run.mix,
+            cfg.sla,
+            self.run.space,
+            cfg.tuning.simulator_warm_starts,
+            seed=cfg.tuning.seed,
+        )
+        self.done = True
+        queued = self.tuner.add_warm_starts(configs)
+        log.info("simulator (%s) proposed %s", cost.label(), [c.label() for c in queued])
+        return queued
+
+    def _skip(self, reason: str) -> list[BatchingConfig]:
+        self.done = True
+        self.skipped = reason
+        log.warning("simulator warm start skipped: %s", reason)
+        return []
+
+
+async def tune_local(run: LocalRun, console: Console) -> TuneSummary:
+    cfg = run.config
+    started = time.monotonic()
+    sla: SLA = cfg.sla
+    rules = rules_of_thumb(run.space, sla) if cfg.tuning.rule_of_thumb else []
+    console.print(
+        f"Starting the reference server ({cfg.server.model}, batch={cfg.server.max_batch_size} "
+        f"wait={cfg.server.max_queue_time_ms:g}ms) ...",
+        highlight=False,
+    )
+    async with ServerProcess(
+        model=cfg.server.model,
+        max_batch_size=cfg.server.max_batch_size,
+        max_queue_time_ms=cfg.server.max_queue_time_ms,
+        threads=cfg.server.threads,
+    ) as server:
+        target = LocalTarget(server.url)
+        baseline = await target.current()
+        tuner = Tuner(
+            run.space,
+            sampler=cfg.tuning.sampler,
+            seed=cfg.tuning.seed,
+            baseline=baseline,
+            warm_start=rules,
+            storage=run.storage,
+            study_name=STUDY_NAME,
+        )
+        probe = LocalProbe(
+            server.url,
+            sla=sla,
+            mix=run.mix,
+            precision=cfg.measurement.precision,
+            step_duration_s=cfg.measurement.step_duration_s,
+            warmup_s=cfg.measurement.warmup_s,
+            timeout_s=cfg.measurement.timeout_s,
+            seed=cfg.tuning.seed,
+        )
+        warm = SimulatorWarmStart(tuner, target, run, rules)
+        progress = TrialProgress(console, cfg.tuning.trials)
+        console.print(
+            f"Server on {server.url}; SLA p99 <= {sla.p99_ms:g} ms, errors <= "
+            f"{sla.max_error_rate:g}; space {run.space.describe()}; "
+            f"{cfg.tuning.trials} trials ({cfg.tuning.sampler}, seed {cfg.tuning.seed})",
+            highlight=False,
+        )
+        if tuner.measured_count():
+            console.print(f"Resuming: {tuner.measured_count()} trials already in the storage")
+
+        def on_start(event: TrialStart) -> None:
+            progress.start(event, label_of(tuner.records()[event.number], rules))
+
+        async def on_done(event: TrialDone) -> None:
+            progress.done(event, label_of(event.record, rules), tuner.measured_count())
+            await warm.maybe()
+
+        interrupted = await _until_signal(
+            run_trials(
+                tuner,
+                target,
+                probe,
+                trials=cfg.tuning.trials,
+                full=rules,
+                on_start=on_start,
+                on_done=on_done,
+            )
+        )
+        progress.stop()
+    records = tuner.records()
+    results = {r.number: res for r in records if (res := tuner.result(r.number)) is not None}
+    return summarize(
+        records,
+        best=tuner.best(),
+        rules=rules,
+        results=results,
+        sla=sla,
+        sampler=cfg.tuning.sampler,
+        seed=cfg.tuning.seed,
+        space=run.space.describe(),
+        interrupted=interrupted,
+        duration_s=time.monotonic() - started,
+    )
+
+
+async def _until_signal(work: Coroutine[Any, Any, None]) -> bool:
+    """Run `work`; SIGINT/SIGTERM cancel it. True when it was stopped that way."""
+    loop = asyncio.get_running_loop()
+    task = asyncio.ensure_future(work)
+    stopped = False
+
+    def stop() -> None:
+        nonlocal stopped
+        stopped = True
+        task.cancel()
+
+    signals = (signal.SIGINT, signal.SIGTERM)
+    for sig in signals:
+        loop.add_signal_handler(sig, stop)
+    try:
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+    finally:
+        for sig in signals:
+            loop.remove_signal_handler(sig)
+    if not stopped and task.cancelled():
+        raise asyncio.CancelledError
+    return stopped

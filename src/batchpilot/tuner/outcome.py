@@ -1,0 +1,46 @@
+"""How a capacity measurement becomes a trial outcome: pure decisions, no Optuna."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from batchpilot.models import CapacityResult, StepResult
+
+TrialState = Literal["Running", "Complete", "Pruned", "Infeasible", "Failed"]
+
+# Name of the single Optuna constraint; > 0 means the trial broke the SLA.
+SLA_CONSTRAINT = "sla"
+
+
+def state_of(result: CapacityResult) -> TrialState:
+    """Pruned wins over infeasible: a pruned ramp may have started above the lowest
+    rate, so a failing first step does not prove the configuration can never meet the
+    SLA; it only proves it cannot win."""
+    if result.pruned:
+        return "Pruned"
+    if not result.feasible:
+        return "Infeasible"
+    return "Complete"
+
+
+def violation_of(state: TrialState) -> float:
+    """The constraint value Optuna sees. Binary on purpose: it must be recomputable
+    from a trial record alone when a study is rebuilt, and the record does not carry
+    the SLA."""
+    return 1.0 if state == "Infeasible" else 0.0
+
+
+def reported_step(result: CapacityResult) -> StepResult | None:
+    """The step whose figures describe the trial: the fastest passing step, or the
+    slowest step when none passed (how badly it broke the SLA at its easiest)."""
+    passed = [s for s in result.steps if s.passed]
+    if passed:
+        return max(passed, key=lambda s: s.offered_rps)
+    return min(result.steps, key=lambda s: s.offered_rps, default=None)
+
+
+def figures_of(result: CapacityResult) -> tuple[float, float | None, float | None]:
+    """(effective req/s, p99 ms, error rate) for a trial record."""
+    step = reported_step(result)
+    p99 = result.p99_ms if result.p99_ms is not None else (step.p99_ms if step else None)
+    return result.effective_rps, p99, (step.error_rate if step else None)

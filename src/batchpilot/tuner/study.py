@@ -1,0 +1,350 @@
+"""The tuner: an Optuna study over the batching knobs, driven by ask/tell so that the
+trials can be run by someone else (the local CLI, the operator's daemon).
+
+Order of trials: the baseline (the configuration live before tuning), then the warm
+starts (rules of thumb, simulator proposals), then the sampler. Scoring: effective
+req/s, maximised; a configuration that breaks the SLA even at the lowest rate is
+infeasible, recorded through Optuna's constraint API so it is never the best.
+
+State lives in `TrialRecord`s. A tuner built from a list of them (`history`) holds the
+same Optuna study as the one that produced them, and since every trial's sampler is
+seeded from (seed, trial number) (see `samplers`), it suggests what the original would
+have. A trial still `Running` in the history was cut short by a crash: it is recorded
+as Failed ("interrupted") and its configuration is asked again before anything new.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import deque
+from collections.abc import Callable, Iterable, Sequence
+from datetime import UTC, datetime
+from typing import Any, Literal
+
+import optuna
+from optuna.storages import BaseStorage
+from optuna.trial import FrozenTrial, create_trial
+from optuna.trial import TrialState as OptunaState
+from pydantic import BaseModel, ConfigDict
+
+from batchpilot.models import BatchingConfig, CapacityResult
+from batchpilot.tuner.outcome import (
+    SLA_CONSTRAINT,
+    TrialState,
+    figures_of,
+    state_of,
+    violation_of,
+)
+from batchpilot.tuner.samplers import make_sampler
+from batchpilot.tuner.space import ParameterSpec, Params, SearchSpace
+
+__all__ = ["ParameterSpec", "SearchSpace", "TrialRecord", "Tuner", "open_storage"]
+
+log = logging.getLogger(__name__)
+
+Source = Literal["baseline", "warm-start", "sampler"]
+INTERRUPTED = "interrupted"
+RECORD_ATTR = "batchpilot.record"  # the TrialRecord, kept with the Optuna trial for resume
+RESULT_ATTR = "batchpilot.result"  # the CapacityResult with its steps, for reports
+
+
+class TrialRecord(BaseModel):
+    """One trial as the outside world sees it (status of the custom resource, reports)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    number: int
+    params: dict[str, float | int]
+    source: Source
+    state: TrialState
+    effective_rps: float | None = None
+    p99_ms: float | None = None
+    error_rate: float | None = None
+    reason: str = ""
+    started_at: datetime | None = None
+    finished_at: datetime | None = None
+
+    def config(self) -> BatchingConfig:
+        return SearchSpace.config_of(self.params)
+
+
+def _utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+def open_storage(spec: str) -> str | BaseStorage:
+    """An Optuna storage URL (sqlite:///tune.db, ...) as it is; anything without a scheme
+    is a journal file, which needs no database and survives a killed process."""
+    if "://" in spec:
+        return spec
+    from optuna.storages.journal import JournalFileBackend, JournalStorage
+
+    return JournalStorage(JournalFileBackend(spec))
+
+
+def _optuna_trial(space: SearchSpace, rec: TrialRecord) -> FrozenTrial:
+    """The Optuna trial a finished record stands for, exactly as ask/tell left it."""
+    internal = space.to_internal(rec.params)
+    common: dict[str, Any] = {
+        "params": internal,
+        "distributions": space.distributions_for(internal),
+        "user_attrs": {RECORD_ATTR: rec.model_dump(mode="json")},
+    }
+    value = rec.effective_rps if rec.effective_rps is not None else 0.0
+    constraints = {SLA_CONSTRAINT: violation_of(rec.state)}
+    if rec.state in ("Complete", "Infeasible"):
+        return create_trial(value=value, constraints=constraints, **common)
+    if rec.state == "Pruned":
+        # ask/tell reports the partial result as step 0 and Optuna copies the last
+        # intermediate value into the value of a pruned trial
+        return create_trial(
+            state=OptunaState.PRUNED,
+            value=value,
+            intermediate_values={0: value},
+            constraints=constraints,
+            **common,
+        )
+    return create_trial(state=OptunaState.FAIL, **common)
+
+
+def replay_queue(
+    fixed: Sequence[tuple[Params, Source]], records: Iterable[TrialRecord]
+) -> deque[tuple[Params, Source]]:
+    """What is still to be asked before the sampler: the fixed configurations the records
+    have not consumed, with interrupted trials' retries in front. Replays the order in
+    which `ask` hands them out, so a resumed run neither skips nor repeats one."""
+    queue: deque[tuple[Params, Source]] = deque(fixed)
+    for rec in sorted(records, key=lambda r: r.number):
+        for i, (params, source) in enumerate(queue):
+            if params == rec.params and source == rec.source:
+                del queue[i]
+                break
+        if rec.state == "Failed" and rec.reason == INTERRUPTED:
+            queue.appendleft((dict(rec.params), rec.source))
+    return queue
+
+
+class Tuner:
+    def __init__(
+        self,
+        space: SearchSpace,
+        *,
+        sampler: str = "TPE",
+        seed: int = 0,
+        baseline: BatchingConfig | None = None,
+        warm_start: Sequence[BatchingConfig] = (),
+        history: Sequence[TrialRecord] = (),
+        storage: str | BaseStorage | None = None,
+        study_name: str = "batchpilot",
+        clock: Callable[[], datetime] = _utcnow,
+    ) -> None:
+        self.space = space
+        self._clock = clock
+        self._study = optuna.create_study(
+            study_name=study_name,
+            storage=storage,
+            sampler=make_sampler(sampler, seed, space),
+            direction="maximize",
+            load_if_exists=True,
+        )
+        self._running: dict[int, optuna.Trial] = {}
+        self._records: dict[int, TrialRecord] = {}
+        self._load_stored()
+        self._add_history(history)
+        self._queue = replay_queue(self._fixed(baseline, warm_start), self._records.values())
+
+    # -- construction ---------------------------------------------------------------
+
+    @staticmethod
+    def _fixed(
+        baseline: BatchingConfig | None, warm_start: Sequence[BatchingConfig]
+    ) -> list[tuple[Params, Source]]:
+        fixed: list[tuple[Params, Source]] = []
+        if baseline is not None:
+            fixed.append((SearchSpace.params_of(baseline), "baseline"))
+        seen = [p for p, _ in fixed]
+        for config in warm_start:
+            params = SearchSpace.params_of(config)
+            if params in seen:
+                continue  # the same configuration twice teaches the sampler nothing
+            seen.append(params)
+            fixed.append((params, "warm-start"))
+        return fixed
+
+    def _load_stored(self) -> None:
+        """Records of a study that already lives in `storage` (a resumed run)."""
+        for trial in self._study.get_trials(deepcopy=False):
+            raw = trial.user_attrs.get(RECORD_ATTR)
+            if raw is None:
+                raise ValueError(
+                    f"the study {self._study.study_name!r} in this storage has trial "
+                    f"{trial.number} that batchpilot did not write; use another study name"
+                )
+            rec = TrialRecord.model_validate(raw)
+            if trial.state == OptunaState.RUNNING:
+                self._study.tell(trial.number, state=OptunaState.FAIL)
+                rec = self._interrupted(rec)
+            elif trial.state == OptunaState.FAIL and rec.state == "Running":
+                rec = self._interrupted(rec)
+            self._records[trial.number] = rec
+
+    def _add_history(self, history: Sequence[TrialRecord]) -> None:
+        for rec in sorted(history, key=lambda r: r.number):
+            if rec.number in self._records:
+                continue  # the storage already holds it
+            expected = len(self._study.get_trials(deepcopy=False))
+            if rec.number != expected:
+                raise ValueError(
+                    f"trial history must be numbered 0, 1, 2, ... without gaps: expected "
+                    f"trial {expected}, got {rec.number}"
+                )
+            if rec.state == "Running":
+                rec = self._interrupted(rec)
+            self._study.add_trial(_optuna_trial(self.space, rec))
+            self._records[rec.number] = rec
+
+    def _interrupted(self, rec: TrialRecord) -> TrialRecord:
+        log.info("trial %d was interrupted; its configuration will be retried", rec.number)
+        return rec.model_copy(
+            update={
+                "state": "Failed",
+                "reason": INTERRUPTED,
+                "finished_at": rec.finished_at or self._clock(),
+            }
+        )
+
+    # -- ask / tell -----------------------------------------------------------------
+
+    def ask(self) -> tuple[int, BatchingConfig, dict[str, float | int]]:
+        """The next trial: its number, the batching configuration to apply and every
+        parameter value (extras included)."""
+        source: Source = "sampler"
+        if self._queue:
+            fixed, source = self._queue.popleft()
+            internal = self.space.to_internal(fixed)
+            self._study.enqueue_trial(internal)
+            dists = self.space.distributions()
+            dists.update(self.space.distributions_for(internal))
+            trial = self._study.ask(dists)
+            params = dict(fixed)
+            params.update(
+                {k: v for k, v in self.space.from_internal(trial.params).items() if k not in fixed}
+            )
+        else:
+            trial = self._study.ask(self.space.distributions())
+            params = self.space.from_internal(trial.params)
+        rec = TrialRecord(
+            number=trial.number,
+            params=params,
+            source=source,
+            state="Running",
+            started_at=self._clock(),
+        )
+        trial.set_user_attr(RECORD_ATTR, rec.model_dump(mode="json"))
+        self._running[trial.number] = trial
+        self._records[trial.number] = rec
+        return trial.number, rec.config(), dict(params)
+
+    def _take(self, number: int) -> optuna.Trial:
+        trial = self._running.pop(number, None)
+        if trial is None:
+            raise ValueError(f"trial {number} is not running in this tuner (ask it first)")
+        return trial
+
+    def tell(self, number: int, result: CapacityResult) -> TrialRecord:
+        """Record a measurement: Complete, Pruned or Infeasible."""
+        trial = self._take(number)
+        state = state_of(result)
+        rps, p99, errors = figures_of(result)
+        rec = self._records[number].model_copy(
+            update={
+                "state": state,
+                "effective_rps": rps,
+                "p99_ms": p99,
+                "error_rate": errors,
+                "finished_at": self._clock(),
+                "reason": "" if state == "Complete" else self._reason(state, result),
+            }
+        )
+        trial.set_user_attr(RECORD_ATTR, rec.model_dump(mode="json"))
+        trial.set_user_attr(RESULT_ATTR, result.model_dump(mode="json"))
+        trial.set_constraint(SLA_CONSTRAINT, violation_of(state))
+        if state == "Pruned":
+            trial.report(rps, 0)
+            self._study.tell(trial, state=OptunaState.PRUNED)
+        else:
+            self._study.tell(trial, rps)
+        self._records[number] = rec
+        return rec
+
+    @staticmethod
+    def _reason(state: TrialState, result: CapacityResult) -> str:
+        failing = [s for s in result.steps if not s.passed]
+        why = min(failing, key=lambda s: s.offered_rps).reason if failing else ""
+        if state == "Pruned":
+            return "stopped early: cannot beat the best so far" + (f" ({why})" if why else "")
+        return "breaks the SLA at the lowest rate" + (f": {why}" if why else "")
+
+    def tell_failed(self, number: int, reason: str) -> TrialRecord:
+        """The trial could not be measured (the target refused the configuration, ...)."""
+        trial = self._take(number)
+        rec = self._records[number].model_copy(
+            update={"state": "Failed", "reason": reason, "finished_at": self._clock()}
+        )
+        trial.set_user_attr(RECORD_ATTR, rec.model_dump(mode="json"))
+        self._study.tell(trial, state=OptunaState.FAIL)
+        self._records[number] = rec
+        return rec
+
+    # -- results --------------------------------------------------------------------
+
+    @property
+    def study(self) -> optuna.Study:
+        """The underlying Optuna study (for dashboards and plots; drive it through the
+        tuner, not directly)."""
+        return self._study
+
+    def records(self) -> list[TrialRecord]:
+        return [self._records[n] for n in sorted(self._records)]
+
+    def best(self) -> TrialRecord | None:
+        """The feasible trial with the most effective req/s; the earlier one on a tie."""
+        done = [r for r in self.records() if r.state == "Complete" and r.effective_rps]
+        return max(done, key=lambda r: (r.effective_rps or 0.0, -r.number), default=None)
+
+    def must_beat(self) -> float | None:
+        """Best effective req/s so far: a ramp that provably cannot exceed it may stop."""
+        best = self.best()
+        return best.effective_rps if best is not None else None
+
+    def result(self, number: int) -> CapacityResult | None:
+        """The full measurement of a trial told to this study (also one resumed from
+        storage); None for failed trials and trials rebuilt from records alone."""
+        trials = self._study.get_trials(deepcopy=False)
+        if not 0 <= number < len(trials):
+            return None
+        raw = trials[number].user_attrs.get(RESULT_ATTR)
+        return CapacityResult.model_validate(raw) if raw is not None else None
+
+    def add_warm_starts(self, configs: Sequence[BatchingConfig]) -> list[BatchingConfig]:
+        """Queue more fixed configurations (e.g. the simulator's proposals once the
+        batch-cost curve is known), skipping any already tried or queued. Returns those
+        queued. Not replayed on a rebuild: a resumed run that needs them asks again."""
+        taken = [r.params for r in self._records.values()] + [p for p, _ in self._queue]
+        queued: list[BatchingConfig] = []
+        for config in configs:
+            params = SearchSpace.params_of(config)
+            if any(all(t.get(k) == v for k, v in params.items()) for t in taken):
+                continue
+            taken.append(params)
+            self._queue.append((params, "warm-start"))
+            queued.append(config)
+        return queued
+
+    def pending_fixed(self) -> int:
+        """Baseline, warm-start and retry configurations not yet asked."""
+        return len(self._queue)
+
+    def measured_count(self) -> int:
+        """Trials that count against a budget: interrupted ones do not, their retry does."""
+        return sum(1 for r in self._records.values() if r.reason != INTERRUPTED)

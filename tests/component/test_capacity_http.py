@@ -1,0 +1,99 @@
+"""The capacity search over HTTP: a stub of known capacity, and the reference server
+end to end through the CLI."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from batchpilot.capacity.http import measure_capacity
+from batchpilot.loadgen.stub_server import StubServerProcess
+from batchpilot.models import SLA, RequestMix
+from batchpilot.server.process import ServerProcess
+
+pytestmark = [pytest.mark.component, pytest.mark.timeout(240)]
+
+CAPACITY = 300.0
+
+
+async def test_finds_the_known_capacity_of_a_stub() -> None:
+    # Constant arrivals below the stub's capacity never queue; above it the queue grows
+    # by (rate - capacity) per second, so the step fails on p99 or on keeping up. A slow
+    # host can only add latency, so the search can land lower, never higher.
+    steps: list[float] = []
+    async with StubServerProcess(capacity_rps=CAPACITY, queue_limit=100_000) as stub:
+        result = await measure_capacity(
+            stub.url,
+            sla=SLA(p99_ms=250),
+            mix=RequestMix.default(),
+            precision=0.05,
+            step_duration_s=2.0,
+            warmup_s=1.0,
+            arrival="constant",
+            on_step=lambda step, load: steps.append(load.offered_rps),
+        )
+    assert result.feasible
+    assert 0.85 * CAPACITY <= result.effective_rps <= 1.04 * CAPACITY
+    assert [s.offered_rps for s in result.steps] == steps
+    assert any(not s.passed for s in result.steps)
+    # The bisection ran to the requested precision: the lowest failing rate above the
+    # answer is within 5% of it.
+    lowest_fail = min(
+        s.offered_rps for s in result.steps if not s.passed and s.offered_rps > result.effective_rps
+    )
+    assert (lowest_fail - result.effective_rps) / result.effective_rps <= 0.05 + 1e-9
+
+
+async def test_an_overloaded_first_step_ramps_down() -> None:
+    # A short queue: overloaded steps are rejected (503) instead of leaving a backlog.
+    async with StubServerProcess(capacity_rps=50, queue_limit=10) as stub:
+        result = await measure_capacity(
+            stub.url, sla=SLA(p99_ms=250), mix=RequestMix.default(), precision=0.25,
+            step_duration_s=1.0, warmup_s=0, start_rps=400, arrival="constant", cooldown_s=0.5,
+        )  # fmt: skip
+    assert [round(s.offered_rps) for s in result.steps[:3]] == [400, 200, 100]
+    assert result.feasible
+    assert result.effective_rps <= 52.0
+
+
+async def test_an_unreachable_target_is_reported_before_any_load() -> None:
+    from batchpilot.loadgen.endpoints import UnreachableError
+    from batchpilot.server.process import free_port
+
+    with pytest.raises(UnreachableError, match="connection refused"):
+        await measure_capacity(
+            f"http://127.0.0.1:{free_port()}", sla=SLA(p99_ms=100), mix=RequestMix.default()
+        )
+
+
+async def test_capacity_cli_against_the_reference_server(tmp_path: Path) -> None:
+    plot = tmp_path / "capacity.png"
+    async with ServerProcess(max_batch_size=8, max_queue_time_ms=5, threads=1) as server:
+        process = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "batchpilot", "capacity", server.url, "--p99-ms", "200",
+            "--precision", "0.25", "--step-seconds", "1", "--warmup-seconds", "1",
+            "--replicas", "2", "--json", "--plot", str(plot),
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+        )  # fmt: skip
+        out, err = await asyncio.wait_for(process.communicate(), 200)
+    assert process.returncode == 0, err.decode()
+    data = json.loads(out)
+    assert data["feasible"]
+    assert data["effective_rps"] > 0
+    assert data["p99_ms"] <= 200
+    assert data["sla"] == {"p99_ms": 200.0, "max_error_rate": 0.001}
+    assert data["accelerator_hours_per_million"] == pytest.approx(
+        2 / (data["effective_rps"] * 3600) * 1e6
+    )
+    steps = data["steps"]
+    assert len(steps) >= 2
+    assert {"offered_rps", "achieved_rps", "p50_ms", "p99_ms", "error_rate", "passed"} <= set(
+        steps[0]
+    )
+    assert any(not s["passed"] for s in steps)
+    assert data["plot"] == str(plot)
+    assert plot.read_bytes()[:4] == b"\x89PNG"

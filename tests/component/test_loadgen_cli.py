@@ -1,0 +1,132 @@
+"""`batchpilot loadtest` and `batchpilot capacity` as a user runs them: JSON out, one-line
+errors, Ctrl-C printing the partial result."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import signal
+import sys
+
+import pytest
+
+from batchpilot.loadgen.stub_server import StubServerProcess
+from batchpilot.server.process import free_port
+
+pytestmark = [pytest.mark.component, pytest.mark.timeout(120)]
+
+
+async def run_cli(*args: str, timeout_s: float = 60.0) -> tuple[int, str, str]:
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "batchpilot", *args,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    out, err = await asyncio.wait_for(process.communicate(), timeout_s)
+    assert process.returncode is not None
+    return process.returncode, out.decode(), err.decode()
+
+
+async def test_loadtest_prints_json_with_percentiles_and_timeline() -> None:
+    async with StubServerProcess(delay_ms=5) as stub:
+        code, out, err = await run_cli(
+            "loadtest", stub.url, "--rate", "50", "--duration", "1", "--mix", "8:16,2:256",
+            "--arrival", "constant", "--json",
+        )  # fmt: skip
+    assert code == 0, err
+    data = json.loads(out)
+    assert data["ok"] == 50
+    assert data["offered_rps"] == pytest.approx(50)
+    assert data["latency"]["p99_ms"] >= 5.0
+    assert data["timeline"][0]["scheduled"] == 50
+    assert isinstance(data["histogram"], str)
+
+
+async def test_loadtest_human_table() -> None:
+    async with StubServerProcess() as stub:
+        code, out, _ = await run_cli("loadtest", stub.url, "--rate", "20", "--duration", "0.5")
+    assert code == 0
+    assert "latency p99" in out
+    assert "achieved" in out
+
+
+@pytest.mark.parametrize(
+    ("args", "fragment"),
+    [
+        (["loadtest", "URL", "--rate", "0", "--duration", "1"], "'--rate'"),
+        (["loadtest", "URL", "--rate", "-3", "--duration", "1"], "'--rate'"),
+        (["loadtest", "URL", "--rate", "abc", "--duration", "1"], "'--rate'"),
+        (["loadtest", "URL", "--rate", "5", "--duration", "0"], "'--duration'"),
+        (["loadtest", "URL", "--rate", "5", "--duration", "1", "--mix", "8:x"], "'8:x'"),
+        (["loadtest", "URL", "--rate", "5", "--duration", "1", "--mix", "no.yaml"], "no.yaml"),
+        (["loadtest", "URL", "--rate", "5", "--duration", "1", "--arrival", "x"], "'--arrival'"),
+        (["loadtest", "notaurl", "--rate", "5", "--duration", "1"], "not valid"),
+        (["loadtest", "DEAD", "--rate", "5", "--duration", "1"], "connection refused"),
+        (["capacity", "URL", "--p99-ms", "0"], "'--p99-ms'"),
+        (["capacity", "URL", "--p99-ms", "100", "--max-error-rate", "1.5"], "'--max-error-rate'"),
+        (["capacity", "URL", "--p99-ms", "100", "--precision", "0"], "'--precision'"),
+        (["capacity", "URL", "--p99-ms", "100", "--replicas", "0"], "'--replicas'"),
+        (["capacity", "URL", "--p99-ms", "100", "--plot", "x.txt"], "--plot"),
+        (["capacity", "DEAD", "--p99-ms", "100"], "connection refused"),
+        (["capacity", "URL", "--p99-ms", "100", "--prometheus", "DEAD"], "connection refused"),
+    ],
+)
+async def test_bad_input_is_one_line_and_a_non_zero_exit(args: list[str], fragment: str) -> None:
+    # Parameter errors must come before any network check, so most cases point at a port
+    # where nothing listens; only the check of the Prometheus URL needs a live target.
+    dead = f"http://127.0.0.1:{free_port()}"
+    async with contextlib.AsyncExitStack() as stack:
+        live = dead
+        if "--prometheus" in args:
+            live = (await stack.enter_async_context(StubServerProcess())).url
+        argv = [{"URL": live, "DEAD": dead}.get(a, a) for a in args]
+        code, out, err = await run_cli(*argv)
+    assert code != 0
+    assert out == ""
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, err
+    assert lines[0].startswith("Error: ")
+    assert fragment in lines[0]
+    assert "Traceback" not in err
+
+
+async def test_ctrl_c_prints_the_partial_loadtest_result() -> None:
+    async with StubServerProcess(delay_ms=5) as stub:
+        process = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "batchpilot", "loadtest", stub.url, "--rate", "50",
+            "--duration", "60", "--json",
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+        )  # fmt: skip
+        await _wait_until_served(stub, 10)
+        process.send_signal(signal.SIGINT)
+        out, err = await asyncio.wait_for(process.communicate(), 30)
+    assert process.returncode == 130, err
+    data = json.loads(out)
+    assert data["interrupted"] is True
+    assert data["ok"] >= 10
+    assert data["duration_s"] < 60
+
+
+async def test_ctrl_c_prints_the_capacity_steps_so_far() -> None:
+    async with StubServerProcess(capacity_rps=200) as stub:
+        process = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "batchpilot", "capacity", stub.url, "--p99-ms", "100",
+            "--step-seconds", "30", "--warmup-seconds", "0", "--start-rps", "20", "--json",
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+        )  # fmt: skip
+        await _wait_until_served(stub, 10)
+        process.send_signal(signal.SIGINT)
+        out, err = await asyncio.wait_for(process.communicate(), 30)
+    assert process.returncode == 130, err
+    data = json.loads(out)
+    assert data["interrupted"] is True
+    assert data["steps"] == []
+    assert data["effective_rps"] == 0.0
+
+
+async def _wait_until_served(stub: StubServerProcess, requests: int) -> None:
+    for _ in range(1200):
+        if await stub.served() >= requests:
+            return
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"the stub did not serve {requests} requests in a minute")

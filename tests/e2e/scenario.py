@@ -1,0 +1,82 @@
+"""Steps the scenarios share: deploy the reference server, start a study, read it."""
+
+from __future__ import annotations
+
+import json
+import urllib.request
+from typing import Any
+
+from .conftest import Cluster
+from .operatorproc import OperatorProcess
+from .study import wait_for
+from .workloads import SERVER_PORT, dump, server_deployment
+
+FINISHED = ("Complete", "Pruned", "Infeasible")
+STUDY_TIMEOUT_S = 240.0
+
+
+def deploy_server(cluster: Cluster, namespace: str, name: str = "server", **kwargs: Any) -> None:
+    cluster.kubectl.apply(dump(server_deployment(name, **kwargs)), "-n", namespace)
+    cluster.kubectl("rollout", "status", f"deployment/{name}", "-n", namespace, "--timeout=120s")
+
+
+def pods(cluster: Cluster, namespace: str, selector: str) -> list[dict[str, Any]]:
+    items: list[dict[str, Any]] = cluster.kubectl.json(
+        "get", "pods", "-n", namespace, "-l", selector
+    )["items"]
+    return [p for p in items if not p["metadata"].get("deletionTimestamp")]
+
+
+def live_config(pod: dict[str, Any]) -> dict[str, Any]:
+    url = f"http://{pod['status']['podIP']}:{SERVER_PORT}/admin/batching"
+    with urllib.request.urlopen(url, timeout=5) as response:
+        config: dict[str, Any] = json.load(response)
+    return config
+
+
+def diagnostics(cluster: Cluster, operator: OperatorProcess | None = None) -> str:
+    parts = [cluster.diagnostics()]
+    if operator is not None:
+        parts.append(f"--- operator ---\n{operator.output()}")
+    return "\n".join(parts)
+
+
+def wait_converged(
+    cluster: Cluster, namespace: str, name: str, operator: OperatorProcess
+) -> dict[str, Any]:
+    return wait_for(
+        cluster.kubectl,
+        namespace,
+        name,
+        lambda s: s.get("phase") in ("Converged", "Failed"),
+        what="finished",
+        timeout_s=STUDY_TIMEOUT_S,
+        diagnostics=lambda: diagnostics(cluster, operator),
+    )
+
+
+def wait_running_trial(
+    cluster: Cluster, namespace: str, name: str, operator: OperatorProcess, at_least: int = 1
+) -> int:
+    """Wait until trial number >= `at_least` is running; its number."""
+    status = wait_for(
+        cluster.kubectl,
+        namespace,
+        name,
+        lambda s: any(
+            t["state"] == "Running" and t["number"] >= at_least for t in s.get("trials") or []
+        ),
+        what=f"running trial {at_least}",
+        timeout_s=STUDY_TIMEOUT_S,
+        diagnostics=lambda: diagnostics(cluster, operator),
+    )
+    return max(int(t["number"]) for t in status["trials"] if t["state"] == "Running")
+
+
+def finished_trials(status: dict[str, Any]) -> list[dict[str, Any]]:
+    return [t for t in status.get("trials") or [] if t["state"] in FINISHED]
+
+
+def gap_free(status: dict[str, Any]) -> bool:
+    numbers = [int(t["number"]) for t in status.get("trials") or []]
+    return sorted(numbers) == list(range(len(numbers)))

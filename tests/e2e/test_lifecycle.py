@@ -1,0 +1,120 @@
+"""Scenarios f and g: deleting an InferenceService mid-study undoes it (InPlace target
+restored, canary removed) with no finalizer left behind; `writeBack: Apply` owns the
+tuned fields under the field manager `batchpilot`, and what another manager's
+`kubectl apply` of the original manifest then does."""
+
+from __future__ import annotations
+
+import pytest
+
+from . import procs
+from .conftest import Cluster
+from .operatorproc import OperatorProcess
+from .scenario import deploy_server, diagnostics, pods, wait_converged, wait_running_trial
+from .study import wait_for
+from .workloads import container_env, dump, inference_service, server_deployment
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(420)]
+
+ORIGINAL = {"MAX_BATCH_SIZE": "4", "MAX_QUEUE_TIME_MS": "2"}
+
+
+def _env(cluster: Cluster, namespace: str, name: str) -> dict[str, str]:
+    return container_env(cluster.kubectl.json("get", "deployment", name, "-n", namespace))
+
+
+def _gone(cluster: Cluster, namespace: str, kind: str, name: str) -> bool:
+    result = cluster.kubectl.run("get", kind, name, "-n", namespace, check=False)
+    return result.returncode != 0 and "NotFound" in result.stderr
+
+
+def test_delete_mid_study_restores_in_place_target(
+    cluster: Cluster, namespace: str, operator: OperatorProcess
+) -> None:
+    deploy_server(cluster, namespace)
+    cluster.kubectl.apply(dump(inference_service("inplace", "server")), "-n", namespace)
+    wait_running_trial(cluster, namespace, "inplace", operator, at_least=1)
+    # Trial 1 rolls a new configuration onto the target itself.
+    assert procs.wait_until(
+        lambda: _env(cluster, namespace, "server") != {"PORT": "8080", **ORIGINAL}, timeout_s=60
+    ), diagnostics(cluster, operator)
+
+    deleted = cluster.kubectl.run(
+        "delete", "inferenceservice", "inplace", "-n", namespace, "--timeout=120s", check=False
+    )
+    assert deleted.returncode == 0, deleted.stderr + diagnostics(cluster, operator)
+    assert _gone(cluster, namespace, "inferenceservice", "inplace")
+    env = _env(cluster, namespace, "server")
+    assert {k: env[k] for k in ORIGINAL} == ORIGINAL
+    cluster.kubectl("rollout", "status", "deployment/server", "-n", namespace, "--timeout=90s")
+
+
+def test_delete_mid_study_removes_canary(
+    cluster: Cluster, namespace: str, operator: OperatorProcess
+) -> None:
+    deploy_server(cluster, namespace)
+    [target_pod] = pods(cluster, namespace, "app=server")
+    cluster.kubectl.apply(
+        dump(inference_service("canary", "server", strategy="Canary")), "-n", namespace
+    )
+    status = wait_for(
+        cluster.kubectl,
+        namespace,
+        "canary",
+        lambda s: bool(s.get("canary")) and any(t["number"] >= 1 for t in s.get("trials") or []),
+        what="tuning a canary",
+        timeout_s=180,
+        diagnostics=lambda: diagnostics(cluster, operator),
+    )
+    canary = status["canary"]
+    assert not _gone(cluster, namespace, "deployment", canary)
+
+    deleted = cluster.kubectl.run(
+        "delete", "inferenceservice", "canary", "-n", namespace, "--timeout=120s", check=False
+    )
+    assert deleted.returncode == 0, deleted.stderr + diagnostics(cluster, operator)
+    assert procs.wait_until(lambda: _gone(cluster, namespace, "deployment", canary), 60)
+    # The target itself was never touched.
+    assert _env(cluster, namespace, "server") == {"PORT": "8080", **ORIGINAL}
+    [after] = pods(cluster, namespace, "app=server")
+    assert after["metadata"]["uid"] == target_pod["metadata"]["uid"]
+
+
+def test_write_back_then_another_manager_applies_original(
+    cluster: Cluster, namespace: str, operator: OperatorProcess
+) -> None:
+    deploy_server(cluster, namespace)
+    isvc = inference_service("writeback", "server", max_trials=2)
+    cluster.kubectl.apply(dump(isvc), "-n", namespace)
+    status = wait_converged(cluster, namespace, "writeback", operator)
+    assert status["phase"] == "Converged", diagnostics(cluster, operator)
+    best = status["best"]
+    tuned = {
+        "MAX_BATCH_SIZE": str(best["maxBatchSize"]),
+        "MAX_QUEUE_TIME_MS": _env(cluster, namespace, "server")["MAX_QUEUE_TIME_MS"],
+    }
+    assert float(tuned["MAX_QUEUE_TIME_MS"]) == pytest.approx(best["maxQueueTimeMs"])
+    original = dump(server_deployment("server"))
+
+    # A GitOps tool applying server-side meets the fields batchpilot owns: a conflict
+    # naming the manager and the fields, and the tuned values stay.
+    gitops = cluster.kubectl.run(
+        "apply", "--server-side", "--field-manager=gitops", "-n", namespace, "-f", "-",
+        input=original, check=False,
+    )  # fmt: skip
+    assert gitops.returncode != 0
+    assert 'conflicts with "batchpilot"' in gitops.stderr
+    assert 'env[name="MAX_BATCH_SIZE"].value' in gitops.stderr
+    env = _env(cluster, namespace, "server")
+    assert {k: env[k] for k in tuned} == tuned
+
+    # A plain client-side `kubectl apply` of the original manifest puts the original
+    # values back and takes the fields over; the study's result stays in status and
+    # the operator does not start another study.
+    cluster.kubectl.apply(original, "-n", namespace)
+    env = _env(cluster, namespace, "server")
+    assert {k: env[k] for k in ORIGINAL} == ORIGINAL
+    after = cluster.kubectl.json("get", "inferenceservice", "writeback", "-n", namespace)
+    assert after["status"]["phase"] == "Converged"
+    assert after["status"]["best"] == best
+    assert after["metadata"]["generation"] == 1

@@ -1,0 +1,214 @@
+"""Scenario e: invalid InferenceServices are rejected by `kubectl apply` with the
+CRD's own messages: every CEL rule, unknown enum values, a negative SLA."""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from .conftest import Cluster
+
+pytestmark = pytest.mark.e2e
+
+Manifest = dict[str, Any]
+
+VALID: Manifest = {
+    "apiVersion": "batchpilot.dev/v1alpha1",
+    "kind": "InferenceService",
+    "metadata": {"name": "invalid"},
+    "spec": {
+        "target": {"kind": "Deployment", "name": "server"},
+        "sla": {"p99LatencyMs": 300},
+        "load": {"endpoint": {"port": 8080, "path": "/v1/predict"}},
+    },
+}
+
+
+def _walk(node: Any) -> Iterator[dict[str, Any]]:
+    if isinstance(node, dict):
+        yield node
+        for value in node.values():
+            yield from _walk(value)
+    elif isinstance(node, list):
+        for item in node:
+            yield from _walk(item)
+
+
+def crd_schema(crd_dir: Path) -> dict[str, Any]:
+    crd = yaml.safe_load((crd_dir / "inferenceservices.batchpilot.dev.yaml").read_text())
+    schema: dict[str, Any] = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+    return schema
+
+
+def cel_messages(schema: dict[str, Any]) -> list[str]:
+    return [
+        rule["message"]
+        for node in _walk(schema)
+        for rule in node.get("x-kubernetes-validations", [])
+    ]
+
+
+def enum_values(schema: dict[str, Any], *path: str) -> list[str]:
+    node = schema["properties"]["spec"]
+    for key in path:
+        node = node["properties"][key]
+    values: list[str] = node["enum"]
+    return values
+
+
+@dataclass(frozen=True)
+class Case:
+    name: str
+    mutate: Callable[[dict[str, Any]], None]
+    cel_key: str | None = None  # a phrase that singles out the CRD's CEL message
+    expect: str | None = None  # or a literal phrase from the schema check
+
+
+def _set(path: str, value: Any) -> Callable[[dict[str, Any]], None]:
+    def mutate(spec: dict[str, Any]) -> None:
+        *parents, leaf = path.split(".")
+        node = spec
+        for key in parents:
+            node = node.setdefault(key, {})
+        node[leaf] = value
+
+    return mutate
+
+
+def _extra(*params: dict[str, Any]) -> Callable[[dict[str, Any]], None]:
+    return _set("parameters.extra", list(params))
+
+
+CEL_CASES = [
+    Case("negative p99", _set("sla.p99LatencyMs", -5), cel_key="p99LatencyMs must be"),
+    Case("error rate of 1.5", _set("sla.maxErrorRate", 1.5), cel_key="maxErrorRate is a"),
+    Case(
+        "batch min above max",
+        _set("parameters.maxBatchSize", {"min": 32, "max": 4}),
+        cel_key="maxBatchSize.min",
+    ),
+    Case(
+        "queue-time min above max",
+        _set("parameters.maxQueueTimeMs", {"min": 50, "max": 10}),
+        cel_key="maxQueueTimeMs.min",
+    ),
+    Case(
+        "extra min above max",
+        _extra({"name": "max_num_seqs", "min": 9, "max": 3, "env": "SEQS"}),
+        cel_key="extra parameter's min",
+    ),
+    Case(
+        "log scale from zero",
+        _extra({"name": "max_num_seqs", "min": 0, "max": 3, "log": True, "env": "SEQS"}),
+        cel_key="log-scaled",
+    ),
+    Case(
+        "fractional int bounds",
+        _extra({"name": "max_num_seqs", "kind": "int", "min": 1.5, "max": 3, "env": "SEQS"}),
+        cel_key="whole-number",
+    ),
+    Case(
+        "core knob as extra",
+        _extra({"name": "max_batch_size", "min": 1, "max": 3, "env": "SEQS"}),
+        cel_key="are set under parameters",
+    ),
+    Case(
+        "duplicate extras",
+        _extra(
+            {"name": "max_num_seqs", "min": 1, "max": 3, "env": "A"},
+            {"name": "max_num_seqs", "min": 1, "max": 4, "env": "B"},
+        ),
+        cel_key="names must be unique",
+    ),
+    Case("Live without endpoint", _set("apply.method", "Live"), cel_key="apply.live"),
+    Case(
+        "Prometheus URL scheme",
+        _set("load.prometheus", {"url": "ftp://prometheus:9090"}),
+        cel_key="url must start with",
+    ),
+    Case("Prometheus without URL", _set("load.source", "prometheus"), cel_key="(url) is required"),
+    Case(
+        "Env extra without variable",
+        _extra({"name": "max_num_seqs", "min": 1, "max": 3}),
+        cel_key="needs env",
+    ),
+]
+
+ENUM_CASES = [
+    ("target", "kind"),
+    ("apply", "method"),
+    ("load", "source"),
+    ("tuning", "strategy"),
+    ("tuning", "sampler"),
+    ("tuning", "writeBack"),
+]
+
+
+def _apply(cluster: Cluster, namespace: str, spec: dict[str, Any]) -> tuple[int, str]:
+    manifest = copy.deepcopy(VALID)
+    manifest["spec"] = spec
+    result = cluster.kubectl.run(
+        "apply", "-n", namespace, "-f", "-", input=yaml.safe_dump(manifest), check=False
+    )
+    return result.returncode, result.stderr
+
+
+def test_invalid_resources_rejected_with_crd_messages(
+    cluster: Cluster, crds: Path, namespace: str
+) -> None:
+    schema = crd_schema(crds)
+    messages = cel_messages(schema)
+    problems: list[str] = []
+
+    # The table must name every CEL rule of the CRD: a new rule needs a new case here.
+    for message in messages:
+        if not any(case.cel_key and case.cel_key in message for case in CEL_CASES):
+            problems.append(f"no case breaks the CEL rule with message {message!r}")
+
+    for case in CEL_CASES:
+        assert case.cel_key is not None
+        matching = [m for m in messages if case.cel_key in m]
+        if len(matching) != 1:
+            problems.append(f"{case.name}: {case.cel_key!r} matches CRD messages {matching}")
+            continue
+        spec = copy.deepcopy(VALID["spec"])
+        case.mutate(spec)
+        code, stderr = _apply(cluster, namespace, spec)
+        if code == 0:
+            problems.append(f"{case.name}: accepted by kubectl apply")
+        elif matching[0] not in " ".join(stderr.split()):
+            problems.append(f"{case.name}: expected {matching[0]!r}, kubectl said: {stderr}")
+
+    for section, field in ENUM_CASES:
+        spec = copy.deepcopy(VALID["spec"])
+        _set(f"{section}.{field}", "Bogus")(spec)
+        code, stderr = _apply(cluster, namespace, spec)
+        allowed = ", ".join(f'"{v}"' for v in enum_values(schema, section, field))
+        expected = f'Unsupported value: "Bogus": supported values: {allowed}'
+        if code == 0:
+            problems.append(f"{section}.{field}=Bogus: accepted by kubectl apply")
+        elif expected not in stderr:
+            problems.append(f"{section}.{field}: expected {expected!r}, kubectl said: {stderr}")
+
+    # A negative SLA also breaks the schema's own bound, reported with the field's path.
+    code, stderr = _apply(
+        cluster, namespace, {**copy.deepcopy(VALID["spec"]), "sla": {"p99LatencyMs": -300}}
+    )
+    if code == 0 or "spec.sla.p99LatencyMs in body should be greater than 0" not in stderr:
+        problems.append(f"negative p99: kubectl said: {stderr}")
+
+    # Nothing invalid was stored, and the valid base is accepted.
+    listed = cluster.kubectl("get", "inferenceservices", "-n", namespace, "-o", "name")
+    if listed.strip():
+        problems.append(f"invalid objects were stored: {listed}")
+    code, stderr = _apply(cluster, namespace, copy.deepcopy(VALID["spec"]))
+    if code != 0:
+        problems.append(f"the valid base was rejected: {stderr}")
+
+    assert not problems, "\n".join(problems)

@@ -1,0 +1,127 @@
+"""Manifests the tests apply: the reference server as a Deployment, and an
+InferenceService that tunes it with short windows so that a study takes seconds."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import yaml
+
+SERVER_PORT = 8080
+
+
+def server_deployment(
+    name: str,
+    *,
+    replicas: int = 1,
+    max_batch_size: int = 4,
+    max_queue_time_ms: float = 2.0,
+    command: list[str] | None = None,
+) -> dict[str, Any]:
+    """The reference server as a user would deploy it: knobs in the environment,
+    readiness on /readyz, listening on every address of the pod."""
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": name, "labels": {"app": name}},
+        "spec": {
+            "replicas": replicas,
+            "selector": {"matchLabels": {"app": name}},
+            "template": {
+                "metadata": {"labels": {"app": name}},
+                "spec": {
+                    "terminationGracePeriodSeconds": 5,
+                    "containers": [
+                        {
+                            "name": "server",
+                            "image": "batchpilot:dev",
+                            "command": command
+                            or [
+                                "batchpilot",
+                                "serve",
+                                "--host",
+                                "0.0.0.0",
+                                "--threads",
+                                "1",
+                                "--drain-timeout-s",
+                                "2",
+                                "--log-level",
+                                "warning",
+                            ],
+                            "env": [
+                                {"name": "PORT", "value": str(SERVER_PORT)},
+                                {"name": "MAX_BATCH_SIZE", "value": str(max_batch_size)},
+                                {"name": "MAX_QUEUE_TIME_MS", "value": f"{max_queue_time_ms:g}"},
+                            ],
+                            "ports": [{"name": "http", "containerPort": SERVER_PORT}],
+                            "readinessProbe": {
+                                "httpGet": {"path": "/readyz", "port": "http"},
+                                "periodSeconds": 1,
+                            },
+                        }
+                    ],
+                },
+            },
+        },
+    }
+
+
+def dump(*documents: dict[str, Any]) -> str:
+    return yaml.safe_dump_all(documents, sort_keys=False)
+
+
+def inference_service(
+    name: str,
+    target: str,
+    *,
+    strategy: str = "InPlace",
+    method: str = "Env",
+    max_trials: int = 3,
+    write_back: str = "Apply",
+    deadline_s: int = 120,
+    max_failures: int = 3,
+) -> dict[str, Any]:
+    """An InferenceService tuned for test speed: one-second steps, coarse precision and
+    a handful of trials over a small search space."""
+    apply: dict[str, Any] = {"method": method}
+    if method == "Live":
+        apply["live"] = {"port": SERVER_PORT, "path": "/admin/batching"}
+    return {
+        "apiVersion": "batchpilot.dev/v1alpha1",
+        "kind": "InferenceService",
+        "metadata": {"name": name},
+        "spec": {
+            "target": {"kind": "Deployment", "name": target, "container": "server"},
+            "sla": {"p99LatencyMs": 250, "maxErrorRate": 0.01},
+            "parameters": {
+                "maxBatchSize": {"min": 1, "max": 16},
+                "maxQueueTimeMs": {"min": 0, "max": 10},
+            },
+            "apply": apply,
+            "load": {
+                "endpoint": {"port": SERVER_PORT, "path": "/v1/predict"},
+                "requests": [{"weight": 8, "size": 1}, {"weight": 2, "size": 8}],
+                "stepSeconds": 1,
+                "warmupSeconds": 0.5,
+                "precision": 0.3,
+                "requestTimeoutSeconds": 2,
+            },
+            "tuning": {
+                "strategy": strategy,
+                "maxTrials": max_trials,
+                "sampler": "Random",
+                "seed": 7,
+                "writeBack": write_back,
+                "trialDeadlineSeconds": deadline_s,
+                "maxFailures": max_failures,
+            },
+        },
+    }
+
+
+def container_env(workload: dict[str, Any], container: str = "server") -> dict[str, str]:
+    """The literal env values of `container` in a workload's pod template."""
+    for c in workload["spec"]["template"]["spec"]["containers"]:
+        if c["name"] == container:
+            return {e["name"]: e.get("value", "") for e in c.get("env") or []}
+    raise LookupError(f"no container {container!r}")

@@ -1,0 +1,3 @@
+from opsupport import cluster, kubeconfig, operator
+
+__all__ = ["cluster", "kubeconfig", "operator"]

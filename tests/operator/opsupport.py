@@ -1,0 +1,252 @@
+"""Kopf running the real handlers against KMock (the Kopf authors' mock API server),
+with a fake World so that a study takes milliseconds instead of minutes."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import math
+from collections.abc import AsyncIterator, Callable, Mapping
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import kmock
+import kopf
+import pytest
+from kmock import ResourceInfo
+
+import batchpilot.operator.handlers  # noqa: F401  (registers the handlers)
+from batchpilot.models import BatchingConfig, CapacityResult, StepResult
+from batchpilot.operator import decisions
+from batchpilot.operator.crd import GROUP, PLURAL, VERSION
+from batchpilot.operator.spec import InferenceServiceSpec, Params
+from batchpilot.operator.status import OriginalConfig
+from batchpilot.operator.study import Slots
+from batchpilot.operator.world import ProblemSink, TargetProblem
+
+ISVC = f"{GROUP}/{VERSION}/{PLURAL}"
+NAMESPACE = "ns1"
+ORIGINAL: Params = {"max_batch_size": 32, "max_queue_time_ms": 50.0}
+
+
+def score(params: Mapping[str, float | int]) -> float:
+    """A made-up throughput surface with its peak at batch 16, wait 20 ms."""
+    batch, wait = float(params["max_batch_size"]), float(params["max_queue_time_ms"])
+    return 600.0 - 40.0 * abs(math.log2(batch / 16.0)) - 2.0 * abs(wait - 20.0)
+
+
+class GenerateNameEmulator(kmock.KubernetesEmulator):
+    """KMock's emulator plus `metadata.generateName`, which Kopf's events use."""
+
+    _generated: int = 0
+
+    async def _handle(self, request: Any) -> Any:
+        if request.action == kmock.action.CREATE and isinstance(request.data, dict):
+            meta = request.data.setdefault("metadata", {})
+            if not meta.get("name") and meta.get("generateName"):
+                GenerateNameEmulator._generated += 1
+                meta["name"] = f"{meta['generateName']}{GenerateNameEmulator._generated:05d}"
+        return await super()._handle(request)
+
+
+class FakeWorld:
+    """A World with no cluster: records what the runner asked for."""
+
+    def __init__(self, spec: InferenceServiceSpec, cluster: FakeCluster) -> None:
+        self.spec = spec
+        self.cluster = cluster
+
+    async def record_original(self, now: datetime) -> OriginalConfig:
+        if self.cluster.missing_target:
+            raise TargetProblem("TargetNotFound", f"Deployment {self.spec.target.name} is missing")
+        return OriginalConfig(
+            params=dict(self.cluster.target),
+            env={"MAX_BATCH_SIZE": "32", "MAX_QUEUE_TIME_MS": "50"},
+            recorded_at=now,
+        )
+
+    async def prepare(self, canary: str | None) -> str | None:
+        if self.spec.tuning.strategy == "InPlace":
+            return None
+        name = canary or decisions.canary_name(self.spec.target.name)
+        self.cluster.canaries.add(name)
+        return name
+
+    async def apply(self, params: Params) -> None:
+        self.cluster.applied.append(dict(params))
+        if self.spec.tuning.strategy == "InPlace":
+            self.cluster.target = dict(params)
+        hold = self.cluster.hold_after
+        if hold is not None and len(self.cluster.applied) > hold:
+            await self.cluster.gate.wait()
+
+    async def measure(self, config: BatchingConfig, *, must_beat: float | None) -> CapacityResult:
+        params = self.cluster.applied[-1]
+        rps = score(params)
+        sla = self.spec.sla.to_sla()
+        step = StepResult(
+            offered_rps=rps,
+            achieved_rps=rps,
+            p50_ms=sla.p99_ms / 4,
+            p99_ms=sla.p99_ms * 0.9,
+            error_rate=0.0,
+            requests=int(rps * 5),
+            passed=True,
+            duration_s=5.0,
+        )
+        return CapacityResult(
+            effective_rps=rps,
+            p99_ms=step.p99_ms,
+            sla=sla,
+            feasible=True,
+            precision=0.05,
+            steps=[step],
+        )
+
+    async def write_back(self, params: Params) -> None:
+        self.cluster.target = dict(params)
+        self.cluster.written_back.append(dict(params))
+
+    async def restore(self, original: OriginalConfig) -> None:
+        self.cluster.target = dict(original.params)
+        self.cluster.restored += 1
+
+    async def remove_canary(self, name: str) -> None:
+        self.cluster.canaries.discard(name)
+
+
+class FakeCluster:
+    """What the fake worlds of one test share: the target's live configuration."""
+
+    def __init__(self) -> None:
+        self.target: Params = dict(ORIGINAL)
+        self.applied: list[Params] = []
+        self.written_back: list[Params] = []
+        self.canaries: set[str] = set()
+        self.restored = 0
+        self.missing_target = False
+        # applies after the first `hold_after` ones wait until `gate` is set
+        self.hold_after: int | None = None
+        self.gate = asyncio.Event()
+
+    def factory(self) -> Callable[..., FakeWorld]:
+        def make(
+            kube: Any,
+            spec: InferenceServiceSpec,
+            namespace: str,
+            owner: Mapping[str, Any],
+            on_problem: ProblemSink,
+        ) -> FakeWorld:
+            return FakeWorld(spec, self)
+
+        return make
+
+
+def isvc(name: str = "resnet", **spec_overrides: Any) -> dict[str, Any]:
+    spec: dict[str, Any] = {
+        "target": {"kind": "Deployment", "name": "resnet", "container": "server"},
+        "sla": {"p99LatencyMs": 300, "maxErrorRate": 0.001},
+        "parameters": {
+            "maxBatchSize": {"min": 1, "max": 64},
+            "maxQueueTimeMs": {"min": 0, "max": 100},
+        },
+        "load": {"endpoint": {"port": 8080, "path": "/v1/predict"}},
+        "tuning": {"strategy": "Canary", "maxTrials": 4, "writeBack": "Apply"},
+    }
+    spec.update(spec_overrides)
+    return {
+        "apiVersion": f"{GROUP}/{VERSION}",
+        "kind": "InferenceService",
+        "metadata": {
+            "name": name,
+            "namespace": NAMESPACE,
+            "uid": f"uid-{name}",
+            "generation": 1,
+            "resourceVersion": "1",
+        },
+        "spec": spec,
+    }
+
+
+@pytest.fixture
+def cluster() -> FakeCluster:
+    return FakeCluster()
+
+
+@pytest.fixture
+def kubeconfig(
+    kmock: kmock.KubernetesEmulator, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> Path:
+    path = tmp_path / "kubeconfig"
+    path.write_text(
+        "apiVersion: v1\nkind: Config\ncurrent-context: kmock\n"
+        f"clusters: [{{name: kmock, cluster: {{server: '{str(kmock.url).rstrip('/')}'}}}}]\n"
+        "users: [{name: kmock, user: {token: test}}]\n"
+        "contexts: [{name: kmock, context: {cluster: kmock, user: kmock}}]\n"
+    )
+    monkeypatch.setenv("KUBECONFIG", str(path))
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    kmock.resources[ISVC] = ResourceInfo(
+        kind="InferenceService",
+        singular="inferenceservice",
+        namespaced=True,
+        verbs={"list", "watch", "get", "patch", "update", "create", "delete"},
+        subresources={"status"},
+    )
+    kmock.resources["v1/events"] = ResourceInfo(kind="Event", namespaced=True, verbs={"create"})
+    kmock.resources["v1/namespaces"] = ResourceInfo(
+        kind="Namespace", namespaced=False, verbs={"list", "watch"}
+    )
+    return path
+
+
+Operator = Callable[[], contextlib.AbstractAsyncContextManager[None]]
+
+
+@pytest.fixture
+def operator(kubeconfig: Path, cluster: FakeCluster) -> Operator:
+    """Starts Kopf in this event loop; stopping it is what a restart looks like."""
+
+    @contextlib.asynccontextmanager
+    async def run() -> AsyncIterator[None]:
+        stop = asyncio.Event()
+        memo = kopf.Memo(
+            world_factory=cluster.factory(),
+            slots=Slots(),
+            poll_s=0.05,
+            backoff_cap_s=0.2,
+        )
+        task = asyncio.create_task(
+            kopf.operator(clusterwide=True, standalone=True, memo=memo, stop_flag=stop)
+        )
+        try:
+            yield
+        finally:
+            stop.set()
+            done, _ = await asyncio.wait({task}, timeout=30)
+            if not done:
+                task.cancel()
+                raise AssertionError("the operator did not stop")
+            # Kopf treats every task created in the loop after its start as its own and
+            # cancels the leftovers at exit, KMock's request handlers included; their
+            # cancellation surfaces here and says nothing about the operator.
+            if not task.cancelled() and not isinstance(
+                task.exception(), TimeoutError | asyncio.CancelledError | type(None)
+            ):
+                raise task.exception()  # type: ignore[misc]
+
+    return run
+
+
+async def eventually(
+    check: Callable[[], bool], *, limit_s: float = 20.0, what: str = "condition"
+) -> None:
+    """Wait for `check` to hold. The timeout only bounds a hung test; nothing is
+    asserted about how long it took."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + limit_s
+    while not check():
+        if loop.time() > deadline:
+            raise AssertionError(f"{what} did not happen")
+        await asyncio.sleep(0.02)

@@ -1,0 +1,253 @@
+"""The operator's handlers under Kopf against KMock: the user's path without a cluster.
+
+The World is a fake (opsupport.FakeWorld) so a study takes milliseconds; everything
+between Kopf and the API server is real: watches, finalizers, status patches, events.
+"""
+
+from __future__ import annotations
+
+import itertools
+from typing import Any
+
+import kmock
+import pytest
+from kmock import KubernetesError, Request
+from kmock import method as http_method
+from opsupport import (
+    ISVC,
+    NAMESPACE,
+    ORIGINAL,
+    FakeCluster,
+    GenerateNameEmulator,
+    Operator,
+    eventually,
+    isvc,
+    score,
+)
+
+pytestmark = [
+    pytest.mark.operator,
+    pytest.mark.timeout(60),
+    pytest.mark.kmock(cls=GenerateNameEmulator),
+]
+
+ISVC_URL = f"/apis/batchpilot.dev/v1alpha1/namespaces/{NAMESPACE}/inferenceservices"
+
+
+def obj_of(k: kmock.KubernetesEmulator, name: str = "resnet") -> dict[str, Any]:
+    try:
+        return dict(k.objects[ISVC, NAMESPACE, name].raw)
+    except (KeyError, ValueError):  # never created, or deleted (soft-deleted in KMock)
+        return {}
+
+
+def status_of(k: kmock.KubernetesEmulator, name: str = "resnet") -> dict[str, Any]:
+    return dict(obj_of(k, name).get("status") or {})
+
+
+def events_of(k: kmock.KubernetesEmulator) -> list[dict[str, Any]]:
+    return [
+        dict(r.data) for r in k["post"] if r.resource is not None and r.resource.plural == "events"
+    ]
+
+
+def reasons_of(k: kmock.KubernetesEmulator) -> list[str]:
+    return [str(e["reason"]) for e in events_of(k)]
+
+
+def condition(status: dict[str, Any], type: str) -> dict[str, Any]:
+    return next(c for c in status.get("conditions", []) if c["type"] == type)
+
+
+def phase_is(k: kmock.KubernetesEmulator, phase: str, generation: int = 1) -> bool:
+    status = status_of(k)
+    return status.get("phase") == phase and status.get("observedGeneration") == generation
+
+
+async def test_creation_runs_baseline_then_trials_and_writes_back(
+    kmock: kmock.KubernetesEmulator, operator: Operator, cluster: FakeCluster
+) -> None:
+    kmock.objects[ISVC, NAMESPACE, "resnet"] = isvc()
+    async with operator():
+        await eventually(lambda: phase_is(kmock, "Converged"), what="convergence")
+        await eventually(lambda: "Converged" in reasons_of(kmock), what="events posted")
+    status = status_of(kmock)
+    trials = status["trials"]
+    assert [t["number"] for t in trials] == [0, 1, 2, 3]
+    assert trials[0]["source"] == "baseline"
+    assert trials[0]["params"] == ORIGINAL
+    assert all(t["state"] == "Complete" for t in trials)
+    assert status["baseline"]["effectiveRps"] == pytest.approx(score(ORIGINAL))
+    best = max(trials, key=lambda t: t["effectiveRps"])
+    assert status["best"]["trial"] == best["number"]
+    assert status["best"]["generation"] == 1
+    assert status["best"]["maxBatchSize"] == best["params"]["max_batch_size"]
+    # Canary strategy: trials never touched the target, the best was written back to it
+    assert cluster.written_back == [best["params"]]
+    assert cluster.canaries == set()
+    assert status.get("canary") is None
+    assert status["applied"] is True
+    assert condition(status, "Ready")["status"] == "True"
+    messages = [e["message"] for e in events_of(kmock) if e["reason"] == "Trial"]
+    assert len(messages) == 4
+    assert messages[0].startswith("Trial 0: batch=32 wait=50ms → 500 req/s, p99 270 ms ≤ 300 ms")
+
+
+async def test_restart_mid_trial_fails_and_retries_it_without_gaps(
+    kmock: kmock.KubernetesEmulator, operator: Operator, cluster: FakeCluster
+) -> None:
+    kmock.objects[ISVC, NAMESPACE, "resnet"] = isvc()
+
+    def running(number: int) -> bool:
+        trials = status_of(kmock).get("trials", [])
+        return any(t["number"] == number and t["state"] == "Running" for t in trials)
+
+    cluster.hold_after = 2  # trial 2 hangs in apply
+    async with operator():
+        await eventually(lambda: running(2), what="trial 2 running")
+    interrupted = status_of(kmock)["trials"][2]
+    # the operator died with trial 2 in flight (Kopf may already have restarted the
+    # daemon during its shutdown, which marks it as interrupted)
+    assert (interrupted["state"], interrupted["reason"]) in {
+        ("Running", ""),
+        ("Failed", "interrupted"),
+    }
+
+    cluster.hold_after = None
+    async with operator():
+        await eventually(lambda: phase_is(kmock, "Converged"), what="convergence after restart")
+    trials = status_of(kmock)["trials"]
+    assert [t["number"] for t in trials] == list(range(len(trials)))  # no gaps, no twins
+    assert trials[2]["params"] == interrupted["params"]
+    assert (trials[2]["state"], trials[2]["reason"]) == ("Failed", "interrupted")
+    for failed, retry in itertools.pairwise(trials):
+        if failed["state"] == "Failed":
+            assert failed["reason"] == "interrupted"
+            assert retry["params"] == failed["params"]  # retried next, never lost
+    counted = [t for t in trials if t["state"] != "Failed"]
+    assert len(counted) == 4  # maxTrials measured; interrupted ones are not counted
+    assert all(t["state"] == "Complete" for t in counted)
+
+
+async def test_spec_change_starts_a_new_study_and_restores_in_place_target(
+    kmock: kmock.KubernetesEmulator, operator: Operator, cluster: FakeCluster
+) -> None:
+    body = isvc(tuning={"strategy": "InPlace", "maxTrials": 3, "writeBack": "Recommend"})
+    kmock.objects[ISVC, NAMESPACE, "resnet"] = body
+    cluster.hold_after = 2  # trial 2 is in flight when the spec changes
+    async with operator():
+        await eventually(lambda: len(cluster.applied) == 3, what="trial 2 applied")
+        assert cluster.applied[0] == ORIGINAL  # the baseline is the original
+        changed = {
+            "metadata": {"generation": 2},
+            "spec": {"sla": {"p99LatencyMs": 200, "maxErrorRate": 0.001}},
+        }
+        response = await kmock.patch(
+            f"{ISVC_URL}/resnet",
+            json=changed,
+            headers={"Content-Type": "application/merge-patch+json"},
+        )
+        assert response.status == 200
+        await eventually(lambda: status_of(kmock).get("observedGeneration") == 2, what="restart")
+        cluster.hold_after = None
+        cluster.gate.set()
+        await eventually(lambda: phase_is(kmock, "Converged", generation=2), what="new study")
+        await eventually(lambda: "Converged" in reasons_of(kmock), what="events posted")
+    status = status_of(kmock)
+    assert [t["number"] for t in status["trials"]] == [0, 1, 2]
+    assert status["best"]["generation"] == 2
+    assert status["observedGeneration"] == 2
+    # the first study was cut short (restore), the second ended under Recommend (restore)
+    assert cluster.restored >= 2
+    assert cluster.target == ORIGINAL
+    assert cluster.written_back == []
+    assert reasons_of(kmock).count("StudyStarted") == 2
+
+
+async def test_deletion_mid_study_restores_the_original(
+    kmock: kmock.KubernetesEmulator, operator: Operator, cluster: FakeCluster
+) -> None:
+    kmock.objects[ISVC, NAMESPACE, "resnet"] = isvc(
+        tuning={"strategy": "InPlace", "maxTrials": 10, "writeBack": "Apply"}
+    )
+    cluster.hold_after = 2
+    async with operator():
+        await eventually(lambda: len(cluster.applied) == 3, what="trial 2 applied")
+        assert cluster.target != ORIGINAL
+        response = await kmock.delete(f"{ISVC_URL}/resnet")
+        assert response.status == 200
+        await eventually(lambda: obj_of(kmock) == {}, what="finalizer released")
+    assert cluster.target == ORIGINAL
+    assert cluster.restored == 1
+    assert cluster.written_back == []
+
+
+async def test_invalid_spec_becomes_a_condition_and_an_event(
+    kmock: kmock.KubernetesEmulator, operator: Operator, cluster: FakeCluster
+) -> None:
+    kmock.objects[ISVC, NAMESPACE, "resnet"] = isvc(
+        parameters={"maxBatchSize": {"min": 64, "max": 8}}
+    )
+    async with operator():
+        await eventually(lambda: phase_is(kmock, "Failed"), what="invalid spec reported")
+        status = status_of(kmock)
+        valid = condition(status, "SpecValid")
+        assert valid["status"] == "False"
+        assert valid["reason"] == "InvalidSpec"
+        assert "maxBatchSize.min must be less than or equal to max" in valid["message"]
+        assert "spec.parameters.maxBatchSize" in valid["message"]
+        await eventually(
+            lambda: any(e["reason"] == "InvalidSpec" for e in events_of(kmock)),
+            what="event posted",  # Kopf posts events from a queue, after the status write
+        )
+    events = [e for e in events_of(kmock) if e["reason"] == "InvalidSpec"]
+    assert len(events) == 1  # once per generation, not once per poll
+    assert events[0]["type"] == "Warning"
+    assert "maxBatchSize.min" in events[0]["message"]
+    assert cluster.applied == []
+
+
+async def test_missing_target_is_retried_with_a_condition_not_a_crash(
+    kmock: kmock.KubernetesEmulator, operator: Operator, cluster: FakeCluster
+) -> None:
+    cluster.missing_target = True
+    kmock.objects[ISVC, NAMESPACE, "resnet"] = isvc()
+    async with operator():
+        await eventually(
+            lambda: sum(e["reason"] == "TargetNotFound" for e in events_of(kmock)) >= 2,
+            what="retried target lookups",
+        )
+        ready = condition(status_of(kmock), "TargetReady")
+        assert ready["status"] == "False"
+        assert ready["reason"] == "TargetNotFound"
+        cluster.missing_target = False
+        await eventually(lambda: phase_is(kmock, "Converged"), what="recovery")
+
+
+async def test_conflicts_and_server_errors_on_status_writes_are_retried(
+    kmock: kmock.KubernetesEmulator, operator: Operator, cluster: FakeCluster
+) -> None:
+    # every status write meets a 409 Conflict, then a 503, and only then goes through
+    codes = itertools.cycle([409, 503, None])
+    decided: dict[int, int | None] = {}  # request id → injected code (filters run repeatedly)
+
+    def code_for(request: Request) -> int | None:
+        if request.subresource != "status" or request.method != http_method.PATCH:
+            return None
+        if request.id not in decided:
+            decided[request.id] = next(codes)
+        return decided[request.id]
+
+    def fail(request: Request) -> KubernetesError:
+        code = code_for(request)
+        return KubernetesError(status=code or 500, reason="Injected", message=f"injected {code}")
+
+    kmock[lambda request: code_for(request) is not None] << fail
+    kmock.objects[ISVC, NAMESPACE, "resnet"] = isvc(tuning={"maxTrials": 2})
+    async with operator():
+        await eventually(lambda: phase_is(kmock, "Converged"), what="convergence despite faults")
+    answered = [c for c in decided.values() if c is not None]
+    assert 409 in answered
+    assert 503 in answered
+    trials = status_of(kmock)["trials"]
+    assert [t["number"] for t in trials] == [0, 1]

@@ -1,0 +1,153 @@
+"""The capacity search over deterministic step functions with a known capacity."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from batchpilot.capacity.search import search_capacity, summarise_steps
+from batchpilot.models import SLA, StepResult
+
+SLA_100 = SLA(p99_ms=100.0)
+
+
+class KneeAt:
+    """A target whose steps pass exactly up to `capacity` req/s."""
+
+    def __init__(self, capacity: float) -> None:
+        self.capacity = capacity
+        self.rates: list[float] = []
+
+    async def __call__(self, rate: float) -> StepResult:
+        self.rates.append(rate)
+        passed = rate <= self.capacity
+        p99 = 10.0 + 80.0 * min(rate / self.capacity, 1.0) if passed else 500.0
+        return StepResult(
+            offered_rps=rate,
+            achieved_rps=min(rate, self.capacity),
+            p50_ms=p99 / 4,
+            p99_ms=p99,
+            error_rate=0.0,
+            requests=int(rate * 5),
+            passed=passed,
+            reason="" if passed else "p99 500.0 ms > SLA 100 ms",
+            duration_s=5.0,
+            source="simulator",
+        )
+
+
+@pytest.mark.parametrize("capacity", [37.0, 100.0, 1000.0, 12345.0])
+@pytest.mark.parametrize("precision", [0.1, 0.05, 0.01])
+async def test_finds_the_capacity_within_the_precision(capacity: float, precision: float) -> None:
+    target = KneeAt(capacity)
+    result = await search_capacity(target, sla=SLA_100, start_rps=10.0, precision=precision)
+    assert result.feasible
+    assert not result.pruned
+    assert capacity * (1 - precision) <= result.effective_rps <= capacity
+    assert [s.offered_rps for s in result.steps] == target.rates
+    assert result.p99_ms == next(
+        s.p99_ms for s in result.steps if s.offered_rps == result.effective_rps
+    )
+
+
+async def test_ramp_is_geometric_then_bisects() -> None:
+    target = KneeAt(100.0)
+    await search_capacity(target, sla=SLA_100, start_rps=10.0, precision=0.05, growth=2.0)
+    assert target.rates[:5] == [10.0, 20.0, 40.0, 80.0, 160.0]
+    assert target.rates[5] == 120.0  # midpoint of the last pass and the first fail
+
+
+async def test_first_step_failing_ramps_down_to_a_passing_rate() -> None:
+    target = KneeAt(30.0)
+    result = await search_capacity(target, sla=SLA_100, start_rps=200.0, precision=0.05)
+    assert target.rates[:4] == [200.0, 100.0, 50.0, 25.0]
+    assert 30.0 * 0.95 <= result.effective_rps <= 30.0
+
+
+async def test_nothing_passing_is_infeasible() -> None:
+    target = KneeAt(0.001)
+    result = await search_capacity(target, sla=SLA_100, start_rps=64.0, max_ramp_down=3)
+    assert not result.feasible
+    assert result.effective_rps == 0.0
+    assert result.p99_ms is None
+    assert target.rates == [64.0, 32.0, 16.0, 8.0]
+
+
+async def test_pruned_when_a_step_fails_below_the_rate_to_beat() -> None:
+    target = KneeAt(100.0)
+    result = await search_capacity(target, sla=SLA_100, start_rps=10.0, must_beat=200.0)
+    # The ramp fails at 160 ≤ 200: this configuration cannot win, so no bisection.
+    assert result.pruned
+    assert target.rates == [10.0, 20.0, 40.0, 80.0, 160.0]
+    assert result.effective_rps == 80.0
+
+
+async def test_pruned_at_once_when_the_first_step_fails_below_the_rate_to_beat() -> None:
+    target = KneeAt(5.0)
+    result = await search_capacity(target, sla=SLA_100, start_rps=10.0, must_beat=50.0)
+    assert result.pruned
+    assert not result.feasible
+    assert target.rates == [10.0]
+
+
+async def test_pruned_when_the_bisection_upper_bound_drops_below_the_rate_to_beat() -> None:
+    target = KneeAt(100.0)
+    result = await search_capacity(
+        target, sla=SLA_100, start_rps=10.0, precision=0.01, must_beat=130.0
+    )
+    # The ramp fails at 160 > 130 so bisection starts; its first midpoint 120 fails,
+    # so the upper bound 120 ≤ 130: no rate this configuration can reach beats 130.
+    assert result.pruned
+    assert target.rates == [10.0, 20.0, 40.0, 80.0, 160.0, 120.0]
+    assert result.effective_rps == 80.0
+
+
+async def test_a_config_that_beats_the_rate_is_searched_to_precision() -> None:
+    target = KneeAt(300.0)
+    result = await search_capacity(
+        target, sla=SLA_100, start_rps=10.0, precision=0.05, must_beat=100.0
+    )
+    assert not result.pruned
+    assert 300.0 * 0.95 <= result.effective_rps <= 300.0
+
+
+async def test_max_rps_caps_the_ramp() -> None:
+    target = KneeAt(math.inf)
+    result = await search_capacity(target, sla=SLA_100, start_rps=10.0, max_rps=50.0)
+    assert target.rates == [10.0, 20.0, 40.0, 50.0]
+    assert result.effective_rps == 50.0
+
+
+async def test_max_steps_bounds_the_search() -> None:
+    target = KneeAt(100.0)
+    result = await search_capacity(target, sla=SLA_100, start_rps=1.0, precision=0.001, max_steps=9)
+    assert len(result.steps) == 9
+    assert result.feasible
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"start_rps": 0.0}, "start rate must be > 0"),
+        ({"start_rps": 1.0, "precision": 0.0}, "precision must be in"),
+        ({"start_rps": 1.0, "precision": 1.5}, "precision must be in"),
+        ({"start_rps": 1.0, "growth": 1.0}, "growth must be > 1"),
+        ({"start_rps": 1.0, "max_steps": 0}, "max steps must be"),
+        ({"start_rps": 1.0, "must_beat": -1.0}, "must_beat must be"),
+    ],
+)
+async def test_bad_arguments_are_rejected(kwargs: dict[str, float], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        await search_capacity(KneeAt(10.0), sla=SLA_100, **kwargs)  # type: ignore[arg-type]
+
+
+async def test_summarise_steps_of_an_interrupted_search() -> None:
+    target = KneeAt(100.0)
+    steps = [await target(r) for r in (10.0, 20.0, 40.0, 160.0)]
+    result = summarise_steps(steps, sla=SLA_100, precision=0.05)
+    assert result.effective_rps == 40.0
+    assert result.feasible
+    assert len(result.steps) == 4
+    empty = summarise_steps([], sla=SLA_100, precision=0.05)
+    assert not empty.feasible

@@ -1,0 +1,97 @@
+"""The committed CRD is exactly what the models render, and it carries what
+`kubectl` needs: printer columns, status subresource, CEL rules, defaults."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from batchpilot.operator import crd
+
+ROOT = Path(__file__).resolve().parents[2]
+CRD_PATH = ROOT / "crds" / crd.CRD_FILE
+
+
+def _version() -> dict[str, Any]:
+    document = yaml.safe_load(CRD_PATH.read_text())
+    versions: list[dict[str, Any]] = document["spec"]["versions"]
+    assert len(versions) == 1
+    return versions[0]
+
+
+def _walk(node: Any) -> list[dict[str, Any]]:
+    found: list[dict[str, Any]] = []
+    if isinstance(node, dict):
+        found.append(node)
+        for value in node.values():
+            found.extend(_walk(value))
+    elif isinstance(node, list):
+        for value in node:
+            found.extend(_walk(value))
+    return found
+
+
+def test_committed_crd_matches_the_models() -> None:
+    assert CRD_PATH.read_text() == crd.render(), (
+        "crds/ is stale: run `python -m batchpilot.operator.crd > crds/" + crd.CRD_FILE + "`"
+    )
+
+
+def test_schema_is_structural() -> None:
+    schema = _version()["schema"]["openAPIV3Schema"]
+    for node in _walk(schema):
+        assert "$ref" not in node
+        assert "anyOf" not in node
+        assert "title" not in node
+        assert node.get("additionalProperties") is not False
+
+
+def test_names_status_and_columns() -> None:
+    document = yaml.safe_load(CRD_PATH.read_text())
+    names = document["spec"]["names"]
+    assert document["metadata"]["name"] == "inferenceservices.batchpilot.dev"
+    assert names["kind"] == "InferenceService"
+    assert "isvc" not in names["shortNames"]
+    version = _version()
+    assert version["name"] == "v1alpha1"
+    assert version["subresources"] == {"status": {}}
+    columns = {c["name"]: c["jsonPath"] for c in version["additionalPrinterColumns"]}
+    assert columns == {
+        "Target": ".spec.target.name",
+        "SLA-p99-ms": ".spec.sla.p99LatencyMs",
+        "Best-batch": ".status.best.maxBatchSize",
+        "Best-wait-ms": ".status.best.maxQueueTimeMs",
+        "Req/s": ".status.best.effectiveRps",
+        "Phase": ".status.phase",
+        "Age": ".metadata.creationTimestamp",
+    }
+
+
+def test_spec_has_cel_rules_defaults_and_enums() -> None:
+    spec = _version()["schema"]["openAPIV3Schema"]["properties"]["spec"]
+    props = spec["properties"]
+    assert set(spec["required"]) == {"target", "sla", "load"}
+    rules = {r["rule"] for node in _walk(spec) for r in node.get("x-kubernetes-validations", [])}
+    assert "self.min <= self.max" in rules
+    assert "self.p99LatencyMs > 0.0" in rules
+    assert "self.method != 'Live' || has(self.live)" in rules
+    assert "self.source != 'prometheus' || has(self.prometheus)" in rules
+    assert props["tuning"]["properties"]["strategy"]["enum"] == ["Canary", "InPlace"]
+    assert props["tuning"]["properties"]["writeBack"]["default"] == "Apply"
+    assert props["apply"]["default"] == {}
+    assert props["parameters"]["properties"]["maxBatchSize"]["default"] == {}
+    for node in _walk(spec):
+        for name, child in node.get("properties", {}).items():
+            assert child.get("description"), f"{name} has no description for kubectl explain"
+        if node.get("type") == "array":
+            assert "maxItems" in node  # CEL cost estimation needs bounded lists
+
+
+def test_status_sections_are_not_defaulted() -> None:
+    status = _version()["schema"]["openAPIV3Schema"]["properties"]["status"]
+    for name in ("original", "baseline", "best", "trialsSummary"):
+        assert "default" not in status["properties"][name]
+    conditions = status["properties"]["conditions"]
+    assert conditions["x-kubernetes-list-map-keys"] == ["type"]

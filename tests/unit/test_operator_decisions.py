@@ -1,0 +1,430 @@
+"""The operator's pure decisions: next step, conditions, canary, rollout, pods."""
+
+from __future__ import annotations
+
+import random
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+from pydantic import ValidationError
+
+from batchpilot.models import SLA
+from batchpilot.operator import decisions
+from batchpilot.operator.spec import InferenceServiceSpec, explain_validation_error, parse_spec
+from batchpilot.operator.status import (
+    TRIALS_KEPT,
+    InferenceServiceStatus,
+    OriginalConfig,
+    TrialEntry,
+)
+
+NOW = datetime(2026, 1, 1, tzinfo=UTC)
+
+
+def spec(**tuning: Any) -> InferenceServiceSpec:
+    return parse_spec(
+        {
+            "target": {"name": "resnet", "container": "server"},
+            "sla": {"p99LatencyMs": 300},
+            "load": {"endpoint": {"port": 8080, "path": "/v1/predict"}},
+            "tuning": {"maxTrials": 4, **tuning},
+        }
+    )
+
+
+def trial(number: int, state: str = "Complete", rps: float | None = 100.0, **kw: Any) -> TrialEntry:
+    return TrialEntry(
+        number=number,
+        params={"max_batch_size": 8, "max_queue_time_ms": 10.0},
+        source=kw.pop("source", "baseline" if number == 0 else "sampler"),
+        state=state,  # type: ignore[arg-type]
+        effective_rps=rps if state == "Complete" else None,
+        **kw,
+    )
+
+
+def status(*trials: TrialEntry, **kw: Any) -> InferenceServiceStatus:
+    kw.setdefault("observed_generation", 1)
+    kw.setdefault("phase", "Tuning")
+    kw.setdefault(
+        "original", OriginalConfig(params={"max_batch_size": 32, "max_queue_time_ms": 50})
+    )
+    return InferenceServiceStatus(trials=list(trials), **kw)
+
+
+class TestPlan:
+    def test_new_generation_starts_a_study(self) -> None:
+        assert decisions.plan(spec(), status(), 2).kind == "new-study"
+        assert decisions.plan(spec(), InferenceServiceStatus(), 1).kind == "new-study"
+
+    def test_finished_studies_idle(self) -> None:
+        for phase in ("Converged", "Failed"):
+            assert decisions.plan(spec(), status(phase=phase), 1).kind == "idle"
+
+    def test_records_the_original_first(self) -> None:
+        assert decisions.plan(spec(), status(original=None), 1).kind == "record-original"
+
+    def test_runs_trials_until_max_trials_measured(self) -> None:
+        three = [trial(i) for i in range(3)]
+        assert decisions.plan(spec(), status(*three), 1).kind == "trial"
+        failed = trial(3, "Failed", reason="interrupted")
+        assert decisions.plan(spec(), status(*three, failed), 1).kind == "trial"
+        assert decisions.plan(spec(), status(*three, trial(3, "Pruned")), 1).kind == "finish"
+
+    def test_fails_after_max_failures_in_a_row(self) -> None:
+        failures = [trial(i, "Failed", reason="x") for i in range(1, 4)]
+        assert decisions.plan(spec(maxFailures=3), status(trial(0), *failures), 1).kind == "fail"
+        assert decisions.plan(spec(maxFailures=4), status(trial(0), *failures), 1).kind == "trial"
+
+    def test_patience_converges_early(self) -> None:
+        history = [trial(0, rps=100), trial(1, rps=200), trial(2, rps=150), trial(3, rps=180)]
+        plan = decisions.plan(spec(maxTrials=10, patience=2), status(*history), 1)
+        assert plan.kind == "finish"
+        assert "2 trials" in plan.reason
+        assert decisions.plan(spec(maxTrials=10, patience=3), status(*history), 1).kind == "trial"
+
+    def test_a_full_history_ends_the_study(self) -> None:
+        history = [
+            trial(i, "Failed", reason="x") if i % 2 else trial(i) for i in range(TRIALS_KEPT)
+        ]
+        plan = decisions.plan(spec(maxTrials=100, maxFailures=50), status(*history), 1)
+        assert plan.kind == "finish"
+
+
+def test_consecutive_failures_ignore_a_running_trial() -> None:
+    trials = [trial(0), trial(1, "Failed"), trial(2, "Failed"), trial(3, "Running")]
+    assert decisions.consecutive_failures(trials) == 2
+    assert decisions.consecutive_failures([trial(0), trial(1, "Failed"), trial(2)]) == 0
+
+
+def test_phase_is_baseline_until_the_baseline_has_a_result() -> None:
+    assert decisions.phase_for([]) == "Baseline"
+    assert decisions.phase_for([trial(0, "Running")]) == "Baseline"
+    assert decisions.phase_for([trial(0), trial(1, "Running")]) == "Tuning"
+
+
+def test_set_condition_keeps_transition_time_unless_status_changes() -> None:
+    first = decisions.set_condition(
+        [], type="Ready", status="False", reason="A", message="a", generation=1, now=NOW
+    )
+    later = NOW + timedelta(minutes=5)
+    same = decisions.set_condition(
+        first, type="Ready", status="False", reason="B", message="b", generation=2, now=later
+    )
+    assert same[0].last_transition_time == NOW
+    assert (same[0].reason, same[0].observed_generation) == ("B", 2)
+    flipped = decisions.set_condition(
+        same, type="Ready", status="True", reason="C", message="c", generation=2, now=later
+    )
+    assert flipped[0].last_transition_time == later
+    both = decisions.set_condition(
+        flipped, type="Measuring", status="True", reason="M", message="", generation=2, now=later
+    )
+    assert [c.type for c in both] == ["Measuring", "Ready"]
+
+
+def test_bound_trials_folds_the_oldest_into_the_summary() -> None:
+    trials = [trial(i, "Failed" if i == 1 else "Complete") for i in range(TRIALS_KEPT + 3)]
+    kept, summary = decisions.bound_trials(trials, None)
+    assert len(kept) == TRIALS_KEPT
+    assert kept[0].number == 3
+    assert summary is not None
+    assert (summary.count, summary.complete, summary.failed, summary.last_number) == (3, 2, 1, 2)
+    assert decisions.bound_trials(trials[:5], None) == (trials[:5], None)
+
+
+def test_best_and_baseline() -> None:
+    trials = [trial(0, rps=50), trial(1, rps=90), trial(2, "Pruned"), trial(3, rps=90)]
+    best = decisions.best_trial(trials)
+    assert best is not None
+    assert best.number == 1  # the first of equals
+    baseline = decisions.baseline_trial(trials)
+    assert baseline is not None
+    assert baseline.number == 0
+    assert decisions.best_trial([trial(0, "Infeasible")]) is None
+    result = decisions.result_of(best, 3)
+    assert (result.max_batch_size, result.trial, result.generation) == (8, 1, 3)
+
+
+def test_trial_messages_read_like_the_design() -> None:
+    sla = SLA(p99_ms=300)
+    done = TrialEntry(
+        number=7,
+        params={"max_batch_size": 8, "max_queue_time_ms": 30.0},
+        source="sampler",
+        state="Complete",
+        effective_rps=620.2,
+        p99_ms=287.4,
+    )
+    assert decisions.trial_message(done, sla) == (
+        "Trial 7: batch=8 wait=30ms → 620 req/s, p99 287 ms ≤ 300 ms"
+    )
+    failed = done.model_copy(update={"state": "Failed", "reason": "CrashLoopBackOff: x"})
+    assert decisions.trial_message(failed, sla).endswith("→ failed: CrashLoopBackOff: x")
+    extra = done.model_copy(update={"params": {**done.params, "max_num_seqs": 64}})
+    assert "max_num_seqs=64" in decisions.trial_message(extra, sla)
+
+
+def test_backoff_grows_is_capped_and_jittered() -> None:
+    rng = random.Random(1)
+    delays = [decisions.backoff_delay(a, base=1.0, cap=10.0, rng=rng) for a in range(20)]
+    assert all(0.0 <= d <= 10.0 for d in delays)
+    assert len(set(delays)) == len(delays)
+    assert max(decisions.backoff_delay(0, base=1.0, cap=10.0, rng=rng) for _ in range(50)) <= 1.0
+
+
+def test_clamp_and_rule_of_thumb_stay_in_the_space() -> None:
+    s = spec()
+    clamped = decisions.clamp_params({"max_batch_size": 500, "max_queue_time_ms": -1}, s)
+    assert clamped == {"max_batch_size": 64, "max_queue_time_ms": 0.0}
+    assert decisions.rule_of_thumb(s) == {"max_batch_size": 43, "max_queue_time_ms": 20.0}
+
+
+def test_needs_cleanup() -> None:
+    running = status(phase="Tuning", canary="resnet-bp-canary")
+    assert decisions.needs_cleanup(running, "Canary") == (True, False)
+    assert decisions.needs_cleanup(status(phase="Tuning"), "InPlace") == (False, True)
+    assert decisions.needs_cleanup(status(phase="Converged"), "InPlace") == (False, False)
+    assert decisions.needs_cleanup(status(phase="Tuning", restored=True), "InPlace") == (
+        False,
+        False,
+    )
+
+
+# --- the observed world -----------------------------------------------------------
+
+
+def deployment(**status_fields: Any) -> dict[str, Any]:
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {
+            "name": "resnet",
+            "namespace": "ns",
+            "generation": 3,
+            "annotations": {"deployment.kubernetes.io/revision": "3", "team": "ml"},
+        },
+        "spec": {
+            "replicas": 2,
+            "selector": {"matchLabels": {"app": "resnet"}},
+            "template": {
+                "metadata": {"labels": {"app": "resnet", "tier": "gpu"}},
+                "spec": {
+                    "containers": [
+                        {"name": "sidecar", "image": "x"},
+                        {
+                            "name": "server",
+                            "image": "y",
+                            "env": [
+                                {"name": "MAX_BATCH_SIZE", "value": "32"},
+                                {"name": "MAX_QUEUE_TIME_MS", "value": "12.5"},
+                                {"name": "OTHER", "valueFrom": {"fieldRef": {}}},
+                            ],
+                        },
+                    ]
+                },
+            },
+        },
+        "status": status_fields,
+    }
+
+
+def test_original_config_reads_the_named_container() -> None:
+    original = decisions.original_config(deployment(), spec(), NOW)
+    assert original.params == {"max_batch_size": 32, "max_queue_time_ms": 12.5}
+    assert original.env == {"MAX_BATCH_SIZE": "32", "MAX_QUEUE_TIME_MS": "12.5"}
+    assert decisions.find_container(deployment(), None) == {"name": "sidecar", "image": "x"}
+    assert decisions.find_container(deployment(), "nope") is None
+
+
+def test_unset_knobs_give_no_baseline() -> None:
+    env = {"MAX_BATCH_SIZE": None, "MAX_QUEUE_TIME_MS": "5"}
+    names = spec().env_names()
+    assert decisions.params_from_env(env, names) is None
+    assert (
+        decisions.params_from_env({"MAX_BATCH_SIZE": "x", "MAX_QUEUE_TIME_MS": "5"}, names) is None
+    )
+
+
+def test_env_patch_sets_values_and_leaves_out_released_ones() -> None:
+    patch = decisions.env_apply_patch(
+        deployment(), "server", {"MAX_BATCH_SIZE": "8", "MAX_QUEUE_TIME_MS": None}
+    )
+    assert patch["metadata"] == {"name": "resnet", "namespace": "ns"}
+    containers = patch["spec"]["template"]["spec"]["containers"]
+    assert containers == [{"name": "server", "env": [{"name": "MAX_BATCH_SIZE", "value": "8"}]}]
+    env = decisions.env_for_params(
+        {"max_batch_size": 8, "max_queue_time_ms": 12.0, "unknown": 1}, spec().env_names()
+    )
+    assert env == {"MAX_BATCH_SIZE": "8", "MAX_QUEUE_TIME_MS": "12"}
+
+
+def test_canary_is_not_selected_by_the_targets_service() -> None:
+    owner = {
+        "apiVersion": "batchpilot.dev/v1alpha1",
+        "kind": "InferenceService",
+        "metadata": {"name": "resnet", "uid": "u1"},
+    }
+    name = decisions.canary_name("resnet")
+    canary = decisions.canary_manifest(deployment(), owner, name)
+    labels = canary["spec"]["template"]["metadata"]["labels"]
+    service_selector = {"app": "resnet"}  # a Service selecting what the target selects
+    assert not service_selector.items() <= labels.items()
+    assert canary["spec"]["selector"]["matchLabels"].items() <= labels.items()
+    assert labels["tier"] == "gpu"  # other labels are kept
+    assert canary["spec"]["replicas"] == 1
+    assert canary["spec"]["strategy"] == {"type": "Recreate"}
+    assert canary["metadata"]["ownerReferences"][0]["uid"] == "u1"
+    assert "deployment.kubernetes.io/revision" not in canary["metadata"]["annotations"]
+    assert len(decisions.canary_name("x" * 200)) <= 63 - 17
+
+
+@pytest.mark.parametrize(
+    ("fields", "done"),
+    [
+        ({"observedGeneration": 2, "updatedReplicas": 2, "readyReplicas": 2, "replicas": 2}, False),
+        ({"observedGeneration": 3, "updatedReplicas": 1, "readyReplicas": 2, "replicas": 2}, False),
+        ({"observedGeneration": 3, "updatedReplicas": 2, "readyReplicas": 2, "replicas": 3}, False),
+        ({"observedGeneration": 3, "updatedReplicas": 2, "readyReplicas": 1, "replicas": 2}, False),
+        (
+            {
+                "observedGeneration": 3,
+                "updatedReplicas": 2,
+                "readyReplicas": 2,
+                "replicas": 2,
+                "availableReplicas": 1,
+            },
+            False,
+        ),
+        (
+            {
+                "observedGeneration": 3,
+                "updatedReplicas": 2,
+                "readyReplicas": 2,
+                "replicas": 2,
+                "availableReplicas": 2,
+            },
+            True,
+        ),
+    ],
+)
+def test_rollout_status(fields: dict[str, Any], done: bool) -> None:
+    assert decisions.rollout_status(deployment(**fields)).done is done
+
+
+def pod(name: str, **status_fields: Any) -> dict[str, Any]:
+    return {"metadata": {"name": name}, "status": status_fields}
+
+
+def test_pod_problems_name_the_reason() -> None:
+    pending = pod(
+        "a",
+        phase="Pending",
+        conditions=[
+            {
+                "type": "PodScheduled",
+                "status": "False",
+                "reason": "Unschedulable",
+                "message": "0/3 nodes are available: 3 Insufficient nvidia.com/gpu.",
+            }
+        ],
+    )
+    problem = decisions.pod_problem([pending])
+    assert problem is not None
+    assert problem.reason == "Unschedulable"
+    assert "Insufficient nvidia.com/gpu" in problem.message
+    assert not problem.fatal
+    crashing = pod(
+        "b",
+        containerStatuses=[
+            {
+                "name": "server",
+                "restartCount": 4,
+                "state": {"waiting": {"reason": "CrashLoopBackOff"}},
+            }
+        ],
+    )
+    problem = decisions.pod_problem([crashing])
+    assert problem is not None
+    assert (problem.reason, problem.fatal) == ("CrashLoopBackOff", True)
+    assert decisions.pod_problem([pod("c", phase="Running")]) is None
+
+
+def test_ready_pod_ips() -> None:
+    ready = [{"type": "Ready", "status": "True"}]
+    pods = [
+        pod("a", phase="Running", podIP="10.0.0.2", conditions=ready),
+        pod(
+            "b",
+            phase="Running",
+            podIP="10.0.0.1",
+            conditions=[{"type": "Ready", "status": "False"}],
+        ),
+        pod("c", phase="Pending", podIP="10.0.0.3", conditions=ready),
+        {
+            "metadata": {"name": "d", "deletionTimestamp": "x"},
+            "status": {"phase": "Running", "podIP": "10.0.0.4", "conditions": ready},
+        },
+    ]
+    assert decisions.ready_pod_ips(pods) == ["10.0.0.2"]
+    assert decisions.label_selector(deployment()) == "app=resnet"
+
+
+# --- the spec's own validation (the API server's CEL rules say the same) -------------
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"parameters": {"maxBatchSize": {"min": 9, "max": 8}}}, "maxBatchSize.min must be"),
+        ({"parameters": {"maxQueueTimeMs": {"min": 9, "max": 8}}}, "maxQueueTimeMs.min must be"),
+        ({"sla": {"p99LatencyMs": 0}}, "spec.sla.p99LatencyMs"),
+        ({"sla": {"p99LatencyMs": 100, "maxErrorRate": 1}}, "spec.sla.maxErrorRate"),
+        ({"apply": {"method": "Live"}}, "apply.live"),
+        (
+            {"load": {"endpoint": {"port": 80, "path": "/x"}, "source": "prometheus"}},
+            "load.prometheus",
+        ),
+        ({"tuning": {"strategy": "Sometimes"}}, "'Canary' or 'InPlace'"),
+        ({"target": {"kind": "Pod", "name": "x"}}, "spec.target.kind"),
+        (
+            {"parameters": {"extra": [{"name": "max_num_seqs", "min": 1, "max": 8}]}},
+            "needs env when apply.method is Env",
+        ),
+        (
+            {"parameters": {"extra": [{"name": "a", "min": 1, "max": 8, "env": "A"}] * 2}},
+            "names must be unique",
+        ),
+        (
+            {"parameters": {"extra": [{"name": "a", "min": 1.5, "max": 8, "env": "A"}]}},
+            "whole-number bounds",
+        ),
+    ],
+)
+def test_bad_specs_are_explained(change: dict[str, Any], message: str) -> None:
+    raw: dict[str, Any] = {
+        "target": {"name": "resnet"},
+        "sla": {"p99LatencyMs": 300},
+        "load": {"endpoint": {"port": 8080, "path": "/v1/predict"}},
+    }
+    raw.update(change)
+    with pytest.raises(ValidationError) as caught:
+        parse_spec(raw)
+    assert message in explain_validation_error(caught.value)
+
+
+def test_defaults_fill_a_minimal_spec() -> None:
+    s = parse_spec(
+        {
+            "target": {"name": "resnet"},
+            "sla": {"p99LatencyMs": 300},
+            "load": {"endpoint": {"port": 8080, "path": "/v1/predict"}},
+        }
+    )
+    assert (s.apply.method, s.tuning.strategy, s.tuning.write_back) == ("Env", "Canary", "Apply")
+    assert s.env_names() == {
+        "max_batch_size": "MAX_BATCH_SIZE",
+        "max_queue_time_ms": "MAX_QUEUE_TIME_MS",
+    }
+    assert s.load.mix().mean_size() > 1  # the default mix has a tail

@@ -1,0 +1,241 @@
+"""The trial loop against a fake target and probe, and the summary it ends with."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+
+import pytest
+
+from batchpilot.models import SLA, BatchingConfig, CapacityResult, StepResult
+from batchpilot.tuner.interfaces import TargetError
+from batchpilot.tuner.rules import rule_of_thumb, rules_of_thumb, short_request_rule
+from batchpilot.tuner.runner import TrialDone, TrialStart, run_trial, run_trials
+from batchpilot.tuner.study import SearchSpace, Tuner
+from batchpilot.tuner.summary import gain, label_of, summarize
+
+SLA_ = SLA(p99_ms=100.0)
+SPACE = SearchSpace.from_bounds(max_batch_size=(1, 64), max_queue_time_ms=(0, 100))
+BASELINE = BatchingConfig(max_batch_size=8, max_queue_time_ms=5.0)
+
+
+def capacity(config: BatchingConfig, must_beat: float | None) -> CapacityResult:
+    """A made-up server: more batch helps up to 32, waiting past 20 ms hurts; the
+    capacity search prunes as the real one would, from the true value."""
+    b, q = config.max_batch_size, config.max_queue_time_ms
+    true = 100.0 * math.log2(min(b, 32) + 1) - max(q - 20.0, 0.0) * 3
+    if true <= 0:
+        step = StepResult(
+            offered_rps=10,
+            achieved_rps=10,
+            p50_ms=80,
+            p99_ms=300,
+            error_rate=0,
+            requests=10,
+            passed=False,
+            reason="p99",
+            duration_s=1,
+        )
+        return CapacityResult(
+            effective_rps=0, p99_ms=None, sla=SLA_, feasible=False, precision=0.05, steps=[step]
+        )
+    pruned = must_beat is not None and true <= must_beat
+    step = StepResult(
+        offered_rps=true,
+        achieved_rps=true,
+        p50_ms=20,
+        p99_ms=60,
+        error_rate=0,
+        requests=100,
+        passed=True,
+        duration_s=1,
+    )
+    return CapacityResult(
+        effective_rps=true / 2 if pruned else true,
+        p99_ms=60,
+        sla=SLA_,
+        feasible=True,
+        pruned=pruned,
+        precision=0.05,
+        steps=[step],
+    )
+
+
+class FakeTarget:
+    def __init__(self, refuse: frozenset[int] = frozenset()) -> None:
+        self.live = BASELINE
+        self.applied: list[BatchingConfig] = []
+        self.refuse = refuse
+
+    async def current(self) -> BatchingConfig:
+        return self.live
+
+    async def apply(self, config: BatchingConfig) -> None:
+        if config.max_batch_size in self.refuse:
+            raise TargetError(f"refused batch {config.max_batch_size}")
+        self.applied.append(config)
+        self.live = config
+
+
+class FakeProbe:
+    def __init__(self, target: FakeTarget) -> None:
+        self.target = target
+        self.calls: list[tuple[BatchingConfig, float | None]] = []
+
+    async def measure(self, config: BatchingConfig, *, must_beat: float | None) -> CapacityResult:
+        assert config == self.target.live  # measured what is live
+        self.calls.append((config, must_beat))
+        return capacity(config, must_beat)
+
+
+def tuner(rules: list[BatchingConfig]) -> Tuner:
+    return Tuner(SPACE, seed=5, baseline=BASELINE, warm_start=rules)
+
+
+async def test_reference_configs_are_never_pruned_and_the_rest_may_be() -> None:
+    rules = rules_of_thumb(SPACE, SLA_)
+    t = tuner(rules)
+    target = FakeTarget()
+    probe = FakeProbe(target)
+    starts: list[TrialStart] = []
+    done: list[TrialDone] = []
+    await run_trials(
+        t, target, probe, trials=10, full=rules, on_start=starts.append, on_done=done.append
+    )
+    assert len(done) == 10
+    assert target.applied == [c for c, _ in probe.calls]
+    assert [s.full for s in starts[:3]] == [True, True, True]
+    assert all(m is None for _, m in probe.calls[:3])
+    later = probe.calls[3:]
+    assert all(m is not None for _, m in later)
+    # must_beat is the best effective rate known when the trial started
+    for (config, must_beat), start in zip(later, starts[3:], strict=True):
+        assert start.config == config
+        assert must_beat == max(
+            d.record.effective_rps or 0
+            for d in done[: start.number]
+            if d.record.state == "Complete"
+        )
+    best = t.best()
+    assert best is not None
+    assert done[-1].best == best
+
+
+async def test_a_refused_configuration_fails_the_trial_and_the_run_goes_on() -> None:
+    t = tuner([])
+    target = FakeTarget(refuse=frozenset({8}))
+    done = await run_trial(t, target, FakeProbe(target))
+    assert done.record.state == "Failed"
+    assert done.record.reason == "refused batch 8"
+    assert done.result is None
+    await run_trials(t, target, FakeProbe(target), trials=3)
+    assert t.measured_count() == 3
+
+
+async def test_cancelling_leaves_the_trial_running_for_a_resume() -> None:
+    t = tuner([])
+    target = FakeTarget()
+
+    class SlowProbe(FakeProbe):
+        async def measure(
+            self, config: BatchingConfig, *, must_beat: float | None
+        ) -> CapacityResult:
+            await asyncio.Event().wait()  # never finishes on its own
+            raise AssertionError
+
+    task = asyncio.ensure_future(run_trials(t, target, SlowProbe(target), trials=2))
+    await asyncio.sleep(0)
+    await asyncio.sleep(0)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert [r.state for r in t.records()] == ["Running"]
+    resumed = Tuner(SPACE, seed=5, baseline=BASELINE, history=t.records())
+    assert resumed.ask()[1] == BASELINE  # retried
+
+
+def test_rules_of_thumb_follow_the_seed_within_the_space_and_the_sla() -> None:
+    assert rule_of_thumb(SPACE, SLA_) == BatchingConfig(max_batch_size=32, max_queue_time_ms=10)
+    assert short_request_rule(SPACE, SLA_) == BatchingConfig(
+        max_batch_size=12, max_queue_time_ms=20
+    )
+    # a tight SLA caps the wait at a quarter of it; a small space caps the batch
+    tight = SLA(p99_ms=20.0)
+    small = SearchSpace.from_bounds(max_batch_size=(1, 6), max_queue_time_ms=(0, 100))
+    assert rule_of_thumb(small, tight) == BatchingConfig(max_batch_size=2, max_queue_time_ms=5)
+    assert short_request_rule(small, tight) == BatchingConfig(max_batch_size=6, max_queue_time_ms=5)
+    one = SearchSpace.from_bounds(max_batch_size=(4, 4), max_queue_time_ms=(10, 10))
+    assert rules_of_thumb(one, SLA_) == [BatchingConfig(max_batch_size=4, max_queue_time_ms=10)]
+
+
+async def test_summary_quotes_gains_measured_in_the_same_run() -> None:
+    rules = rules_of_thumb(SPACE, SLA_)
+    t = tuner(rules)
+    target = FakeTarget()
+    await run_trials(t, target, FakeProbe(target), trials=8, full=rules)
+    records = t.records()
+    results = {r.number: res for r in records if (res := t.result(r.number)) is not None}
+    summary = summarize(
+        records,
+        best=t.best(),
+        rules=rules,
+        results=results,
+        sla=SLA_,
+        sampler="TPE",
+        seed=5,
+        space=SPACE.describe(),
+        interrupted=False,
+        duration_s=1.0,
+    )
+    assert summary.baseline is not None
+    assert summary.rule_of_thumb is not None
+    assert summary.best is not None
+    assert summary.baseline.trial == 0
+    assert (summary.rule_of_thumb.max_batch_size, summary.rule_of_thumb.max_queue_time_ms) == (
+        32,
+        10.0,
+    )
+    assert summary.baseline.effective_rps is not None
+    assert summary.best.effective_rps is not None
+    assert summary.gain_over_baseline == pytest.approx(
+        summary.best.effective_rps / summary.baseline.effective_rps - 1
+    )
+    assert summary.gain_over_baseline is not None
+    assert summary.gain_over_baseline > 0  # the made-up server rewards bigger batches
+    assert set(summary.measurements) == {"best", "baseline", "rule_of_thumb"}
+    assert [tr.label for tr in summary.trials[:3]] == ["baseline", "rule of thumb", "rule of thumb"]
+    assert {tr.label for tr in summary.trials[3:]} == {"sampler"}
+    dumped = summary.model_dump(mode="json")
+    for key in ("max_batch_size", "max_queue_time_ms", "effective_rps", "p99_ms"):
+        assert key in dumped["best"]
+        assert key in dumped["baseline"]
+
+
+def test_gain_is_undefined_against_an_infeasible_reference() -> None:
+    t = tuner([])
+    n, _, _ = t.ask()
+    bad = t.tell(n, capacity(BatchingConfig(max_batch_size=1, max_queue_time_ms=100), None))
+    n, _, _ = t.ask()
+    good = t.tell(n, capacity(BASELINE, None))
+    assert bad.state == "Infeasible"
+    assert gain(good, bad) is None
+    assert gain(None, good) is None
+    assert gain(good, good) == 0.0
+
+
+def test_labels_say_where_a_configuration_came_from() -> None:
+    rules = [BatchingConfig(max_batch_size=32, max_queue_time_ms=10)]
+    t = Tuner(
+        SPACE,
+        baseline=BASELINE,
+        warm_start=[*rules, BatchingConfig(max_batch_size=4, max_queue_time_ms=1)],
+    )
+    for _ in range(4):
+        n, _, _ = t.ask()
+        t.tell_failed(n, "x")
+    assert [label_of(r, rules) for r in t.records()] == [
+        "baseline",
+        "rule of thumb",
+        "simulator",
+        "sampler",
+    ]
