@@ -23,6 +23,7 @@ import asyncio
 import json
 import os
 import statistics
+import sys
 import time
 
 import aiohttp
@@ -66,6 +67,8 @@ class Report(BaseModel):
     target_ratio: float
     target_from_batch: int
     meets_target: bool
+    # bound at batch 32 over bound at batch 1: the model must batch well (at least 4x)
+    bound_gain_1_to_32: float
     load_average: tuple[float, float]  # 1-minute load at start and end: how busy the machine was
     cpu_count: int
     rows: list[Row]
@@ -218,6 +221,7 @@ def run(window_s: float, repeats: int) -> Report:
     rows = asyncio.run(measure(window_s, repeats))
     load_after = os.getloadavg()[0]
     meets = all(r.ratio >= TARGET_RATIO for r in rows if r.batch_size >= TARGET_FROM_BATCH)
+    by_size = {r.batch_size: r for r in rows}
     return Report(
         model="mlp",
         threads=THREADS,
@@ -226,6 +230,7 @@ def run(window_s: float, repeats: int) -> Report:
         target_ratio=TARGET_RATIO,
         target_from_batch=TARGET_FROM_BATCH,
         meets_target=meets,
+        bound_gain_1_to_32=round(by_size[32].bound_rps / by_size[1].bound_rps, 2),
         load_average=(round(load_before, 2), round(load_after, 2)),
         cpu_count=os.cpu_count() or 1,
         rows=rows,
@@ -255,7 +260,8 @@ def render(report: Report) -> None:
     verdict = "meets" if report.meets_target else "misses"
     console.print(
         f"{verdict} the target ratio >= {report.target_ratio} for batch >= "
-        f"{report.target_from_batch}; load average {report.load_average[0]:g} -> "
+        f"{report.target_from_batch}; bound gain from batch 1 to 32: "
+        f"{report.bound_gain_1_to_32:g}x; load average {report.load_average[0]:g} -> "
         f"{report.load_average[1]:g} on {report.cpu_count} CPUs"
     )
 
@@ -267,7 +273,12 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3, help="windows per batch size")
     args = parser.parse_args()
     if args.window_s <= 0 or args.repeats < 1:
-        parser.error("--window-s must be > 0 and --repeats >= 1")
+        print(
+            f"error: --window-s must be > 0 (got {args.window_s:g}) and --repeats >= 1 "
+            f"(got {args.repeats})",
+            file=sys.stderr,
+        )
+        sys.exit(2)
     report = run(args.window_s, args.repeats)
     if args.json:
         print(json.dumps(report.model_dump(mode="json")))

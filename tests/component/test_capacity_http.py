@@ -34,6 +34,7 @@ async def test_finds_the_known_capacity_of_a_stub() -> None:
             step_duration_s=2.0,
             warmup_s=1.0,
             arrival="constant",
+            min_requests=200,
             on_step=lambda step, load: steps.append(load.offered_rps),
         )
     assert result.feasible
@@ -54,6 +55,7 @@ async def test_an_overloaded_first_step_ramps_down() -> None:
         result = await measure_capacity(
             stub.url, sla=SLA(p99_ms=250), mix=RequestMix.default(), precision=0.25,
             step_duration_s=1.0, warmup_s=0, start_rps=400, arrival="constant", cooldown_s=0.5,
+            min_requests=0,
         )  # fmt: skip
     assert [round(s.offered_rps) for s in result.steps[:3]] == [400, 200, 100]
     assert result.feasible
@@ -76,7 +78,7 @@ async def test_capacity_cli_against_the_reference_server(tmp_path: Path) -> None
         process = await asyncio.create_subprocess_exec(
             sys.executable, "-m", "batchpilot", "capacity", server.url, "--p99-ms", "200",
             "--precision", "0.25", "--step-seconds", "1", "--warmup-seconds", "1",
-            "--replicas", "2", "--json", "--plot", str(plot),
+            "--min-requests", "100", "--replicas", "2", "--json", "--plot", str(plot),
             stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
         )  # fmt: skip
         out, err = await asyncio.wait_for(process.communicate(), 200)

@@ -8,14 +8,13 @@ import contextlib
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 
 import pytest
-import torch
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
 from batchpilot.models import BatchingConfig
 from batchpilot.server.app import ServerOptions, ServerState, build_app
 from batchpilot.server.engine import InferenceEngine
-from batchpilot.server.workloads import MLP_FEATURES, MLP_MAX_ROWS
+from batchpilot.server.workloads import MLP_FEATURES, MLP_MAX_ROWS, ModelInput
 
 pytestmark = pytest.mark.component
 
@@ -131,6 +130,7 @@ async def test_concurrent_requests_share_batches(client: Client) -> None:
         (b'{"inputs": [1, 2, 3]}', "inputs[0]` has int"),
         (b'{"inputs": [[1, 2]]}', f"has 2 values: each row must be a list of {MLP_FEATURES}"),
         (b'{"inputs": "abc"}', "`inputs` must be a list"),
+        (b'{"inputs": [[NaN' + b", 0" * (MLP_FEATURES - 1) + b"]]}", "must be finite"),
     ],
 )
 async def test_bad_predict_bodies_are_400(client: Client, body: bytes, expected: str) -> None:
@@ -210,6 +210,8 @@ async def test_admin_batching_get_and_partial_put(served: tuple[Client, ServerSt
         ({"max_batch_size": "8"}, 400, "max_batch_size"),
         ({"max_batch_size": True}, 400, "max_batch_size"),
         ({"max_queue_time_ms": "fast"}, 400, "max_queue_time_ms"),
+        ({"max_queue_time_ms": "5"}, 400, "max_queue_time_ms"),
+        ({"max_queue_time_ms": False}, 400, "max_queue_time_ms"),
         ({"batch": 8}, 400, "batch: unknown field"),
     ],
 )
@@ -299,7 +301,7 @@ async def test_failing_batch_is_500_for_its_requests_only(
     real_forward = workload.forward
     calls = 0
 
-    def fail_once(inputs: Sequence[torch.Tensor]) -> list[list[int]]:
+    def fail_once(inputs: Sequence[ModelInput]) -> list[list[int]]:
         nonlocal calls
         calls += 1
         if calls == 1:

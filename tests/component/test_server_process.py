@@ -5,6 +5,7 @@ a graceful SIGTERM with requests in flight."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import socket
@@ -107,10 +108,18 @@ async def test_env_vars_configure_and_flags_win() -> None:
 
 
 async def test_encoder_model_takes_token_sequences() -> None:
-    async with (
-        ServerProcess(model="encoder", max_batch_size=8, max_queue_time_ms=5, threads=1) as server,
-        aiohttp.ClientSession(timeout=TIMEOUT) as http,
-    ):
+    server = ServerProcess(model="encoder", max_batch_size=8, max_queue_time_ms=5, threads=1)
+    # Someone else takes the chosen port before the server binds it: it moves to another.
+    taken_port = server.port
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", taken_port))
+        taken.listen()
+        await server.start()
+    assert server.port != taken_port
+    assert server.url == f"http://127.0.0.1:{server.port}"
+    async with contextlib.AsyncExitStack() as stack:
+        stack.push_async_callback(server.stop)
+        http = await stack.enter_async_context(aiohttp.ClientSession(timeout=TIMEOUT))
 
         async def predict(body: object) -> tuple[int, dict[str, object]]:
             async with http.post(f"{server.url}/v1/predict", json=body) as response:

@@ -17,7 +17,12 @@ import pytest
 import yaml
 
 from . import procs
-from .controlplane import ControlPlane, require_binaries, start_control_plane
+from .controlplane import (
+    ControlPlane,
+    ControlPlaneError,
+    require_binaries,
+    start_control_plane,
+)
 from .kubeapi import Kube
 from .kubectl import Kubectl
 from .nodeagent import NodeAgent
@@ -59,6 +64,17 @@ def _existing_cluster() -> Path | None:
     return Path(kubeconfig.split(os.pathsep)[0])
 
 
+def _start_plane(workdir: Path, bin_dir: Path, attempts: int = 2) -> ControlPlane:
+    # Ports are picked free but bound only when each binary starts: on a shared machine
+    # another process can take one in between, so a failed start is tried once more.
+    for attempt in range(1, attempts):
+        try:
+            return start_control_plane(workdir / f"control-plane-{attempt}", bin_dir)
+        except ControlPlaneError:
+            continue
+    return start_control_plane(workdir / f"control-plane-{attempts}", bin_dir)
+
+
 @pytest.fixture(scope="session")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     workdir = tmp_path_factory.mktemp("e2e")
@@ -66,7 +82,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     if existing is not None:
         yield Cluster(kubeconfig=existing, kubectl=Kubectl(existing), workdir=workdir)
         return
-    plane = start_control_plane(workdir / "control-plane", require_binaries())
+    plane = _start_plane(workdir, require_binaries())
     cluster = Cluster(
         kubeconfig=plane.admin_kubeconfig,
         kubectl=Kubectl(plane.admin_kubeconfig),
@@ -161,14 +177,17 @@ def operator_identity(cluster: Cluster, crds: Path) -> OperatorIdentity:
 def operator(
     cluster: Cluster, operator_identity: OperatorIdentity, namespace: str
 ) -> Iterator[OperatorProcess]:
-    """`batchpilot operator` watching the test's namespace, as the ServiceAccount.
+    """`batchpilot operator --all-namespaces`, as manifests/operator runs it, with the
+    manifests' ServiceAccount.
 
     On the way out the test's InferenceServices are deleted while the operator still
     runs, so their finalizers are handled and the namespace can go."""
     process = OperatorProcess(
         operator_identity.kubeconfig,
         cluster.workdir / f"operator-{namespace}.log",
-        ["--namespace", namespace, "--liveness", "", "--metrics-port", "0"],
+        # Kopf's --namespace mode lists namespaces, which the manifests' ClusterRole does
+        # not grant; the deployed operator watches all namespaces, and so does the test.
+        ["--all-namespaces", "--liveness", "", "--metrics-port", "0"],
     )
     process.start()
     yield process

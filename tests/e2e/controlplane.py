@@ -12,6 +12,7 @@ import subprocess
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -107,7 +108,9 @@ class ControlPlane:
         self._procs.clear()
 
     def diagnostics(self) -> str:
-        return "\n".join(f"--- {name} ---\n{procs.tail(log)}" for name, log in self.logs.items())
+        return "\n".join(
+            f"--- {name} ---\n{procs.tail(log, 1500)}" for name, log in self.logs.items()
+        )
 
 
 def _ssl_context(pki: Pki) -> ssl.SSLContext:
@@ -136,7 +139,11 @@ def _api_get(server: str, path: str, context: ssl.SSLContext) -> dict[str, Any] 
 
 
 def _wait(
-    what: str, predicate: Any, proc: subprocess.Popen[bytes], log: Path, timeout_s: float
+    what: str,
+    predicate: Callable[[], bool],
+    proc: subprocess.Popen[bytes],
+    log: Path,
+    timeout_s: float,
 ) -> None:
     deadline = time.monotonic() + timeout_s
     while not predicate():

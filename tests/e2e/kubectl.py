@@ -10,6 +10,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from .procs import die_with_parent
+
 _TIMEOUT_S = 60.0
 
 
@@ -54,6 +56,7 @@ class Kubectl:
             timeout=timeout_s,
             env=env,
             check=False,
+            preexec_fn=die_with_parent,  # a killed test run leaves no kubectl waiting
         )
         if check and result.returncode != 0:
             raise KubectlError(

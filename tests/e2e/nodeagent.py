@@ -41,6 +41,7 @@ from .podspec import (
     pod_status,
     project_argv,
     readiness_probe,
+    restart_delay,
     restarts,
     scrape_target,
 )
@@ -50,9 +51,6 @@ log = logging.getLogger(__name__)
 _PROBE_TIMEOUT_S = 1.0
 _PROBE_FAILURE_THRESHOLD = 3
 _MAX_GRACE_S = 10.0
-# The kubelet's crash-loop back-off: 10 s, doubling, capped (the kubelet caps at 300 s).
-_RESTART_BACKOFF_S = 10.0
-_RESTART_BACKOFF_CAP_S = 60.0
 # What a pod process inherits from the test machine: enough to find the project's
 # interpreter and write temporary files, nothing else.
 _INHERITED_ENV = ("PATH", "HOME", "LANG", "LC_ALL", "TMPDIR", "VIRTUAL_ENV")
@@ -360,20 +358,23 @@ class NodeAgent:
         if code is not None:
             procs.stop(pod.proc, grace_s=0.5)  # reap its group and unregister it
             pod.proc = None
-            exit_code = code if code >= 0 else 128 - code
+            exit_code = code if code >= 0 else 128 - code  # killed by signal n: 128 + n
+            restart = restarts(pod.restart_policy, exit_code)
+            delay = restart_delay(pod.container.restart_count)
             pod.container = replace(
                 pod.container,
                 running_since=None,
                 ready=False,
                 last_exit_code=exit_code,
                 last_finished_at=now(),
-                restart_count=pod.container.restart_count
-                + (1 if restarts(pod.restart_policy, exit_code) else 0),
+                restart_count=pod.container.restart_count + (1 if restart else 0),
                 waiting_reason="CrashLoopBackOff",
-                waiting_message=f"container exited with code {exit_code}",
+                waiting_message=f"back-off {delay:g}s restarting failed container "
+                f"{pod.container.name} (exit code {exit_code})",
             )
-            backoff = _RESTART_BACKOFF_S * 2 ** max(0, pod.container.restart_count - 1)
-            pod.restart_at = time.monotonic() + min(backoff, _RESTART_BACKOFF_CAP_S)
+            pod.restart_at = time.monotonic() + delay
+            if restart and delay == 0:
+                self._launch(pod)
             return
         ready = self._probe(pod)
         if ready != pod.container.ready:

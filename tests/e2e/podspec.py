@@ -228,6 +228,20 @@ def pod_status(
     }
 
 
+# The kubelet's crash-loop back-off: a first crash restarts at once, later ones wait
+# 10 s, doubling, up to 300 s.
+BACKOFF_BASE_S = 10.0
+BACKOFF_CAP_S = 300.0
+
+
+def restart_delay(restarts_so_far: int) -> float:
+    """Seconds before the kubelet restarts a container that has already been restarted
+    `restarts_so_far` times and just exited again."""
+    if restarts_so_far == 0:
+        return 0.0
+    return float(min(BACKOFF_BASE_S * 2 ** (restarts_so_far - 1), BACKOFF_CAP_S))
+
+
 def restarts(policy: str, exit_code: int) -> bool:
     """Whether the kubelet restarts a container that exited with `exit_code`."""
     return policy == "Always" or (policy == "OnFailure" and exit_code != 0)

@@ -24,7 +24,7 @@ _registry: dict[int, subprocess.Popen[bytes]] = {}
 _lock = threading.Lock()
 
 
-def _die_with_parent() -> None:
+def die_with_parent() -> None:
     # Runs in the child between fork and exec: ask the kernel to SIGKILL it when the
     # thread that spawned it exits, so `kill -9` of pytest cannot orphan a server.
     libc = ctypes.CDLL("libc.so.6", use_errno=True)
@@ -37,12 +37,11 @@ def spawn(
     log: Path,
     env: Mapping[str, str] | None = None,
     cwd: Path | None = None,
-    die_with_parent: bool = True,
 ) -> subprocess.Popen[bytes]:
     """Start `args` in a new session (its own process group), output appended to `log`.
 
-    `die_with_parent` must be False for processes spawned from a short-lived thread:
-    the parent-death signal fires when the spawning *thread* exits."""
+    Call it from a thread that lives as long as the process should: the parent-death
+    signal fires when the spawning *thread* exits."""
     log.parent.mkdir(parents=True, exist_ok=True)
     with log.open("ab") as out:
         proc = subprocess.Popen(
@@ -53,7 +52,7 @@ def spawn(
             env=dict(env) if env is not None else None,
             cwd=cwd,
             start_new_session=True,
-            preexec_fn=_die_with_parent if die_with_parent else None,
+            preexec_fn=die_with_parent,
         )
     with _lock:
         _registry[proc.pid] = proc

@@ -35,7 +35,16 @@ def live_config(pod: dict[str, Any]) -> dict[str, Any]:
 
 
 def diagnostics(cluster: Cluster, operator: OperatorProcess | None = None) -> str:
-    parts = [cluster.diagnostics()]
+    """What a failing scenario prints: every InferenceService with its trials, the
+    cluster's events, the control plane's and the operator's logs."""
+    kubectl = cluster.kubectl
+    parts = [
+        "--- inferenceservices ---",
+        kubectl.run("get", "inferenceservices", "-A", "-o", "yaml", check=False).stdout[-6000:],
+        "--- events ---",
+        kubectl.run("get", "events", "-A", "--sort-by=.lastTimestamp", check=False).stdout[-4000:],
+        cluster.diagnostics(),
+    ]
     if operator is not None:
         parts.append(f"--- operator ---\n{operator.output()}")
     return "\n".join(parts)

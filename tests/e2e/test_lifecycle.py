@@ -84,11 +84,14 @@ def test_write_back_then_another_manager_applies_original(
     cluster: Cluster, namespace: str, operator: OperatorProcess
 ) -> None:
     deploy_server(cluster, namespace)
-    isvc = inference_service("writeback", "server", max_trials=2)
+    # A search space without the original batch size: whatever wins, the value written
+    # back differs from the manifest's.
+    isvc = inference_service("writeback", "server", max_trials=2, batch_range=(8, 16))
     cluster.kubectl.apply(dump(isvc), "-n", namespace)
     status = wait_converged(cluster, namespace, "writeback", operator)
     assert status["phase"] == "Converged", diagnostics(cluster, operator)
     best = status["best"]
+    assert best["maxBatchSize"] >= 8
     tuned = {
         "MAX_BATCH_SIZE": str(best["maxBatchSize"]),
         "MAX_QUEUE_TIME_MS": _env(cluster, namespace, "server")["MAX_QUEUE_TIME_MS"],

@@ -15,6 +15,7 @@ from .podspec import (
     pod_status,
     project_argv,
     readiness_probe,
+    restart_delay,
     restarts,
     scrape_target,
 )
@@ -105,6 +106,10 @@ def test_scrape_target_follows_annotations() -> None:
     assert scrape_target(pod, "127.1.1.1") == ("127.1.1.1:9090", "/m")
     pod["metadata"]["annotations"] = {"prometheus.io/scrape": "false"}
     assert scrape_target(pod, "127.1.1.1") is None
+
+
+def test_crash_loop_back_off_like_the_kubelet() -> None:
+    assert [restart_delay(n) for n in range(7)] == [0, 10, 20, 40, 80, 160, 300]
 
 
 def test_restart_policy() -> None:

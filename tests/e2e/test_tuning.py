@@ -113,7 +113,9 @@ def test_env_method_rolls_out_through_replicasets(
     assert tried <= templates, (tried, templates)
 
     # The best configuration is written back (server-side apply) and is what runs.
-    deployment = cluster.kubectl.json("get", "deployment", "server", "-n", namespace)
+    deployment = cluster.kubectl.json(
+        "get", "deployment", "server", "-n", namespace, "--show-managed-fields"
+    )
     env = container_env(deployment)
     assert int(env["MAX_BATCH_SIZE"]) == best["maxBatchSize"]
     assert float(env["MAX_QUEUE_TIME_MS"]) == pytest.approx(best["maxQueueTimeMs"])

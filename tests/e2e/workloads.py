@@ -80,6 +80,7 @@ def inference_service(
     write_back: str = "Apply",
     deadline_s: int = 120,
     max_failures: int = 3,
+    batch_range: tuple[int, int] = (1, 16),
 ) -> dict[str, Any]:
     """An InferenceService tuned for test speed: one-second steps, coarse precision and
     a handful of trials over a small search space."""
@@ -94,7 +95,7 @@ def inference_service(
             "target": {"kind": "Deployment", "name": target, "container": "server"},
             "sla": {"p99LatencyMs": 250, "maxErrorRate": 0.01},
             "parameters": {
-                "maxBatchSize": {"min": 1, "max": 16},
+                "maxBatchSize": {"min": batch_range[0], "max": batch_range[1]},
                 "maxQueueTimeMs": {"min": 0, "max": 10},
             },
             "apply": apply,

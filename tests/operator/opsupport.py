@@ -58,6 +58,7 @@ class FakeWorld:
         self.cluster = cluster
 
     async def record_original(self, now: datetime) -> OriginalConfig:
+        self.cluster.lookups += 1
         if self.cluster.missing_target:
             raise TargetProblem("TargetNotFound", f"Deployment {self.spec.target.name} is missing")
         return OriginalConfig(
@@ -81,7 +82,9 @@ class FakeWorld:
         if hold is not None and len(self.cluster.applied) > hold:
             await self.cluster.gate.wait()
 
-    async def measure(self, config: BatchingConfig, *, must_beat: float | None) -> CapacityResult:
+    async def measure(
+        self, config: BatchingConfig, *, must_beat: float | None, since: datetime
+    ) -> CapacityResult:
         params = self.cluster.applied[-1]
         rps = score(params)
         sla = self.spec.sla.to_sla()
@@ -126,6 +129,7 @@ class FakeCluster:
         self.canaries: set[str] = set()
         self.restored = 0
         self.missing_target = False
+        self.lookups = 0
         # applies after the first `hold_after` ones wait until `gate` is set
         self.hold_after: int | None = None
         self.gate = asyncio.Event()
@@ -240,7 +244,7 @@ def operator(kubeconfig: Path, cluster: FakeCluster) -> Operator:
 
 
 async def eventually(
-    check: Callable[[], bool], *, limit_s: float = 20.0, what: str = "condition"
+    check: Callable[[], bool], *, limit_s: float = 30.0, what: str = "condition"
 ) -> None:
     """Wait for `check` to hold. The timeout only bounds a hung test; nothing is
     asserted about how long it took."""

@@ -213,15 +213,15 @@ async def test_missing_target_is_retried_with_a_condition_not_a_crash(
     cluster.missing_target = True
     kmock.objects[ISVC, NAMESPACE, "resnet"] = isvc()
     async with operator():
-        await eventually(
-            lambda: sum(e["reason"] == "TargetNotFound" for e in events_of(kmock)) >= 2,
-            what="retried target lookups",
-        )
+        await eventually(lambda: cluster.lookups >= 3, what="retried target lookups")
         ready = condition(status_of(kmock), "TargetReady")
         assert ready["status"] == "False"
         assert ready["reason"] == "TargetNotFound"
         cluster.missing_target = False
         await eventually(lambda: phase_is(kmock, "Converged"), what="recovery")
+        await eventually(lambda: "Converged" in reasons_of(kmock), what="events posted")
+    assert reasons_of(kmock).count("TargetNotFound") == 1  # one event, not one per retry
+    assert condition(status_of(kmock), "TargetReady")["status"] == "True"
 
 
 async def test_conflicts_and_server_errors_on_status_writes_are_retried(
@@ -251,3 +251,35 @@ async def test_conflicts_and_server_errors_on_status_writes_are_retried(
     assert 503 in answered
     trials = status_of(kmock)["trials"]
     assert [t["number"] for t in trials] == [0, 1]
+
+
+async def test_one_trial_is_measured_at_a_time_and_waiting_is_visible(
+    kmock: kmock.KubernetesEmulator, operator: Operator, cluster: FakeCluster
+) -> None:
+    cluster.hold_after = 0  # the first trial to get the slot keeps it until the gate opens
+    kmock.objects[ISVC, NAMESPACE, "first"] = isvc("first", tuning={"maxTrials": 1})
+    kmock.objects[ISVC, NAMESPACE, "second"] = isvc("second", tuning={"maxTrials": 1})
+
+    def waiting() -> list[str]:
+        names = []
+        for name in ("first", "second"):
+            conditions = status_of(kmock, name).get("conditions", [])
+            if any(
+                c["type"] == "Measuring" and c["reason"] == "WaitingForSlot" for c in conditions
+            ):
+                names.append(name)
+        return names
+
+    async with operator():
+        await eventually(lambda: len(waiting()) == 1, what="one study waiting for the slot")
+        await eventually(lambda: len(cluster.applied) == 1, what="the other one measuring")
+        assert len(waiting()) == 1  # still waiting while the first holds the slot
+        cluster.hold_after = None
+        cluster.gate.set()
+        await eventually(
+            lambda: all(
+                status_of(kmock, n).get("phase") == "Converged" for n in ("first", "second")
+            ),
+            what="both converged",
+        )
+    assert len(cluster.applied) == 2

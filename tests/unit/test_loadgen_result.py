@@ -57,6 +57,14 @@ def test_latency_counts_successes_and_timeouts_but_not_fast_rejections() -> None
     assert result.latency.p50_ms == pytest.approx(10, rel=1e-3)
 
 
+def test_latency_from_send_takes_the_generator_lag_out() -> None:
+    result = _result([OK, OK], [30.0, 50.0], lags=[20.0, 0.0])
+    assert result.latency.max_ms == pytest.approx(50, rel=1e-3)
+    assert result.latency.p50_ms == pytest.approx(30, rel=1e-3)
+    assert result.latency_from_send.p50_ms == pytest.approx(10, rel=1e-3)
+    assert result.latency_from_send.max_ms == pytest.approx(50, rel=1e-3)
+
+
 def test_unsent_and_cancelled_requests_are_not_counted_as_attempts() -> None:
     result = _result([OK, None, CANCELLED, OK], [1, 0, 0, 1])
     assert result.requests == 2

@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from batchpilot.capacity.http import default_timeout_s, measure_capacity
+from batchpilot.capacity.http import default_timeout_s, measure_capacity, step_window_s
 from batchpilot.loadgen.generator import run_load
 from batchpilot.models import SLA, RequestMix
 
@@ -42,6 +42,7 @@ async def test_run_load_rejects_bad_arguments(kwargs: dict[str, Any], message: s
         ({"step_duration_s": 0.0}, "step duration must be > 0"),
         ({"warmup_s": -1.0}, "warm-up must be ≥ 0"),
         ({"start_rps": 0.0}, "start rate must be > 0"),
+        ({"min_requests": -1}, "min requests per step"),
     ],
 )
 async def test_measure_capacity_rejects_bad_arguments(kwargs: dict[str, Any], message: str) -> None:
@@ -52,3 +53,10 @@ async def test_measure_capacity_rejects_bad_arguments(kwargs: dict[str, Any], me
 def test_default_timeout_is_well_above_the_sla() -> None:
     assert default_timeout_s(SLA(p99_ms=100)) == 1.0
     assert default_timeout_s(SLA(p99_ms=2000)) == 10.0
+
+
+def test_steps_stretch_to_hold_enough_requests_within_a_bound() -> None:
+    assert step_window_s(1000.0, 5.0, 500) == 5.0
+    assert step_window_s(50.0, 5.0, 500) == 10.0
+    assert step_window_s(1.0, 5.0, 500) == 30.0
+    assert step_window_s(50.0, 5.0, 0) == 5.0

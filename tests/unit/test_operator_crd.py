@@ -80,8 +80,11 @@ def test_spec_has_cel_rules_defaults_and_enums() -> None:
     assert "self.source != 'prometheus' || has(self.prometheus)" in rules
     assert props["tuning"]["properties"]["strategy"]["enum"] == ["Canary", "InPlace"]
     assert props["tuning"]["properties"]["writeBack"]["default"] == "Apply"
-    assert props["apply"]["default"] == {}
-    assert props["parameters"]["properties"]["maxBatchSize"]["default"] == {}
+    # defaults of sections spell out their fields: the API server evaluates a section's
+    # CEL rules against its default before nested defaults apply
+    assert props["apply"]["default"]["method"] == "Env"
+    assert props["parameters"]["properties"]["maxBatchSize"]["default"] == {"min": 1, "max": 64}
+    assert props["parameters"]["default"]["maxQueueTimeMs"] == {"min": 0.0, "max": 100.0}
     for node in _walk(spec):
         for name, child in node.get("properties", {}).items():
             assert child.get("description"), f"{name} has no description for kubectl explain"

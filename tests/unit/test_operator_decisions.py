@@ -428,3 +428,41 @@ def test_defaults_fill_a_minimal_spec() -> None:
         "max_queue_time_ms": "MAX_QUEUE_TIME_MS",
     }
     assert s.load.mix().mean_size() > 1  # the default mix has a tail
+
+
+def test_restarted_pods_are_named() -> None:
+    ready = [{"type": "Ready", "status": "True"}]
+
+    def measured(uid: str, restarts: int) -> dict[str, Any]:
+        return {
+            "metadata": {"name": f"pod-{uid}", "uid": uid},
+            "status": {
+                "phase": "Running",
+                "podIP": "10.0.0.1",
+                "conditions": ready,
+                "containerStatuses": [{"name": "server", "restartCount": restarts}],
+            },
+        }
+
+    before = [measured("a", 0), measured("b", 2)]
+    assert decisions.restarted_pods(before, [measured("a", 0), measured("b", 2)]) == ""
+    assert decisions.restarted_pods(before, [measured("a", 1), measured("b", 2)]) == (
+        "pod pod-a restarted (0 → 1 restarts)"
+    )
+    assert decisions.restarted_pods(before, [measured("b", 2)]) == "pod pod-a is gone"
+
+
+def test_crashes_during_a_trial_are_named() -> None:
+    def pod(finished: str | None) -> dict[str, Any]:
+        last = {"terminated": {"finishedAt": finished, "reason": "OOMKilled"}} if finished else {}
+        return {
+            "metadata": {"name": "p"},
+            "status": {"containerStatuses": [{"name": "server", "lastState": last}]},
+        }
+
+    start = datetime(2026, 1, 1, 12, 0, tzinfo=UTC)
+    assert decisions.crashed_since([pod(None)], start) == ""
+    assert decisions.crashed_since([pod("2026-01-01T11:59:59Z")], start) == ""
+    assert decisions.crashed_since([pod("2026-01-01T12:00:05Z")], start) == (
+        "container server of pod p exited (OOMKilled)"
+    )

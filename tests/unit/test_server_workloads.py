@@ -13,6 +13,7 @@ from batchpilot.server.workloads import (
     EncoderWorkload,
     InputError,
     MLPWorkload,
+    ModelInput,
     resolve_device,
 )
 
@@ -35,7 +36,7 @@ def encoder() -> EncoderWorkload:
 
 def run(workload: MLPWorkload | EncoderWorkload, inputs: list[torch.Tensor]) -> list[list[int]]:
     with torch.inference_mode():
-        return workload.forward(inputs)
+        return workload.forward_tensors(inputs)
 
 
 def test_mlp_is_deterministic(mlp: MLPWorkload) -> None:
@@ -53,9 +54,19 @@ def test_mlp_batch_answers_match_single(mlp: MLPWorkload) -> None:
 
 def test_mlp_parse_real_rows(mlp: MLPWorkload) -> None:
     rows = [[0.5] * MLP_FEATURES, [1] * MLP_FEATURES]
-    tensor = mlp.parse(rows)
+    checked = mlp.parse(rows)
+    assert checked == ModelInput(2, rows)
+    tensor = mlp.to_tensor(rows)
     assert tensor.shape == (2, MLP_FEATURES)
     assert tensor.dtype == torch.float32
+
+
+def test_requests_of_both_forms_run_together(mlp: MLPWorkload) -> None:
+    rows = mlp.synthetic(3).tolist()
+    with torch.inference_mode():
+        answers = mlp.forward([mlp.parse(rows), mlp.synthetic_input(3), mlp.synthetic_input(1)])
+    assert answers[0] == answers[1]
+    assert answers[2] == answers[0][:1]
 
 
 @pytest.mark.parametrize(
@@ -66,7 +77,8 @@ def test_mlp_parse_real_rows(mlp: MLPWorkload) -> None:
         ([[1.0] * (MLP_FEATURES - 1)], f"has {MLP_FEATURES - 1} values"),
         ([[1.0] * MLP_FEATURES, "row"], "`inputs[1]` has str"),
         ([[1.0] * (MLP_FEATURES - 1) + [True]], "holds True"),
-        ([[1.0] * (MLP_FEATURES - 1) + [1e300]], "too large for float32"),
+        ([[1.0] * (MLP_FEATURES - 1) + [1e300]], "within float32"),
+        ([[1.0] * (MLP_FEATURES - 1) + [float("nan")]], "must be finite"),
         ([[0.0] * MLP_FEATURES] * (MLP_MAX_ROWS + 1), f"at most {MLP_MAX_ROWS} are allowed"),
     ],
 )
@@ -79,7 +91,7 @@ def test_mlp_parse_refuses(mlp: MLPWorkload, raw: object, expected: str) -> None
 @pytest.mark.parametrize("size", [0, MLP_MAX_ROWS + 1])
 def test_synthetic_size_is_bounded(mlp: MLPWorkload, size: int) -> None:
     with pytest.raises(InputError, match=f"takes 1 to {MLP_MAX_ROWS} rows"):
-        mlp.synthetic(size)
+        mlp.synthetic_input(size)
 
 
 def test_encoder_padding_does_not_change_answers(encoder: EncoderWorkload) -> None:
@@ -90,7 +102,8 @@ def test_encoder_padding_does_not_change_answers(encoder: EncoderWorkload) -> No
 
 
 def test_encoder_parse(encoder: EncoderWorkload) -> None:
-    assert encoder.parse([1, 2, 999]).tolist() == [1, 2, 999]
+    assert encoder.parse([1, 2, 999]) == ModelInput(3, [1, 2, 999])
+    assert encoder.to_tensor([1, 2, 999]).tolist() == [1, 2, 999]
     for raw, expected in (
         ([0], "run from 1 to 999"),
         ([1000], "run from 1 to 999"),

@@ -130,3 +130,19 @@ def test_cost_source_is_required_once(cost_file: Path, tmp_path: Path) -> None:
     code, _, err = _run("--p99-ms", "100", "--grid", "--cost-model", str(bad))
     assert code == 2
     assert "is not JSON" in err
+
+
+def test_a_trace_is_replayed_and_summarised_not_echoed(cost_file: Path, tmp_path: Path) -> None:
+    trace = tmp_path / "arrivals.txt"
+    trace.write_text("\n".join(f"{0.01 * i + 0.004 * (i % 3):.4f}" for i in range(500)))
+    code, out, _ = _run(
+        "--p99-ms", "100", "--max-batch-size", "4", "--max-queue-time-ms", "2",
+        "--cost-model", str(cost_file), "--arrival", f"trace:{trace}", "--requests", "1000",
+        "--json",
+    )  # fmt: skip
+    assert code == 0
+    data = json.loads(out)
+    assert data["feasible"] is True
+    assert data["scenario"]["arrival"]["kind"] == "trace"
+    assert data["scenario"]["arrival"]["recorded_requests"] == 500
+    assert "gaps_s" not in data["scenario"]["arrival"]

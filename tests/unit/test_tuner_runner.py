@@ -9,10 +9,18 @@ import pytest
 
 from batchpilot.models import SLA, BatchingConfig, CapacityResult, StepResult
 from batchpilot.tuner.interfaces import TargetError
+from batchpilot.tuner.progress import outdone_by
 from batchpilot.tuner.rules import rule_of_thumb, rules_of_thumb, short_request_rule
-from batchpilot.tuner.runner import TrialDone, TrialStart, run_trial, run_trials
+from batchpilot.tuner.runner import TrialDone, TrialStart, remeasure, run_trial, run_trials
 from batchpilot.tuner.study import SearchSpace, Tuner
-from batchpilot.tuner.summary import gain, label_of, summarize
+from batchpilot.tuner.summary import (
+    TuneSummary,
+    gain,
+    label_of,
+    roles_to_confirm,
+    summarize,
+    with_confirmation,
+)
 
 SLA_ = SLA(p99_ms=100.0)
 SPACE = SearchSpace.from_bounds(max_batch_size=(1, 64), max_queue_time_ms=(0, 100))
@@ -239,3 +247,83 @@ def test_labels_say_where_a_configuration_came_from() -> None:
         "simulator",
         "sampler",
     ]
+
+
+def _summary_of(t: Tuner, rules: list[BatchingConfig]) -> TuneSummary:
+    records = t.records()
+    results = {r.number: res for r in records if (res := t.result(r.number)) is not None}
+    return summarize(
+        records,
+        best=t.best(),
+        rules=rules,
+        results=results,
+        sla=SLA_,
+        sampler="TPE",
+        seed=5,
+        space=SPACE.describe(),
+        interrupted=False,
+        duration_s=1.0,
+    )
+
+
+async def test_back_to_back_remeasurement_requotes_the_gains() -> None:
+    rules = [rule_of_thumb(SPACE, SLA_)]
+    t = tuner(rules)
+    for _ in range(3):
+        number, asked, _ = t.ask()
+        t.tell(number, capacity(asked, None))
+    number, _, _ = t.ask()
+    t.tell(number, capacity(BASELINE, None).model_copy(update={"effective_rps": 900.0}))
+    summary = _summary_of(t, rules)
+    assert summary.best is not None
+    assert summary.best.trial == 3
+    roles = roles_to_confirm(summary)
+    assert [r for r, _ in roles] == ["best", "baseline", "rule_of_thumb"]
+    target = FakeTarget(refuse=frozenset({BASELINE.max_batch_size}))
+    probe = FakeProbe(target)
+    remeasured = await remeasure(target, probe, [c for _, c in roles])
+    assert all(must_beat is None for _, must_beat in probe.calls)  # never pruned
+    assert BASELINE not in remeasured  # refused: left out, the rest still measured
+    confirmed = with_confirmation(summary, remeasured)
+    assert set(confirmed.confirmed) == {"best", "rule_of_thumb"}
+    assert confirmed.confirmed_gain_over_baseline is None
+    best, rule = confirmed.confirmed["best"], confirmed.confirmed["rule_of_thumb"]
+    assert best.effective_rps is not None
+    assert rule.effective_rps is not None
+    assert confirmed.confirmed_gain_over_rule_of_thumb == pytest.approx(
+        best.effective_rps / rule.effective_rps - 1
+    )
+    # the study's own figures are kept as they were
+    assert confirmed.best == summary.best
+
+
+def test_a_configuration_in_two_roles_is_remeasured_once() -> None:
+    t = tuner([])
+    n, _, _ = t.ask()
+    t.tell(n, capacity(BASELINE, None))
+    summary = _summary_of(t, [])
+    assert roles_to_confirm(summary) == [("best", BASELINE)]
+    again = with_confirmation(summary, {BASELINE: capacity(BASELINE, None)})
+    assert set(again.confirmed) == {"best", "baseline"}
+    assert again.confirmed_gain_over_baseline == 0.0
+
+
+async def test_no_trial_starts_once_the_time_budget_is_spent() -> None:
+    t = tuner([])
+    target = FakeTarget()
+    checks = iter([False, False, True])
+    await run_trials(t, target, FakeProbe(target), trials=10, out_of_time=lambda: next(checks))
+    assert t.measured_count() == 2
+
+
+def test_a_reference_that_beats_the_best_when_remeasured_is_flagged() -> None:
+    t = tuner([])
+    n, _, _ = t.ask()
+    t.tell(n, capacity(BASELINE, None))
+    n, config, _ = t.ask()
+    t.tell(n, capacity(BASELINE, None).model_copy(update={"effective_rps": 900.0}))
+    summary = _summary_of(t, [])
+    assert outdone_by(summary) == []
+    slower = capacity(BASELINE, None).model_copy(update={"effective_rps": 10.0})
+    again = with_confirmation(summary, {config: slower, BASELINE: capacity(BASELINE, None)})
+    assert outdone_by(again) == ["baseline"]

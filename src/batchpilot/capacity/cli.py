@@ -42,6 +42,10 @@ _POSITIVE = click.FloatRange(0, min_open=True)
     show_default=True, help="Stop bisecting when (hi - lo) / lo is at most this.",
 )  # fmt: skip
 @click.option("--step-seconds", type=_POSITIVE, default=5.0, show_default=True)
+@click.option(
+    "--min-requests", type=click.IntRange(0), default=500, show_default=True,
+    help="Stretch a step (up to 6x) until it holds this many requests.",
+)  # fmt: skip
 @click.option("--warmup-seconds", type=click.FloatRange(0), default=2.0, show_default=True)
 @click.option("--start-rps", type=_POSITIVE, default=None, help="Default: from the warm-up.")
 @click.option("--timeout", type=_POSITIVE, default=None, help="Default: max(5 x SLA, 1 s).")
@@ -61,6 +65,7 @@ def capacity(
     mix_spec: str | None,
     precision: float,
     step_seconds: float,
+    min_requests: int,
     warmup_seconds: float,
     start_rps: float | None,
     timeout: float | None,
@@ -109,7 +114,7 @@ def capacity(
                 bases, sla=sla, mix=mix, precision=precision, step_duration_s=step_seconds,
                 warmup_s=warmup_seconds, start_rps=start_rps, timeout_s=timeout, seed=seed,
                 source=source, arrival=cast(Literal["poisson", "constant"], arrival),
-                path=path, on_step=progress,
+                path=path, on_step=progress, min_requests=min_requests,
             )  # fmt: skip
             return result, False
         except asyncio.CancelledError:

@@ -35,6 +35,15 @@ class StepSource(Protocol):
         ...
 
 
+def step_window_s(rate: float, step_duration_s: float, min_requests: int) -> float:
+    """How long a step at `rate` runs: `step_duration_s`, stretched (at most six-fold) to
+    collect `min_requests` requests so its p99 rests on enough samples."""
+    return max(step_duration_s, min(min_requests / rate, _MAX_STRETCH * step_duration_s))
+
+
+_MAX_STRETCH = 6.0
+
+
 def default_timeout_s(sla: SLA) -> float:
     """Well above the SLA, so a timeout marks a request that failed, not a slow pass."""
     return max(5.0 * sla.p99_ms / 1000.0, 1.0)
@@ -90,11 +99,14 @@ async def measure_capacity(
     path: str = "/v1/predict",
     on_step: Callable[[StepResult, LoadResult], None] | None = None,
     cooldown_s: float | None = None,
+    min_requests: int = 500,
 ) -> CapacityResult:
     """Warm up, then search for the effective throughput (see search_capacity).
     `on_step` sees every step as it completes (progress display, partial results).
     After a failing step the search pauses `cooldown_s` (default: the request timeout)
     so the backlog that step left in the server does not spill into the next window.
+    A step lasts long enough for `min_requests` requests (up to 6 x `step_duration_s`):
+    a p99 from a hundred samples is little more than the second-largest one.
     Raises ValueError for bad arguments and UnreachableError when a target does not
     answer at all."""
     bases = normalise_urls(urls)
@@ -102,6 +114,8 @@ async def measure_capacity(
         raise ValueError(f"step duration must be > 0 s, got {step_duration_s:g}")
     if not (math.isfinite(warmup_s) and warmup_s >= 0):
         raise ValueError(f"warm-up must be ≥ 0 s, got {warmup_s:g}")
+    if min_requests < 0:
+        raise ValueError(f"min requests per step must be ≥ 0, got {min_requests}")
     if start_rps is not None and not (math.isfinite(start_rps) and start_rps > 0):
         raise ValueError(f"start rate must be > 0 req/s, got {start_rps:g}")
     timeout = timeout_s if timeout_s is not None else default_timeout_s(sla)
@@ -128,7 +142,7 @@ async def measure_capacity(
             rate=rate,
             sla=sla,
             mix=mix,
-            duration_s=step_duration_s,
+            duration_s=step_window_s(rate, step_duration_s, min_requests),
             timeout_s=timeout,
             seed=next(step_seeds),
             arrival=arrival,

@@ -55,7 +55,10 @@ class LoadResult(BaseModel):
     error_rate: float
     errors: dict[str, int]  # by kind: HTTP status code, "timeout", "connection", ...
     timeouts: int
-    latency: LatencySummary
+    latency: LatencySummary  # from each request's scheduled time: what users would see
+    # From the moment each request actually left, as closed-loop tools measure it: the
+    # gap to `latency` is what the generator's own lag added.
+    latency_from_send: LatencySummary
     max_lag_ms: float  # how far the generator's sends fell behind their schedule
     mean_lag_ms: float
     interrupted: bool = False
@@ -96,6 +99,7 @@ def summarise(
     """Reduce per-request records (index i = i-th scheduled request; outcome None = never
     sent) to a LoadResult. `done_at` is the completion time relative to the start."""
     histogram = LatencyHistogram()
+    from_send = LatencyHistogram()
     kinds: Counter[str] = Counter()
     ok_done: list[float] = []
     lags: list[float] = []
@@ -119,6 +123,7 @@ def summarise(
             second.errors += 1
         if outcome in (OK, TIMEOUT):
             histogram.record_ms(latencies_ms[i])
+            from_send.record_ms(max(latencies_ms[i] - lags_ms[i], 0.0))
             second.latencies.append(latencies_ms[i])
     ok = kinds.pop(OK, 0)
     requests = ok + sum(kinds.values())
@@ -137,6 +142,7 @@ def summarise(
         errors=dict(sorted(kinds.items())),
         timeouts=kinds.get(TIMEOUT, 0),
         latency=histogram.summary(),
+        latency_from_send=from_send.summary(),
         max_lag_ms=max(lags, default=0.0),
         mean_lag_ms=math.fsum(lags) / len(lags) if lags else 0.0,
         interrupted=interrupted,
@@ -205,6 +211,9 @@ def merge_results(results: Sequence[LoadResult]) -> LoadResult:
         errors=dict(sorted(errors.items())),
         timeouts=errors.get(TIMEOUT, 0),
         latency=histogram.summary(),
+        # Only the scheduled-time histogram travels with a result; the from-send view of
+        # the merge is that of the part that lagged most.
+        latency_from_send=max(results, key=lambda r: r.max_lag_ms).latency_from_send,
         max_lag_ms=max(r.max_lag_ms for r in results),
         mean_lag_ms=(
             sum(r.mean_lag_ms * r.offered_rps * r.duration_s for r in results) / sent

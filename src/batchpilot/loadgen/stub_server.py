@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import ctypes
 import json
 import os
 import signal
@@ -181,6 +182,7 @@ class StubServerProcess:
             "batchpilot.loadgen.stub_server",
             *self._args,
             stdout=asyncio.subprocess.PIPE,
+            preexec_fn=_die_with_parent,
         )
         try:
             if self._cpus is not None:
@@ -234,6 +236,17 @@ class StubServerProcess:
             with contextlib.suppress(ProcessLookupError):
                 process.kill()
             await process.wait()
+
+
+def _die_with_parent() -> None:
+    """In the child before exec: ask Linux to SIGTERM it when its parent dies, so a
+    killed test or benchmark leaves no stub behind. Elsewhere this does nothing."""
+    if sys.platform.startswith("linux"):
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
+_PR_SET_PDEATHSIG = 1
 
 
 if __name__ == "__main__":

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from typing import NoReturn
+from typing import Any, NoReturn
 
 import click
 
@@ -28,7 +28,23 @@ def check_options(namespaces: tuple[str, ...], liveness: str) -> None:
         fail(f"--liveness {liveness!r} is not a URL like http://0.0.0.0:8080/healthz")
 
 
-@click.command(context_settings={"help_option_names": ["-h", "--help"]})
+class OneLineErrors(click.Command):
+    """Option errors as one line on stderr, without click's usage block."""
+
+    def make_context(
+        self,
+        info_name: str | None,
+        args: list[str],
+        parent: click.Context | None = None,
+        **extra: Any,
+    ) -> click.Context:
+        try:
+            return super().make_context(info_name, args, parent=parent, **extra)
+        except click.UsageError as exc:
+            fail(exc.format_message())
+
+
+@click.command(cls=OneLineErrors, context_settings={"help_option_names": ["-h", "--help"]})
 @click.option(
     "-n",
     "--namespace",

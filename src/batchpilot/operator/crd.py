@@ -120,9 +120,15 @@ def _structural(node: Schema, *, default_sections: bool = True) -> Schema:
                 and "default" not in prop
                 and not prop.get("required")
             ):
-                # An omitted section is defaulted as a whole, so the API server fills in
-                # its fields' defaults and `kubectl get -o yaml` shows what is in force.
-                prop["default"] = {}
+                # An omitted section is defaulted as a whole, so `kubectl get -o yaml`
+                # shows what is in force. The API server checks a default against the
+                # section's CEL rules before filling in nested defaults, so the default
+                # spells them out instead of being `{}`.
+                prop["default"] = {
+                    key: child["default"]
+                    for key, child in prop["properties"].items()
+                    if "default" in child
+                }
             converted[name] = prop
         schema["properties"] = converted
     return schema

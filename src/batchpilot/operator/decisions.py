@@ -526,3 +526,50 @@ def ready_pod_ips(pods: Sequence[Mapping[str, Any]]) -> list[str]:
 def label_selector(workload: Mapping[str, Any]) -> str:
     labels = workload.get("spec", {}).get("selector", {}).get("matchLabels", {}) or {}
     return ",".join(f"{k}={v}" for k, v in sorted(labels.items()))
+
+
+def _restarts(pod: Mapping[str, Any]) -> int:
+    statuses = (pod.get("status", {}) or {}).get("containerStatuses", []) or []
+    return sum(int(c.get("restartCount", 0)) for c in statuses)
+
+
+def restarted_pods(before: Sequence[Mapping[str, Any]], after: Sequence[Mapping[str, Any]]) -> str:
+    """Which of the pods measured (`before`) restarted or went away by `after`; empty
+    when none did."""
+    now = {p.get("metadata", {}).get("uid"): p for p in after}
+    changes: list[str] = []
+    for pod in before:
+        if not ready_pod_ips([pod]):
+            continue  # not measured
+        meta = pod.get("metadata", {})
+        name = meta.get("name", "?")
+        later = now.get(meta.get("uid"))
+        if later is None:
+            changes.append(f"pod {name} is gone")
+        elif _restarts(later) > _restarts(pod):
+            changes.append(f"pod {name} restarted ({_restarts(pod)} → {_restarts(later)} restarts)")
+    return "; ".join(changes)
+
+
+def _parse_time(value: Any) -> datetime | None:
+    if not isinstance(value, str):
+        return None
+    try:
+        return datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+
+
+def crashed_since(pods: Sequence[Mapping[str, Any]], since: datetime) -> str:
+    """Containers of these pods whose last run ended at or after `since` (a crash, an
+    OOM kill): during a trial that means its figures, or its configuration, are bad."""
+    crashes: list[str] = []
+    for pod in pods:
+        name = pod.get("metadata", {}).get("name", "?")
+        for container in (pod.get("status", {}) or {}).get("containerStatuses", []) or []:
+            ended = ((container.get("lastState") or {}).get("terminated")) or {}
+            finished = _parse_time(ended.get("finishedAt"))
+            if finished is not None and finished >= since:
+                why = ended.get("reason") or f"exit code {ended.get('exitCode', '?')}"
+                crashes.append(f"container {container.get('name')} of pod {name} exited ({why})")
+    return "; ".join(crashes)

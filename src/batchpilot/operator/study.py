@@ -123,10 +123,17 @@ class StudyRunner:
         )
 
     async def report_problem(self, reason: str, message: str) -> None:
-        """A target problem that the study waits out or retries: condition + event."""
+        """A target problem that the study waits out or retries: condition + event.
+        The event is posted when the problem is new, not on every retry."""
+        known = any(
+            c.type == "TargetReady"
+            and (c.status, c.reason, c.message) == ("False", reason, message)
+            for c in self.status.conditions
+        )
         self._condition("TargetReady", "False", reason, message)
         await self._save(message=message)
-        self._event("Warning", reason, message)
+        if not known:
+            self._event("Warning", reason, message)
 
     async def report_pod_problem(self, problem: decisions.PodProblem) -> None:
         await self.report_problem(problem.reason, problem.message)
@@ -224,6 +231,8 @@ class StudyRunner:
     async def _run_trial(
         self, tuner: Tuner, number: int, config: BatchingConfig, params: dict[str, float | int]
     ) -> TrialRecord:
+        asked = next(r for r in tuner.records() if r.number == number)
+        started = asked.started_at or self._clock()
         semaphore = self._slots.semaphore
         if semaphore.locked():
             message = "waiting: another study is being measured (one trial at a time)"
@@ -245,7 +254,7 @@ class StudyRunner:
                     await self._world.apply(params)
                     self._condition("TargetReady", "True", "Applied", "configuration is live")
                     result: CapacityResult = await self._world.measure(
-                        config, must_beat=tuner.must_beat()
+                        config, must_beat=tuner.must_beat(), since=started
                     )
             except TargetProblem as exc:
                 self._condition("TargetReady", "False", exc.reason, exc.message)

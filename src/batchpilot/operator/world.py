@@ -23,6 +23,9 @@ from batchpilot.tuner.interfaces import TargetError
 if TYPE_CHECKING:
     from batchpilot.capacity.prometheus import PrometheusStepSource
 
+# problems of a pod that is (re)starting: waited out rather than failing the trial
+TRANSIENT = frozenset({"NoReadyPods", "AdminUnreachable", "AdminNotApplied"})
+
 ProblemSink = Callable[[decisions.PodProblem], Awaitable[None]]
 
 
@@ -51,8 +54,11 @@ class World(Protocol):
         ...
 
     async def measure(
-        self, config: BatchingConfig, *, must_beat: float | None
-    ) -> CapacityResult: ...
+        self, config: BatchingConfig, *, must_beat: float | None, since: datetime
+    ) -> CapacityResult:
+        """Score what is live. `since` is the trial's start: a container that exited
+        after it (a crash, an OOM kill) spoils the trial, raised as TargetProblem."""
+        ...
 
     async def write_back(self, params: Params) -> None:
         """Write `params` onto the target's pod template (server-side apply)."""
@@ -78,6 +84,7 @@ class KubeWorld:
         on_problem: ProblemSink,
         poll_s: float = 2.0,
         http_timeout_s: float = 10.0,
+        settle_s: float = 120.0,
     ) -> None:
         self._kube = kube
         self._spec = spec
@@ -86,6 +93,7 @@ class KubeWorld:
         self._on_problem = on_problem
         self._poll_s = poll_s
         self._http_timeout = aiohttp.ClientTimeout(total=http_timeout_s)
+        self._settle_s = settle_s
         self._canary: str | None = None
 
     # --- reading ----------------------------------------------------------------------
@@ -230,9 +238,31 @@ class KubeWorld:
     async def _apply_live(
         self, workload: Mapping[str, Any], params: Mapping[str, float | int]
     ) -> None:
-        ips = decisions.ready_pod_ips(await self._pods(workload))
-        if not ips:
-            raise TargetProblem("NoReadyPods", f"{workload['metadata']['name']} has no ready pods")
+        """PUT `params` on every ready pod and verify with GET. A pod that is restarting
+        (no ready pods, refused connections: its status lags its process) is waited
+        for, up to `settle_s`; a refusal by the server (4xx) fails at once."""
+        name = workload["metadata"]["name"]
+        last = "no attempt"
+        try:
+            async with asyncio.timeout(self._settle_s):
+                while True:
+                    ips = decisions.ready_pod_ips(await self._pods(workload))
+                    try:
+                        if not ips:
+                            raise TargetProblem("NoReadyPods", f"{name} has no ready pods")
+                        await self._put_and_verify(ips, params)
+                        return
+                    except TargetProblem as problem:
+                        if problem.reason not in TRANSIENT:
+                            raise
+                        last = problem.message
+                    await asyncio.sleep(self._poll_s)
+        except TimeoutError:
+            raise TargetProblem(
+                "AdminUnreachable", f"{name}: not live after {self._settle_s:g} s: {last}"
+            ) from None
+
+    async def _put_and_verify(self, ips: list[str], params: Mapping[str, float | int]) -> None:
         async with aiohttp.ClientSession(timeout=self._http_timeout) as session:
             for ip in ips:
                 url = self._admin_url(ip)
@@ -258,15 +288,19 @@ class KubeWorld:
 
     # --- measuring --------------------------------------------------------------------
 
-    async def measure(self, config: BatchingConfig, *, must_beat: float | None) -> CapacityResult:
+    async def measure(
+        self, config: BatchingConfig, *, must_beat: float | None, since: datetime
+    ) -> CapacityResult:
         from batchpilot.capacity.http import measure_capacity  # imported when first used
 
         load = self._spec.load
-        ips = decisions.ready_pod_ips(await self._pods(await self._measured()))
+        workload = await self._measured()
+        pods = await self._pods(workload)
+        ips = decisions.ready_pod_ips(pods)
         if not ips:
             raise TargetProblem("NoReadyPods", "no ready pods to measure")
         urls = [f"http://{ip}:{load.endpoint.port}" for ip in ips]
-        return await measure_capacity(
+        result = await measure_capacity(
             urls,
             path=load.endpoint.path,
             sla=self._spec.sla.to_sla(),
@@ -279,6 +313,17 @@ class KubeWorld:
             seed=self._spec.tuning.seed,
             source=self._prometheus_source(),
         )
+        # a pod that restarted mid-measurement (crash, OOM kill, eviction) makes the
+        # figures say nothing about this configuration: the trial fails and is not scored
+        after = await self._pods(workload)
+        restarted = "; ".join(
+            m
+            for m in (decisions.restarted_pods(pods, after), decisions.crashed_since(after, since))
+            if m
+        )
+        if restarted:
+            raise TargetProblem("PodRestarted", f"during the trial: {restarted}")
+        return result
 
     def _prometheus_source(self) -> PrometheusStepSource | None:
         prometheus = self._spec.load.prometheus

@@ -49,7 +49,7 @@ class BatchingUpdate(Strict):
     """PUT /admin/batching: either field may be left out to keep its current value."""
 
     max_batch_size: int | None = None
-    max_queue_time_ms: Annotated[float | None, Field(strict=False)] = None
+    max_queue_time_ms: float | None = None  # strict still takes an integer here
 
     def merged(self, current: BatchingConfig) -> BatchingConfig:
         values = current.model_dump()

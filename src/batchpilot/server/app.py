@@ -10,7 +10,6 @@ import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
-import torch
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST
 
@@ -32,7 +31,7 @@ from batchpilot.server.batcher import (
 from batchpilot.server.engine import InferenceEngine
 from batchpilot.server.metrics import ServerMetrics
 from batchpilot.server.profile import BatchProfile
-from batchpilot.server.workloads import InputError
+from batchpilot.server.workloads import InputError, ModelInput
 
 log = logging.getLogger(__name__)
 
@@ -62,7 +61,7 @@ class ServerState:
         self.engine = engine
         self.options = options
         self.profile = BatchProfile()
-        self.batcher: Batcher[torch.Tensor, list[int]] = Batcher(
+        self.batcher: Batcher[ModelInput, list[int]] = Batcher(
             engine.run_batch, options.batching, queue_limit=options.queue_limit, observer=self
         )
         self.metrics = ServerMetrics(queue_depth=lambda: self.batcher.depth)
@@ -70,15 +69,21 @@ class ServerState:
         self.ready = False
         self.draining = False
         self._config_lock = asyncio.Lock()
+        workload = engine.workload
+        # What a predict body may be, for error messages; built once, not per request.
+        self.predict_allowed = (
+            f'{{"inputs": {workload.input_schema()}}} or {{"synthetic": {{"size": 1 to '
+            f"{workload.max_size}}}}} ({workload.unit})"
+        )
 
-    def batch_done(self, record: BatchRecord[torch.Tensor]) -> None:
+    def batch_done(self, record: BatchRecord[ModelInput]) -> None:
         size = len(record.items)
         self.metrics.batch_size.observe(size)
         self.metrics.batch_compute.observe(record.compute_s)
         for wait in record.queue_waits_s:
             self.metrics.queue_wait.observe(wait)
         if record.error is None:
-            rows = sum(int(x.shape[0]) for x in record.items)
+            rows = sum(x.size for x in record.items)
             self.profile.record(size, record.compute_s, rows)
 
     async def warm_up(self) -> None:
@@ -142,22 +147,14 @@ async def _read_body(request: web.Request) -> bytes:
         raise ApiError(413, f"the body is larger than the limit of {limit} bytes") from None
 
 
-def _predict_allowed(state: ServerState) -> str:
-    workload = state.engine.workload
-    return (
-        f'{{"inputs": {workload.input_schema()}}} or {{"synthetic": {{"size": 1 to '
-        f"{workload.max_size}}}}} ({workload.unit})"
-    )
-
-
-async def _parse_predict(request: web.Request, state: ServerState) -> torch.Tensor:
-    allowed = _predict_allowed(state)
+async def _parse_predict(request: web.Request, state: ServerState) -> ModelInput:
+    allowed = state.predict_allowed
     body = await _read_body(request)
     payload = validate(PredictRequest, parse_json_object(body, allowed), allowed)
     workload = state.engine.workload
     try:
         if payload.synthetic is not None:
-            return workload.synthetic(payload.synthetic.size)
+            return workload.synthetic_input(payload.synthetic.size)
         return workload.parse(payload.inputs)
     except InputError as exc:
         raise ApiError(400, str(exc)) from None
@@ -190,7 +187,7 @@ async def predict(request: web.Request) -> web.Response:
     return web.json_response(
         {
             "model": state.engine.model,
-            "size": int(inputs.shape[0]),
+            "size": inputs.size,
             "classes": done.value,
             "batch_size": done.batch_size,
             "queue_ms": round(done.queue_wait_s * 1000.0, 3),

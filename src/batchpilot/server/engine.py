@@ -12,7 +12,7 @@ from collections.abc import Sequence
 
 import torch
 
-from batchpilot.server.workloads import WORKLOADS, Workload, resolve_device
+from batchpilot.server.workloads import WORKLOADS, ModelInput, Workload, resolve_device
 
 log = logging.getLogger(__name__)
 
@@ -54,7 +54,7 @@ class InferenceEngine:
     def model(self) -> str:
         return self.workload.name
 
-    def _forward(self, inputs: Sequence[torch.Tensor]) -> list[list[int]]:
+    def _forward(self, inputs: Sequence[ModelInput]) -> list[list[int]]:
         # inference_mode is thread-local, so it is entered on the worker thread.
         with torch.inference_mode():
             outputs = self.workload.forward(inputs)
@@ -62,14 +62,14 @@ class InferenceEngine:
             torch.cuda.synchronize(self.device)
         return outputs
 
-    async def run_batch(self, inputs: Sequence[torch.Tensor]) -> list[list[int]]:
+    async def run_batch(self, inputs: Sequence[ModelInput]) -> list[list[int]]:
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self._executor, self._forward, inputs)
 
     def _warm_up(self, max_batch_size: int) -> float:
         started = time.perf_counter()
-        unit = self.workload.synthetic(1)
-        longer = self.workload.synthetic(min(16, self.workload.max_size))
+        unit = self.workload.synthetic_input(1)
+        longer = self.workload.synthetic_input(min(16, self.workload.max_size))
         for size in warm_up_batch_sizes(max_batch_size):
             if size <= self._warmed:
                 continue

@@ -19,6 +19,7 @@ import aiohttp
 STDERR_TAIL_BYTES = 4000
 _POLL_INTERVAL_S = 0.1
 _PROBE_TIMEOUT_S = 2.0
+_PORT_ATTEMPTS = 3
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -39,7 +40,8 @@ class ServerProcess:
 
     Starts `python -m batchpilot serve` on 127.0.0.1 and a free port, waits until
     GET /readyz answers 200 (warm-up done), and on exit sends SIGTERM, waits for the
-    drain, then SIGKILL if the server has not gone."""
+    drain, then SIGKILL if the server has not gone. `env` is added to the environment
+    the server inherits (e.g. {"MAX_BATCH_SIZE": "16"}, though the flags win)."""
 
     def __init__(
         self,
@@ -56,7 +58,6 @@ class ServerProcess:
     ) -> None:
         self.host = host
         self.port = free_port(host)
-        self.url = f"http://{host}:{self.port}"
         self._args = [
             sys.executable,
             "-m",
@@ -76,13 +77,19 @@ class ServerProcess:
         if threads is not None:
             self._args += ["--threads", str(threads)]
         self._args += list(extra_args)
-        self._env = dict(os.environ if env is None else env)
+        # `env` adds to (and overrides) this process's environment rather than replacing it:
+        # the child still needs PATH, HOME and the like.
+        self._env = {**os.environ, **(env or {})}
         self._ready_timeout_s = ready_timeout_s
         self._stop_timeout_s = stop_timeout_s
         self._proc: asyncio.subprocess.Process | None = None
         self._stderr: IO[bytes] | None = None
         self.returncode: int | None = None
         self._final_stderr = ""
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
 
     @property
     def pid(self) -> int:
@@ -107,6 +114,20 @@ class ServerProcess:
         await self.stop()
 
     async def start(self) -> None:
+        """Start the server and wait until it is ready. A port taken by someone else
+        between choosing and binding it is retried on a fresh port."""
+        for attempt in range(_PORT_ATTEMPTS):
+            try:
+                await self._start_once()
+                return
+            except ServerStartError as exc:
+                if "cannot listen on" not in str(exc) or attempt == _PORT_ATTEMPTS - 1:
+                    raise
+            self.port = free_port(self.host)
+            self._args[self._args.index("--port") + 1] = str(self.port)
+
+    async def _start_once(self) -> None:
+        self.returncode = None
         # stderr goes to a temporary file rather than a pipe: nobody reads it while the
         # server runs, and a full pipe would block the server's logging.
         self._stderr = tempfile.TemporaryFile()  # noqa: SIM115 - lives as long as the server

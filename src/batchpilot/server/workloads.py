@@ -6,16 +6,20 @@ its size times one request, as on an accelerator. The encoder takes token sequen
 different lengths, so request size matters: a batch is padded to its longest sequence
 and the padding is masked out.
 
-Everything here that touches tensors runs on the inference worker thread, never on
-the event loop.
+Requests are checked on the event loop in plain Python (`parse`, `synthetic_input`)
+and become tensors only on the inference worker thread (`forward`): every PyTorch call
+releases and retakes the GIL, and on the event loop that would make the loop and the
+worker wait on each other.
 """
 
 from __future__ import annotations
 
 import abc
+import math
 import warnings
 from collections.abc import Sequence
-from typing import ClassVar
+from dataclasses import dataclass
+from typing import Any, ClassVar
 
 import torch
 from torch import nn
@@ -39,8 +43,20 @@ ENCODER_MAX_TOKENS = 512
 warnings.filterwarnings("ignore", message="The PyTorch API of nested tensors is in prototype")
 
 
+FLOAT32_MAX = 3.4028234663852886e38
+
+
 class InputError(ValueError):
     """The request's inputs do not fit the model; the message says what is allowed."""
+
+
+@dataclass(frozen=True, slots=True)
+class ModelInput:
+    """One request's checked input: `size` units (rows or tokens) of `values`, or of the
+    model's deterministic synthetic input when `values` is None."""
+
+    size: int
+    values: list[Any] | None = None
 
 
 class Workload(abc.ABC):
@@ -59,16 +75,33 @@ class Workload(abc.ABC):
         """What `inputs` must look like, for error messages and docs."""
 
     @abc.abstractmethod
-    def parse(self, raw: object) -> torch.Tensor:
-        """Turn the JSON `inputs` value into a CPU tensor; InputError when it does not fit."""
+    def parse(self, raw: object) -> ModelInput:
+        """Check the JSON `inputs` value (plain Python); InputError when it does not fit."""
 
     @abc.abstractmethod
     def synthetic(self, size: int) -> torch.Tensor:
         """A deterministic input of `size` units (a view of a cached tensor: no copy)."""
 
     @abc.abstractmethod
-    def forward(self, inputs: Sequence[torch.Tensor]) -> list[list[int]]:
-        """Run one batch; for each request its predicted classes."""
+    def to_tensor(self, values: list[Any]) -> torch.Tensor:
+        """The tensor of values that `parse` accepted."""
+
+    @abc.abstractmethod
+    def forward_tensors(self, inputs: Sequence[torch.Tensor]) -> list[list[int]]:
+        """Run one batch of input tensors; for each its predicted classes."""
+
+    def synthetic_input(self, size: int) -> ModelInput:
+        self.check_size(size)
+        return ModelInput(size)
+
+    def forward(self, inputs: Sequence[ModelInput]) -> list[list[int]]:
+        """Run one batch of requests (on the worker thread); for each its classes."""
+        return self.forward_tensors(
+            [
+                self.synthetic(i.size) if i.values is None else self.to_tensor(i.values)
+                for i in inputs
+            ]
+        )
 
     def check_size(self, size: int) -> None:
         if not 1 <= size <= self.max_size:
@@ -76,10 +109,6 @@ class Workload(abc.ABC):
                 f"size {size} is out of range: the {self.name} model takes 1 to "
                 f"{self.max_size} {self.unit} per request"
             )
-
-    @staticmethod
-    def size_of(x: torch.Tensor) -> int:
-        return int(x.shape[0])
 
 
 def _generator() -> torch.Generator:
@@ -107,7 +136,7 @@ class MLPWorkload(Workload):
     def input_schema(self) -> str:
         return f"a list of 1 to {MLP_MAX_ROWS} rows, each a list of {MLP_FEATURES} numbers"
 
-    def parse(self, raw: object) -> torch.Tensor:
+    def parse(self, raw: object) -> ModelInput:
         if not isinstance(raw, list) or not raw:
             raise InputError(f"`inputs` must be {self.input_schema()}")
         if len(raw) > MLP_MAX_ROWS:
@@ -125,16 +154,21 @@ class MLPWorkload(Workload):
                     raise InputError(
                         f"`inputs[{index}]` holds {value!r}: rows must hold only numbers"
                     )
-        tensor = torch.tensor(raw, dtype=torch.float32)
-        if not bool(torch.isfinite(tensor).all()):
-            raise InputError("`inputs` holds a number too large for float32")
-        return tensor
+                if not (math.isfinite(value) and abs(value) <= FLOAT32_MAX):
+                    raise InputError(
+                        f"`inputs[{index}]` holds {value!r}: numbers must be finite and "
+                        f"within float32 (magnitude at most {FLOAT32_MAX:.4g})"
+                    )
+        return ModelInput(len(raw), raw)
+
+    def to_tensor(self, values: list[Any]) -> torch.Tensor:
+        return torch.tensor(values, dtype=torch.float32)
 
     def synthetic(self, size: int) -> torch.Tensor:
         self.check_size(size)
         return self._synthetic[:size]
 
-    def forward(self, inputs: Sequence[torch.Tensor]) -> list[list[int]]:
+    def forward_tensors(self, inputs: Sequence[torch.Tensor]) -> list[list[int]]:
         batch = torch.cat(list(inputs)) if len(inputs) > 1 else inputs[0]
         classes = self.net(batch.to(self.device)).argmax(dim=1).cpu()
         sizes = [int(x.shape[0]) for x in inputs]
@@ -185,7 +219,7 @@ class EncoderWorkload(Workload):
             f"{ENCODER_VOCAB - 1} (0 is padding)"
         )
 
-    def parse(self, raw: object) -> torch.Tensor:
+    def parse(self, raw: object) -> ModelInput:
         if not isinstance(raw, list) or not raw:
             raise InputError(f"`inputs` must be {self.input_schema()}")
         if len(raw) > ENCODER_MAX_TOKENS:
@@ -199,13 +233,16 @@ class EncoderWorkload(Workload):
                 raise InputError(
                     f"`inputs[{index}]` is {token}: token ids run from 1 to {ENCODER_VOCAB - 1}"
                 )
-        return torch.tensor(raw, dtype=torch.long)
+        return ModelInput(len(raw), raw)
+
+    def to_tensor(self, values: list[Any]) -> torch.Tensor:
+        return torch.tensor(values, dtype=torch.long)
 
     def synthetic(self, size: int) -> torch.Tensor:
         self.check_size(size)
         return self._synthetic[:size]
 
-    def forward(self, inputs: Sequence[torch.Tensor]) -> list[list[int]]:
+    def forward_tensors(self, inputs: Sequence[torch.Tensor]) -> list[list[int]]:
         lengths = torch.tensor([int(x.shape[0]) for x in inputs], dtype=torch.long)
         tokens = nn.utils.rnn.pad_sequence(list(inputs), batch_first=True, padding_value=0)
         logits = self.net(tokens.to(self.device), lengths.to(self.device))

@@ -3,6 +3,7 @@ throughput from a fitted batch-cost model, in the same shape the measured capaci
 search reports, fast enough to score a whole grid in seconds."""
 
 from batchpilot.simulator.arrivals import MMPP, ArrivalProcess, Poisson, Trace, load_trace
+from batchpilot.simulator.calibrate import calibrate_cost
 from batchpilot.simulator.capacity import simulate_capacity
 from batchpilot.simulator.cost import (
     CostModel,
@@ -29,6 +30,7 @@ __all__ = [
     "TableCost",
     "Trace",
     "Traffic",
+    "calibrate_cost",
     "fit_cost_model",
     "latencies",
     "load_trace",

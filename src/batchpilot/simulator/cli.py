@@ -15,7 +15,14 @@ from pydantic import ValidationError
 
 from batchpilot.loadgen.mix import parse_mix
 from batchpilot.models import SLA, BatchingConfig, CapacityResult, RequestMix
-from batchpilot.simulator.arrivals import MMPP, ArrivalProcess, Poisson, TraceError, load_trace
+from batchpilot.simulator.arrivals import (
+    MMPP,
+    ArrivalProcess,
+    Poisson,
+    Trace,
+    TraceError,
+    load_trace,
+)
 from batchpilot.simulator.capacity import DEFAULT_PRECISION, simulate_capacity
 from batchpilot.simulator.cost import LinearCost, ProfileError, TableCost
 from batchpilot.simulator.profile import cost_model_from_json, fetch_profile, load_cost_model
@@ -65,6 +72,18 @@ def parse_arrival(spec: str) -> ArrivalProcess:
         "(e.g. mmpp:4,0.2,0.5) or trace:FILE",
         param_hint="'--arrival'",
     )
+
+
+def describe_scenario(scenario: Scenario) -> dict[str, Any]:
+    """The scenario for the JSON output; a trace as its size and rate, not every gap."""
+    described = scenario.model_dump(mode="json", exclude={"cost"})
+    if isinstance(scenario.arrival, Trace):
+        described["arrival"] = {
+            "kind": "trace",
+            "recorded_requests": len(scenario.arrival.gaps_s) + 1,
+            "recorded_rps": scenario.arrival.native_rate,
+        }
+    return described
 
 
 def parse_bounds(spec: str, *, integer: bool, name: str) -> tuple[float, float]:
@@ -285,7 +304,7 @@ def _run(
     described = {
         "source": "simulator",
         "cost_model": cost.model_dump(mode="json"),
-        "scenario": scenario.model_dump(mode="json", exclude={"cost"}),
+        "scenario": describe_scenario(scenario),
     }
     if max_batch_size is not None and max_queue_time_ms is not None:
         config = BatchingConfig(max_batch_size=max_batch_size, max_queue_time_ms=max_queue_time_ms)

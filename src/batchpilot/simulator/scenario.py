@@ -30,8 +30,8 @@ class Scenario(Frozen):
     mix: RequestMix = Field(default_factory=RequestMix.default)
     arrival: ArrivalProcess = Field(default_factory=Poisson)
     replicas: Annotated[int, Field(ge=1, le=1024)] = 1
-    requests: Annotated[int, Field(ge=200, le=50_000_000)] = 20_000
-    seed: int = 0
+    requests: Annotated[int, Field(ge=200, le=10_000_000)] = 20_000
+    seed: Annotated[int, Field(ge=0)] = 0
     policy: Policy = "sequential"
     # Client timeout: a request slower than this is an error and counts as this latency,
     # as the load generator counts it. None: the measured capacity search's default.

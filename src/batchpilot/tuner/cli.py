@@ -16,6 +16,7 @@ from batchpilot.server.cli import OneLineErrors
 from batchpilot.tuner.config import (
     QUICK_MEASUREMENT,
     QUICK_SIMULATOR_WARM_STARTS,
+    QUICK_TIME_BUDGET_S,
     QUICK_TRIALS,
     ConfigError,
     TuneConfig,
@@ -50,7 +51,12 @@ def build_config(
     if quick:
         measurement = QUICK_MEASUREMENT
         tuning = tuning.model_copy(
-            update={"trials": QUICK_TRIALS, "simulator_warm_starts": QUICK_SIMULATOR_WARM_STARTS}
+            update={
+                "trials": QUICK_TRIALS,
+                "simulator_warm_starts": QUICK_SIMULATOR_WARM_STARTS,
+                "confirm": False,  # the smoke run keeps to its two minutes
+                "time_budget_s": QUICK_TIME_BUDGET_S,
+            }
         )
     updates: dict[str, object] = {}
     if trials is not None:

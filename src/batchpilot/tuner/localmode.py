@@ -19,16 +19,22 @@ from typing import Any
 from optuna.storages import BaseStorage
 from rich.console import Console
 
-from batchpilot.models import SLA, BatchingConfig, RequestMix
+from batchpilot.models import SLA, BatchingConfig, CapacityResult, RequestMix
 from batchpilot.server.process import ServerProcess
 from batchpilot.tuner.config import TuneConfig
 from batchpilot.tuner.local import LocalProbe, LocalTarget
 from batchpilot.tuner.progress import TrialProgress
 from batchpilot.tuner.rules import rules_of_thumb
-from batchpilot.tuner.runner import TrialDone, TrialStart, run_trials
+from batchpilot.tuner.runner import TrialDone, TrialStart, remeasure, run_trials
 from batchpilot.tuner.space import SearchSpace
 from batchpilot.tuner.study import Tuner
-from batchpilot.tuner.summary import TuneSummary, label_of, summarize
+from batchpilot.tuner.summary import (
+    TuneSummary,
+    label_of,
+    roles_to_confirm,
+    summarize,
+    with_confirmation,
+)
 
 log = logging.getLogger(__name__)
 
@@ -151,6 +157,19 @@ async def tune_local(run: LocalRun, console: Console) -> TuneSummary:
             progress.done(event, label_of(event.record, rules), tuner.measured_count())
             await warm.maybe()
 
+        study_started = time.monotonic()
+
+        def out_of_time() -> bool:
+            spent = time.monotonic() - study_started
+            if spent < cfg.tuning.time_budget_s:
+                return False
+            console.print(
+                f"Time budget of {cfg.tuning.time_budget_s:g} s spent after "
+                f"{tuner.measured_count()} trials; no new trial starts.",
+                highlight=False,
+            )
+            return True
+
         interrupted = await _until_signal(
             run_trials(
                 tuner,
@@ -160,9 +179,42 @@ async def tune_local(run: LocalRun, console: Console) -> TuneSummary:
                 full=rules,
                 on_start=on_start,
                 on_done=on_done,
+                out_of_time=out_of_time,
             )
         )
         progress.stop()
+        summary = _summary(tuner, run, rules, interrupted, started)
+        if interrupted or not cfg.tuning.confirm:
+            return summary
+        return await _confirm(summary, target, probe, console, started)
+
+
+async def _confirm(
+    summary: TuneSummary, target: LocalTarget, probe: LocalProbe, console: Console, started: float
+) -> TuneSummary:
+    """Re-measure best, baseline and rule of thumb back to back (see TuneSummary)."""
+    roles = roles_to_confirm(summary)
+    if len(roles) < 2:
+        return summary  # the best is the baseline and the rule of thumb: nothing to compare
+    names = ", ".join(role.replace("_", " ") for role, _ in roles)
+    console.print(f"Re-measuring {names} back to back ...", highlight=False)
+    remeasured: dict[BatchingConfig, CapacityResult] = {}
+
+    def done(config: BatchingConfig, result: CapacityResult) -> None:
+        remeasured[config] = result
+        console.print(f"  {config.label()}: {result.effective_rps:.0f} req/s", highlight=False)
+
+    configs = [config for _, config in roles]
+    stopped = await _until_signal(remeasure(target, probe, configs, on_done=done))
+    return with_confirmation(summary, remeasured).model_copy(
+        update={"interrupted": stopped, "duration_s": round(time.monotonic() - started, 1)}
+    )
+
+
+def _summary(
+    tuner: Tuner, run: LocalRun, rules: list[BatchingConfig], interrupted: bool, started: float
+) -> TuneSummary:
+    cfg = run.config
     records = tuner.records()
     results = {r.number: res for r in records if (res := tuner.result(r.number)) is not None}
     return summarize(
@@ -170,7 +222,7 @@ async def tune_local(run: LocalRun, console: Console) -> TuneSummary:
         best=tuner.best(),
         rules=rules,
         results=results,
-        sla=sla,
+        sla=cfg.sla,
         sampler=cfg.tuning.sampler,
         seed=cfg.tuning.seed,
         space=run.space.describe(),
@@ -179,7 +231,7 @@ async def tune_local(run: LocalRun, console: Console) -> TuneSummary:
     )
 
 
-async def _until_signal(work: Coroutine[Any, Any, None]) -> bool:
+async def _until_signal(work: Coroutine[Any, Any, object]) -> bool:
     """Run `work`; SIGINT/SIGTERM cancel it. True when it was stopped that way."""
     loop = asyncio.get_running_loop()
     task = asyncio.ensure_future(work)

@@ -75,18 +75,46 @@ class TrialProgress:
             self._status = None
 
 
-def _row(name: str, fig: ConfigFigures | None, gain: float | None) -> list[str]:
+def _num(value: float | None, digits: int) -> str:
+    return f"{value:.{digits}f}" if value is not None else "-"
+
+
+def _gain(gain: float | None) -> str:
+    return f"{gain:+.0%}" if gain is not None else "-"
+
+
+def _row(
+    name: str,
+    fig: ConfigFigures | None,
+    gain: float | None,
+    again: ConfigFigures | None,
+    again_gain: float | None,
+) -> list[str]:
     if fig is None:
-        return [name, "-", "-", "-", "-", "-", "-"]
-    gain_text = f"{gain:+.0%}" if gain is not None else "-"
+        return [name, "-", "-", "-", "-", "-", "-", "-", "-"]
     return [
         name,
         str(fig.trial),
         str(fig.max_batch_size),
         f"{fig.max_queue_time_ms:g}",
-        _rps(fig.effective_rps),
-        _ms(fig.p99_ms),
-        gain_text,
+        _num(fig.effective_rps, 0),
+        _num(fig.p99_ms, 1),
+        _gain(gain),
+        _num(again.effective_rps if again is not None else None, 0),
+        _gain(again_gain),
+    ]
+
+
+def outdone_by(summary: TuneSummary) -> list[str]:
+    """References that beat the recommendation when all were re-measured back to back."""
+    best = summary.confirmed.get("best")
+    if best is None:
+        return []
+    return [
+        role.replace("_", " ")
+        for role in ("baseline", "rule_of_thumb")
+        if (ref := summary.confirmed.get(role)) is not None
+        and (ref.effective_rps or 0.0) > (best.effective_rps or 0.0)
     ]
 
 
@@ -94,14 +122,32 @@ def render_summary(console: Console, summary: TuneSummary) -> None:
     table = Table(
         title=f"Effective throughput at p99 <= {summary.sla.p99_ms:g} ms "
         f"(errors <= {summary.sla.max_error_rate:g})",
-        caption="batch = max_batch_size, wait = max_queue_time_ms",
+        caption="req/s: effective throughput; best+: the recommendation's gain over the row; "
+        "again: re-measured back to back after the study",
     )
     table.add_column("")
-    for column in ("trial", "batch", "wait ms", "effective", "p99", "gain of best"):
+    for column in ("trial", "batch", "wait ms", "req/s", "p99 ms", "best+", "again", "best+"):
         table.add_column(column, justify="right")
-    table.add_row(*_row("recommended", summary.best, None), style="bold green")
-    table.add_row(*_row("baseline", summary.baseline, summary.gain_over_baseline))
-    table.add_row(*_row("rule of thumb", summary.rule_of_thumb, summary.gain_over_rule_of_thumb))
+    again = summary.confirmed
+    table.add_row(*_row("best", summary.best, None, again.get("best"), None), style="bold green")
+    table.add_row(
+        *_row(
+            "baseline",
+            summary.baseline,
+            summary.gain_over_baseline,
+            again.get("baseline"),
+            summary.confirmed_gain_over_baseline,
+        )
+    )
+    table.add_row(
+        *_row(
+            "rule of thumb",
+            summary.rule_of_thumb,
+            summary.gain_over_rule_of_thumb,
+            again.get("rule_of_thumb"),
+            summary.confirmed_gain_over_rule_of_thumb,
+        )
+    )
     console.print(table)
     if summary.best is None:
         console.print(
@@ -113,6 +159,14 @@ def render_summary(console: Console, summary: TuneSummary) -> None:
             f"Recommendation: max_batch_size={b.max_batch_size} "
             f"max_queue_time_ms={b.max_queue_time_ms:g}",
             highlight=False,
+        )
+    beaten = outdone_by(summary)
+    if beaten:
+        console.print(
+            f"[yellow]Re-measured back to back, the {' and the '.join(beaten)} did better "
+            "than the recommendation: the measurements are noisier than the differences "
+            "between these configurations (a busy machine?). Run again, or with longer "
+            "steps (measurement.step_duration_s).[/]"
         )
     if summary.interrupted:
         console.print("[yellow]Interrupted: this is the best so far.[/]")

@@ -6,7 +6,7 @@ as interrupted and retries."""
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Collection
+from collections.abc import Awaitable, Callable, Collection, Sequence
 from dataclasses import dataclass
 
 from batchpilot.models import BatchingConfig, CapacityResult
@@ -60,10 +60,32 @@ async def run_trials(
     full: Collection[BatchingConfig] = (),
     on_start: Callable[[TrialStart], None] = lambda _: None,
     on_done: Callable[[TrialDone], Awaitable[None] | None] = lambda _: None,
+    out_of_time: Callable[[], bool] = lambda: False,
 ) -> None:
-    """Trials until `trials` have been measured (interrupted ones do not count)."""
-    while tuner.measured_count() < trials:
+    """Trials until `trials` have been measured (interrupted ones do not count) or,
+    checked before each new trial, `out_of_time()` says the time budget is spent."""
+    while tuner.measured_count() < trials and not out_of_time():
         done = await run_trial(tuner, target, probe, full=full, on_start=on_start)
         pending = on_done(done)
         if pending is not None:
             await pending
+
+
+async def remeasure(
+    target: Target,
+    probe: Probe,
+    configs: Sequence[BatchingConfig],
+    *,
+    on_done: Callable[[BatchingConfig, CapacityResult], None] = lambda _c, _r: None,
+) -> dict[BatchingConfig, CapacityResult]:
+    """Measure `configs` again, one after the other, outside the study (full ramps, no
+    pruning). A configuration the target refuses is left out."""
+    results: dict[BatchingConfig, CapacityResult] = {}
+    for config in configs:
+        try:
+            await target.apply(config)
+        except TargetError:
+            continue
+        results[config] = await probe.measure(config, must_beat=None)
+        on_done(config, results[config])
+    return results

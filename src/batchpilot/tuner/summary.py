@@ -44,6 +44,67 @@ class TuneSummary(BaseModel):
     duration_s: float
     trials: list[LabelledTrial]
     measurements: dict[str, CapacityResult]  # best, baseline, rule of thumb: every step
+    # The same three re-measured back to back after the study (tuning.confirm): on a
+    # shared machine capacity drifts over minutes, so these gains compare like with like.
+    confirmed: dict[str, ConfigFigures] = {}
+    confirmed_gain_over_baseline: float | None = None
+    confirmed_gain_over_rule_of_thumb: float | None = None
+
+
+ROLES = ("best", "baseline", "rule_of_thumb")
+
+
+def roles_to_confirm(summary: TuneSummary) -> list[tuple[str, BatchingConfig]]:
+    """Configurations to re-measure, best first, each once even when two roles share
+    it (the baseline may be the best)."""
+    chosen: list[tuple[str, BatchingConfig]] = []
+    for role in ROLES:
+        fig = getattr(summary, role)
+        if fig is None or (role != "best" and summary.best is None):
+            continue
+        config = BatchingConfig(
+            max_batch_size=fig.max_batch_size, max_queue_time_ms=fig.max_queue_time_ms
+        )
+        if all(config != c for _, c in chosen):
+            chosen.append((role, config))
+    return chosen
+
+
+def with_confirmation(
+    summary: TuneSummary, remeasured: Mapping[BatchingConfig, CapacityResult]
+) -> TuneSummary:
+    """The summary with the back-to-back re-measurements of its three configurations."""
+    confirmed: dict[str, ConfigFigures] = {}
+    for role in ROLES:
+        fig = getattr(summary, role)
+        if fig is None:
+            continue
+        config = BatchingConfig(
+            max_batch_size=fig.max_batch_size, max_queue_time_ms=fig.max_queue_time_ms
+        )
+        result = remeasured.get(config)
+        if result is not None:
+            confirmed[role] = fig.model_copy(
+                update={
+                    "effective_rps": result.effective_rps,
+                    "p99_ms": result.p99_ms,
+                    "state": "Complete" if result.feasible else "Infeasible",
+                }
+            )
+
+    def ratio(reference: str) -> float | None:
+        best, ref = confirmed.get("best"), confirmed.get(reference)
+        if best is None or ref is None or not best.effective_rps or not ref.effective_rps:
+            return None
+        return best.effective_rps / ref.effective_rps - 1.0
+
+    return summary.model_copy(
+        update={
+            "confirmed": confirmed,
+            "confirmed_gain_over_baseline": ratio("baseline"),
+            "confirmed_gain_over_rule_of_thumb": ratio("rule_of_thumb"),
+        }
+    )
 
 
 def label_of(record: TrialRecord, rules: Sequence[BatchingConfig]) -> Label:

@@ -33,10 +33,14 @@ command -v go >/dev/null || { echo "build.sh: 'go' is not on PATH; Go >= 1.26 is
 
 export CGO_ENABLED=0
 export GOFLAGS="${GOFLAGS:-} -buildvcs=false -mod=mod"
-# Only the module proxy: a fallback to version-control hosts would download
-# from outside the package registries.
-export GOPROXY="${GOPROXY:-https://proxy.golang.org}"
+# Only the module proxy: a fallback to version-control hosts ("direct") would
+# download from outside the package registries.
+GOPROXY="$(go env GOPROXY)"
 GOPROXY="${GOPROXY%,direct}"
+GOPROXY="${GOPROXY%|direct}"
+case "$GOPROXY" in
+    direct | off | "") echo "build.sh: GOPROXY must name a module proxy (it is '$GOPROXY')" >&2; exit 1 ;;
+esac
 export GOPROXY
 
 mkdir -p "$bin_dir"

@@ -1,0 +1,67 @@
+"""Calibrating a forward-pass-only cost model against one measured capacity."""
+
+from __future__ import annotations
+
+import pytest
+
+from batchpilot.models import SLA, BatchingConfig, CapacityResult, RequestMix
+from batchpilot.simulator.calibrate import calibrate_cost
+from batchpilot.simulator.capacity import simulate_capacity
+from batchpilot.simulator.cost import LinearCost, TableCost
+from batchpilot.simulator.scenario import Scenario
+
+SLA_100 = SLA(p99_ms=100.0)
+CALIBRATION = BatchingConfig(max_batch_size=32, max_queue_time_ms=10.0)
+# What the server really costs: the forward pass plus Python work per request, and
+# latency outside the worker. The profile only sees the forward pass.
+TRUE = LinearCost(fixed_ms=2.0, per_row_ms=0.1, per_request_ms=0.6, overhead_ms=3.0)
+PROFILED = LinearCost(fixed_ms=2.0, per_row_ms=0.1)
+
+
+def _scenario(cost: LinearCost | TableCost) -> Scenario:
+    return Scenario(cost=cost, mix=RequestMix.default(), requests=4000)
+
+
+def _measured(config: BatchingConfig) -> CapacityResult:
+    # "Measured" on other traffic than the calibration simulates, as a real run would be.
+    world = _scenario(TRUE).model_copy(update={"seed": 7})
+    return simulate_capacity(world, config, SLA_100, precision=0.01)
+
+
+def test_recovers_the_hidden_per_request_cost_and_overhead() -> None:
+    fitted = calibrate_cost(_scenario(PROFILED), CALIBRATION, _measured(CALIBRATION), SLA_100)
+    assert fitted.fixed_ms == PROFILED.fixed_ms
+    assert fitted.per_row_ms == PROFILED.per_row_ms
+    assert fitted.per_request_ms == pytest.approx(0.6, abs=0.1)
+    assert fitted.overhead_ms == pytest.approx(3.0, abs=1.0)
+
+
+def test_calibrated_model_predicts_other_configurations() -> None:
+    fitted = calibrate_cost(_scenario(PROFILED), CALIBRATION, _measured(CALIBRATION), SLA_100)
+    for config in (
+        BatchingConfig(max_batch_size=4, max_queue_time_ms=1.0),
+        BatchingConfig(max_batch_size=12, max_queue_time_ms=5.0),
+    ):
+        truth = _measured(config).effective_rps
+        calibrated = simulate_capacity(_scenario(fitted), config, SLA_100, precision=0.01)
+        uncalibrated = simulate_capacity(_scenario(PROFILED), config, SLA_100, precision=0.01)
+        assert calibrated.effective_rps == pytest.approx(truth, rel=0.1)
+        # ...where the forward pass alone overpredicts
+        assert uncalibrated.effective_rps > 1.2 * truth
+
+
+def test_a_model_that_already_undershoots_gets_no_per_request_cost() -> None:
+    slow = LinearCost(fixed_ms=4.0, per_row_ms=0.6)  # slower than the truth already
+    fitted = calibrate_cost(_scenario(slow), CALIBRATION, _measured(CALIBRATION), SLA_100)
+    assert fitted.per_request_ms == 0.0
+
+
+def test_needs_a_linear_model_and_a_feasible_measurement() -> None:
+    table = TableCost(rows=(1.0, 64.0), compute_ms=(2.0, 8.0))
+    with pytest.raises(ValueError, match="linear cost model"):
+        calibrate_cost(_scenario(table), CALIBRATION, _measured(CALIBRATION), SLA_100)
+    infeasible = CapacityResult(
+        effective_rps=0.0, p99_ms=None, sla=SLA_100, feasible=False, precision=0.05, steps=[]
+    )
+    with pytest.raises(ValueError, match="feasible measurement"):
+        calibrate_cost(_scenario(PROFILED), CALIBRATION, infeasible, SLA_100)
