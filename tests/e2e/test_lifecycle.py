@@ -106,7 +106,7 @@ def test_write_back_then_another_manager_applies_original(
         input=original, check=False,
     )  # fmt: skip
     assert gitops.returncode != 0
-    assert 'conflicts with "batchpilot"' in gitops.stderr
+    assert 'conflict with "batchpilot"' in gitops.stderr.replace("conflicts", "conflict")
     assert 'env[name="MAX_BATCH_SIZE"].value' in gitops.stderr
     env = _env(cluster, namespace, "server")
     assert {k: env[k] for k in tuned} == tuned
