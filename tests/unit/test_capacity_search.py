@@ -151,3 +151,117 @@ async def test_summarise_steps_of_an_interrupted_search() -> None:
     assert len(result.steps) == 4
     empty = summarise_steps([], sla=SLA_100, precision=0.05)
     assert not empty.feasible
+
+
+class Noisy(KneeAt):
+    """A knee whose steps at the listed rates fail spuriously, once per listed entry
+    (a rate listed twice fails twice in a row): the noise of a shared machine."""
+
+    def __init__(self, capacity: float, noisy: list[float]) -> None:
+        super().__init__(capacity)
+        self.noisy = list(noisy)
+
+    async def __call__(self, rate: float) -> StepResult:
+        step = await super().__call__(rate)
+        if rate in self.noisy:
+            self.noisy.remove(rate)
+            return step.model_copy(update={"passed": False, "p99_ms": 900.0, "reason": "noise"})
+        return step
+
+
+async def test_a_noisy_fail_that_would_end_the_ramp_is_confirmed_and_overruled() -> None:
+    target = Noisy(100.0, noisy=[40.0])
+    result = await search_capacity(
+        target, sla=SLA_100, start_rps=10.0, precision=0.05, confirm_failures=True
+    )
+    # 40 fails, is measured again, passes: the ramp goes on to the real knee.
+    assert target.rates[:5] == [10.0, 20.0, 40.0, 40.0, 80.0]
+    assert 95.0 <= result.effective_rps <= 100.0
+
+
+async def test_without_confirmation_one_noisy_fail_ends_the_ramp() -> None:
+    target = Noisy(100.0, noisy=[40.0])
+    result = await search_capacity(target, sla=SLA_100, start_rps=10.0, precision=0.05)
+    assert result.effective_rps < 40.0
+
+
+async def test_a_confirmed_fail_counts() -> None:
+    target = Noisy(100.0, noisy=[40.0, 40.0])
+    result = await search_capacity(
+        target, sla=SLA_100, start_rps=10.0, precision=0.05, confirm_failures=True
+    )
+    assert target.rates[:4] == [10.0, 20.0, 40.0, 40.0]
+    assert 20.0 <= result.effective_rps < 40.0
+    # monotone: nothing at or above the confirmed failure is measured afterwards
+    assert all(r < 40.0 for r in target.rates[4:])
+
+
+async def test_real_failures_cost_one_confirmation_each_decision() -> None:
+    target = KneeAt(100.0)
+    await search_capacity(
+        target, sla=SLA_100, start_rps=10.0, precision=0.05, confirm_failures=True
+    )
+    # the fail that ends the ramp is repeated; bisection fails above nothing are not
+    assert target.rates[:6] == [10.0, 20.0, 40.0, 80.0, 160.0, 160.0]
+    assert len(target.rates) == len(set(target.rates)) + 1
+
+
+async def test_a_noisy_fail_does_not_prune() -> None:
+    target = Noisy(300.0, noisy=[80.0])
+    result = await search_capacity(
+        target, sla=SLA_100, start_rps=40.0, must_beat=80.0, confirm_failures=True
+    )
+    assert not result.pruned
+    assert result.effective_rps >= 300.0 * 0.95
+
+
+async def test_a_confirmed_fail_below_the_rate_to_beat_prunes() -> None:
+    target = KneeAt(50.0)
+    result = await search_capacity(
+        target, sla=SLA_100, start_rps=40.0, must_beat=80.0, confirm_failures=True
+    )
+    assert result.pruned
+    assert target.rates == [40.0, 80.0, 80.0]
+    assert result.effective_rps == 40.0
+
+
+async def test_a_noisy_first_step_is_confirmed_before_ramping_down() -> None:
+    target = Noisy(100.0, noisy=[10.0])
+    result = await search_capacity(
+        target, sla=SLA_100, start_rps=10.0, precision=0.05, confirm_failures=True
+    )
+    assert target.rates[:3] == [10.0, 10.0, 20.0]
+    assert result.effective_rps >= 95.0
+
+
+async def test_a_noisy_bisection_fail_that_would_prune_is_confirmed() -> None:
+    target = Noisy(125.0, noisy=[120.0])
+    result = await search_capacity(
+        target, sla=SLA_100, start_rps=10.0, precision=0.01, must_beat=120.0, confirm_failures=True
+    )
+    # ramp to 160 (fail, confirmed), then the midpoint 120 ≤ 120 fails: that would prune,
+    # so it is measured again, passes, and the bisection goes on above the rate to beat
+    assert target.rates[:8] == [10.0, 20.0, 40.0, 80.0, 160.0, 160.0, 120.0, 120.0]
+    assert not result.pruned
+    assert result.effective_rps >= 125.0 * 0.99
+
+
+async def test_confirmation_respects_max_steps() -> None:
+    target = KneeAt(100.0)
+    result = await search_capacity(
+        target, sla=SLA_100, start_rps=10.0, max_steps=5, confirm_failures=True
+    )
+    assert len(result.steps) == 5
+    assert result.effective_rps == 80.0
+
+
+async def test_summarise_steps_keeps_the_answer_monotone() -> None:
+    target = KneeAt(100.0)
+    steps = [await target(r) for r in (10.0, 20.0, 40.0, 80.0)]
+    fail = steps[3].model_copy(update={"offered_rps": 60.0, "passed": False})
+    confirmed = [*steps[:3], fail, fail, steps[3]]
+    # 60 failed twice; the pass at 80 above it must not raise the answer
+    assert summarise_steps(confirmed, sla=SLA_100, precision=0.05).effective_rps == 40.0
+    overruled = [*steps[:3], fail, steps[2].model_copy(update={"offered_rps": 60.0})]
+    # a confirmation that passes overrides the failure it repeats
+    assert summarise_steps(overruled, sla=SLA_100, precision=0.05).effective_rps == 60.0

@@ -181,20 +181,7 @@ async def test_summary_quotes_gains_measured_in_the_same_run() -> None:
     t = tuner(rules)
     target = FakeTarget()
     await run_trials(t, target, FakeProbe(target), trials=8, full=rules)
-    records = t.records()
-    results = {r.number: res for r in records if (res := t.result(r.number)) is not None}
-    summary = summarize(
-        records,
-        best=t.best(),
-        rules=rules,
-        results=results,
-        sla=SLA_,
-        sampler="TPE",
-        seed=5,
-        space=SPACE.describe(),
-        interrupted=False,
-        duration_s=1.0,
-    )
+    summary = _summary_of(t, rules)
     assert summary.baseline is not None
     assert summary.rule_of_thumb is not None
     assert summary.best is not None

@@ -15,8 +15,8 @@ from batchpilot.capacity.http import measure_capacity
 from batchpilot.capacity.prometheus import PrometheusQueryError, PrometheusStepSource
 from batchpilot.capacity.report import capacity_json, render_capacity, step_line
 from batchpilot.capacity.search import summarise_steps
+from batchpilot.clitools import SeeHelpErrors, fail, on_interrupt
 from batchpilot.loadgen.arrivals import ARRIVALS
-from batchpilot.loadgen.clitools import OneLineErrors, fail, on_interrupt
 from batchpilot.loadgen.endpoints import UnreachableError, check_reachable, normalise_urls
 from batchpilot.loadgen.mix import parse_mix
 from batchpilot.loadgen.result import LoadResult
@@ -26,7 +26,7 @@ INTERRUPTED_EXIT = 130
 _POSITIVE = click.FloatRange(0, min_open=True)
 
 
-@click.command(cls=OneLineErrors)
+@click.command(cls=SeeHelpErrors)
 @click.argument("urls", metavar="URL...", nargs=-1, required=True)
 @click.option(
     "--p99-ms", type=click.FloatRange(0, 3_600_000, min_open=True), required=True,

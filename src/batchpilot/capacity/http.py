@@ -100,6 +100,7 @@ async def measure_capacity(
     on_step: Callable[[StepResult, LoadResult], None] | None = None,
     cooldown_s: float | None = None,
     min_requests: int = 500,
+    confirm_failures: bool = True,
 ) -> CapacityResult:
     """Warm up, then search for the effective throughput (see search_capacity).
     `on_step` sees every step as it completes (progress display, partial results).
@@ -107,6 +108,9 @@ async def measure_capacity(
     so the backlog that step left in the server does not spill into the next window.
     A step lasts long enough for `min_requests` requests (up to 6 x `step_duration_s`):
     a p99 from a hundred samples is little more than the second-largest one.
+    With `confirm_failures` (the default) a failing step that would end the ramp or
+    prune is measured again after the cool-down and only a second failure counts: on a
+    shared machine one noisy window otherwise decides the whole search.
     Raises ValueError for bad arguments and UnreachableError when a target does not
     answer at all."""
     bases = normalise_urls(urls)
@@ -162,4 +166,5 @@ async def measure_capacity(
         precision=precision,
         must_beat=must_beat,
         max_rps=max_rps,
+        confirm_failures=confirm_failures,
     )

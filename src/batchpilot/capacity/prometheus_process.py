@@ -9,14 +9,19 @@ import shutil
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
-from types import TracebackType
-from typing import Self
 
 import aiohttp
 import yaml
 from yarl import URL
 
-from batchpilot.server.process import free_port
+from batchpilot.processes import (
+    ChildProcess,
+    NotReady,
+    free_port,
+    read_tail,
+    stop_process,
+    wait_ready,
+)
 
 _POLL_S = 0.2
 
@@ -25,7 +30,7 @@ class PrometheusStartError(RuntimeError):
     """Prometheus did not become ready; the message carries the tail of its log."""
 
 
-class PrometheusProcess:
+class PrometheusProcess(ChildProcess):
     """Starts Prometheus with a generated config scraping `targets` (base URLs; their
     /metrics) every `scrape_interval_s`, storage in a temporary directory, and stops it
     (SIGTERM, then SIGKILL) on exit. `.url` is its base URL."""
@@ -70,7 +75,7 @@ class PrometheusProcess:
             ],
         }
 
-    async def __aenter__(self) -> Self:
+    async def start(self) -> None:
         binary = shutil.which(self._binary)
         if binary is None:
             raise PrometheusStartError(
@@ -98,17 +103,8 @@ class PrometheusProcess:
         try:
             await self._wait_ready(workdir / "prometheus.log")
         except BaseException:
-            await self._stop()
+            await self.stop()
             raise
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self._stop()
 
     async def wait_for_scrape(self, timeout_s: float = 30.0) -> None:
         """Return once every target has been scraped successfully (`up` is 1)."""
@@ -131,32 +127,21 @@ class PrometheusProcess:
 
     async def _wait_ready(self, log: Path) -> None:
         assert self._process is not None
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + self._start_timeout_s
-        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=2.0)) as session:
-            while True:
-                with contextlib.suppress(aiohttp.ClientError, TimeoutError):
-                    async with session.get(f"{self.url}/-/ready") as response:
-                        if response.status == 200:
-                            return
-                if self._process.returncode is not None or loop.time() > deadline:
-                    tail = await asyncio.to_thread(_log_tail, log)
-                    raise PrometheusStartError(f"Prometheus did not start on {self.url}:\n{tail}")
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._process.wait(), _POLL_S)
-
-    async def _stop(self) -> None:
-        process = self._process
         try:
-            if process is not None and process.returncode is None:
-                with contextlib.suppress(ProcessLookupError):
-                    process.terminate()
-                try:
-                    await asyncio.wait_for(process.wait(), self._stop_timeout_s)
-                except TimeoutError:
-                    with contextlib.suppress(ProcessLookupError):
-                        process.kill()
-                    await process.wait()
+            await wait_ready(
+                self._process,
+                f"{self.url}/-/ready",
+                timeout_s=self._start_timeout_s,
+                poll_s=_POLL_S,
+            )
+        except NotReady:
+            tail = await asyncio.to_thread(_log_tail, log)
+            raise PrometheusStartError(f"Prometheus did not start on {self.url}:\n{tail}") from None
+
+    async def stop(self) -> None:
+        try:
+            if self._process is not None:
+                await stop_process(self._process, self._stop_timeout_s)
         finally:
             if self._dir is not None:
                 self._dir.cleanup()
@@ -164,4 +149,5 @@ class PrometheusProcess:
 
 
 def _log_tail(log: Path, limit: int = 2000) -> str:
-    return log.read_text(errors="replace")[-limit:]
+    with log.open("rb") as file:
+        return read_tail(file, limit)

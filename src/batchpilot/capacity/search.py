@@ -24,6 +24,7 @@ async def search_capacity(
     max_steps: int = 40,
     must_beat: float | None = None,
     max_ramp_down: int = 6,
+    confirm_failures: bool = False,
 ) -> CapacityResult:
     """Ramp the offered rate geometrically from `start_rps` until a step fails, then
     bisect between the last pass and the first fail until (hi - lo) / lo ≤ precision.
@@ -32,7 +33,17 @@ async def search_capacity(
     passing rate; none passing means infeasible. With `must_beat` (the best effective
     rate so far) the search stops with `pruned=True` as soon as this configuration
     provably cannot exceed it: a step fails at a rate ≤ must_beat, or the bisection's
-    upper bound drops to ≤ must_beat. Every step is returned, in order."""
+    upper bound drops to ≤ must_beat. Every step is returned, in order.
+
+    With `confirm_failures`, a failing step that would decide the outcome is measured
+    once more at the same rate and only a second failure counts (a pass there counts as
+    a pass). Decisive failures are those that end the ramp (the first step and every
+    ramp-up step) and those that prune (a fail at a rate ≤ must_beat). Bisection fails
+    above must_beat are not repeated: they move the answer by less than the bracket.
+    The answer stays monotone: it is the highest passing rate below the lowest
+    (confirmed) failure, since no step is ever measured above a counted failure.
+    Measured steps need this, on a shared machine one noisy window is common; the
+    simulator's deterministic steps do not, so it is off by default."""
     _validate(start_rps, precision, growth, max_rps, max_steps, max_ramp_down, must_beat)
     steps: list[StepResult] = []
     passed: dict[float, StepResult] = {}
@@ -49,20 +60,27 @@ async def search_capacity(
             steps=steps,
         )
 
-    async def measure(rate: float) -> bool:
+    def cannot_win(failed_at: float) -> bool:
+        return must_beat is not None and failed_at <= must_beat
+
+    async def once(rate: float) -> bool:
         step = await measure_step(rate)
         steps.append(step)
         if step.passed:
             passed[rate] = step
         return step.passed
 
-    def cannot_win(failed_at: float) -> bool:
-        return must_beat is not None and failed_at <= must_beat
+    async def measure(rate: float, *, decisive: bool) -> bool:
+        if await once(rate):
+            return True
+        if not (confirm_failures and decisive) or len(steps) >= max_steps:
+            return False
+        return await once(rate)  # the confirmation: its verdict is the step's
 
     rate = min(start_rps, max_rps)
     lo = 0.0
     hi = math.inf
-    if await measure(rate):
+    if await measure(rate, decisive=True):
         lo = rate
     else:
         hi = rate
@@ -72,7 +90,7 @@ async def search_capacity(
             if len(steps) >= max_steps:
                 return result(0.0)
             rate /= growth
-            if await measure(rate):
+            if await measure(rate, decisive=cannot_win(rate)):
                 lo = rate
                 break
             hi = rate
@@ -85,7 +103,7 @@ async def search_capacity(
         if lo >= max_rps or len(steps) >= max_steps:
             return result(lo)
         rate = min(lo * growth, max_rps)
-        if await measure(rate):
+        if await measure(rate, decisive=True):
             lo = rate
         else:
             hi = rate
@@ -98,7 +116,7 @@ async def search_capacity(
         if len(steps) >= max_steps:
             break
         rate = (lo + hi) / 2.0
-        if await measure(rate):
+        if await measure(rate, decisive=cannot_win(rate)):
             lo = rate
         else:
             hi = rate
@@ -106,9 +124,17 @@ async def search_capacity(
 
 
 def summarise_steps(steps: Sequence[StepResult], *, sla: SLA, precision: float) -> CapacityResult:
-    """A CapacityResult from the steps of a search that was interrupted: the highest
-    passing offered rate is the effective rate so far."""
-    best = max((s for s in steps if s.passed), key=lambda s: s.offered_rps, default=None)
+    """A CapacityResult from the steps of a search that was interrupted, by the search's
+    own rule: a rate's verdict is its latest step (a confirmation overrides the step it
+    repeats), and the effective rate so far is the highest passing rate below the lowest
+    failing one, so a pass above a failure never raises the answer."""
+    latest = {s.offered_rps: s for s in steps}
+    lowest_fail = min((r for r, s in latest.items() if not s.passed), default=math.inf)
+    best = max(
+        (s for r, s in latest.items() if s.passed and r < lowest_fail),
+        key=lambda s: s.offered_rps,
+        default=None,
+    )
     return CapacityResult(
         effective_rps=best.offered_rps if best is not None else 0.0,
         p99_ms=best.p99_ms if best is not None else None,

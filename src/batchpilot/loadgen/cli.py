@@ -9,8 +9,8 @@ from typing import Literal, cast
 import click
 from rich.console import Console
 
+from batchpilot.clitools import SeeHelpErrors, fail, on_interrupt
 from batchpilot.loadgen.arrivals import ARRIVALS
-from batchpilot.loadgen.clitools import OneLineErrors, fail, on_interrupt
 from batchpilot.loadgen.endpoints import UnreachableError, check_reachable, normalise_urls
 from batchpilot.loadgen.generator import MAX_DURATION_S, MAX_RATE, run_load
 from batchpilot.loadgen.mix import parse_mix
@@ -21,7 +21,7 @@ from batchpilot.models import RequestMix
 INTERRUPTED_EXIT = 130
 
 
-@click.command(cls=OneLineErrors)
+@click.command(cls=SeeHelpErrors)
 @click.argument("urls", metavar="URL...", nargs=-1, required=True)
 @click.option(
     "--rate",

@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 from typing import Any
 
-import yaml
 from pydantic import ValidationError
 
+from batchpilot.datafiles import load_yaml_or_json
 from batchpilot.models import RequestClass, RequestMix
 
 _FILE_SUFFIXES = (".yaml", ".yml", ".json")
@@ -44,15 +43,7 @@ def _from_spec(spec: str) -> RequestMix:
 
 
 def _from_file(path: Path) -> RequestMix:
-    try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as e:
-        raise ValueError(f"cannot read request mix file {str(path)!r}: {e.strerror}") from None
-    try:
-        data: Any = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
-    except (json.JSONDecodeError, yaml.YAMLError) as e:
-        first_line = str(e).splitlines()[0] if str(e) else type(e).__name__
-        raise ValueError(f"request mix file {str(path)!r} is not valid: {first_line}") from None
+    data = load_yaml_or_json(path, "request mix file")
     if isinstance(data, dict) and "requests" in data:
         data = data["requests"]
     if not isinstance(data, list) or not data:

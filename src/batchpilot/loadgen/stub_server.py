@@ -18,15 +18,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import ctypes
 import json
 import os
 import signal
 import sys
 from collections.abc import Sequence
-from types import TracebackType
-from typing import Self
 
 import aiohttp
 from aiohttp import web
@@ -38,6 +35,8 @@ from prometheus_client import (
     generate_latest,
 )
 from prometheus_client.parser import text_string_to_metric_families
+
+from batchpilot.processes import ChildProcess, stop_process
 
 _LATENCY_BUCKETS = (
     0.001, 0.002, 0.003, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.03, 0.04, 0.05, 0.075,
@@ -153,7 +152,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     asyncio.run(serve(service, args.host, args.port))
 
 
-class StubServerProcess:
+class StubServerProcess(ChildProcess):
     """Runs the stub in its own process for the duration of an `async with`; `.url` is its
     base URL. `cpus` pins the process to those CPUs (benchmarks keep generator and server
     apart)."""
@@ -175,7 +174,7 @@ class StubServerProcess:
         self._process: asyncio.subprocess.Process | None = None
         self.url = ""
 
-    async def __aenter__(self) -> Self:
+    async def start(self) -> None:
         self._process = await asyncio.create_subprocess_exec(
             sys.executable,
             "-m",
@@ -196,9 +195,8 @@ class StubServerProcess:
                 raise RuntimeError(f"stub server did not start (said {text!r})")
             self.url = text.removeprefix("listening on ")
         except BaseException:
-            await self._stop()
+            await self.stop()
             raise
-        return self
 
     async def served(self, outcome: str = "ok") -> int:
         """How many requests the stub has answered with `outcome`, from its metrics."""
@@ -216,26 +214,9 @@ class StubServerProcess:
                     return int(sample.value)
         return 0
 
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self._stop()
-
-    async def _stop(self) -> None:
-        process = self._process
-        if process is None or process.returncode is not None:
-            return
-        with contextlib.suppress(ProcessLookupError):
-            process.terminate()
-        try:
-            await asyncio.wait_for(process.wait(), timeout=10.0)
-        except TimeoutError:
-            with contextlib.suppress(ProcessLookupError):
-                process.kill()
-            await process.wait()
+    async def stop(self) -> None:
+        if self._process is not None:
+            await stop_process(self._process, grace_s=10.0)
 
 
 def _die_with_parent() -> None:

@@ -3,48 +3,33 @@
 from __future__ import annotations
 
 import re
-from typing import Any, NoReturn
+from typing import ClassVar
 
 import click
+
+from batchpilot.clitools import OneLineErrors, fail
 
 NAMESPACE_PATTERN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 URL_PATTERN = re.compile(r"^https?://[^/\s]+(/\S*)?$")
 
 
-def fail(message: str) -> NoReturn:
-    """One line on stderr and a non-zero exit, no usage text or traceback."""
-    click.echo(f"batchpilot operator: {message}", err=True)
-    raise SystemExit(2)
-
-
 def check_options(namespaces: tuple[str, ...], liveness: str) -> None:
     for namespace in namespaces:
         if not NAMESPACE_PATTERN.match(namespace) or len(namespace) > 63:
-            fail(
+            raise fail(
                 f"--namespace {namespace!r} is not a namespace name (lowercase letters, "
                 "digits and '-', at most 63 characters)"
             )
     if liveness and not URL_PATTERN.match(liveness):
-        fail(f"--liveness {liveness!r} is not a URL like http://0.0.0.0:8080/healthz")
+        raise fail(f"--liveness {liveness!r} is not a URL like http://0.0.0.0:8080/healthz")
 
 
-class OneLineErrors(click.Command):
-    """Option errors as one line on stderr, without click's usage block."""
-
-    def make_context(
-        self,
-        info_name: str | None,
-        args: list[str],
-        parent: click.Context | None = None,
-        **extra: Any,
-    ) -> click.Context:
-        try:
-            return super().make_context(info_name, args, parent=parent, **extra)
-        except click.UsageError as exc:
-            fail(exc.format_message())
+class OperatorCommand(OneLineErrors):
+    error_prefix: ClassVar[str] = "batchpilot operator: "
+    fail_exit_code: ClassVar[int] = 2
 
 
-@click.command(cls=OneLineErrors, context_settings={"help_option_names": ["-h", "--help"]})
+@click.command(cls=OperatorCommand, context_settings={"help_option_names": ["-h", "--help"]})
 @click.option(
     "-n",
     "--namespace",
@@ -100,7 +85,9 @@ def operator(
         try:
             metrics.serve(metrics_port)
         except OSError as exc:
-            fail(f"cannot serve metrics on port {metrics_port}: {exc.strerror or exc}")
+            raise fail(
+                f"cannot serve metrics on port {metrics_port}: {exc.strerror or exc}"
+            ) from None
     kopf.configure(verbose=False)
     kopf.run(
         standalone=standalone,

@@ -7,7 +7,6 @@ unit-testable without a cluster (DESIGN.md §5).
 
 from __future__ import annotations
 
-import random
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -30,6 +29,9 @@ from batchpilot.operator.status import (
     TrialEntry,
     TrialsSummary,
 )
+
+# backoff_delay lives with the retry helper; handlers and tests know it by this name too.
+from batchpilot.retry import backoff_delay as backoff_delay
 
 PlanKind = Literal["idle", "new-study", "record-original", "trial", "finish", "fail"]
 FINISHED_STATES = frozenset({"Complete", "Pruned", "Infeasible"})
@@ -233,12 +235,6 @@ def trial_message(trial: TrialEntry, sla: SLA) -> str:
     if trial.state == "Failed":
         return f"{head} → failed: {trial.reason or 'unknown error'}"
     return f"{head} → running"
-
-
-def backoff_delay(attempt: int, *, base: float, cap: float, rng: random.Random) -> float:
-    """Exponential backoff with full jitter: retries of many resources spread out
-    instead of arriving together."""
-    return rng.uniform(0.0, min(cap, base * (2 ** max(0, attempt))))
 
 
 def clamp_params(params: Mapping[str, float | int], spec: InferenceServiceSpec) -> Params:

@@ -6,7 +6,6 @@ identity (its ServiceAccount) for Kopf's own calls and for these.
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import contextlib
 import json
@@ -20,7 +19,7 @@ from urllib.parse import quote, urlencode
 
 import aiohttp
 
-from batchpilot.operator.decisions import backoff_delay
+from batchpilot.retry import backoff_delay, retry
 
 FIELD_MANAGER = "batchpilot"
 RETRIABLE = frozenset({409, 429, 500, 502, 503, 504})
@@ -33,6 +32,12 @@ class KubeError(RuntimeError):
         self.status = status
         self.reason = reason
         self.message = message
+
+
+def _retriable(error: Exception) -> bool:
+    """Unreachable (status 0), conflicts, throttling and server errors may pass; the rest
+    is the API refusing the request."""
+    return isinstance(error, KubeError) and (not error.status or error.status in RETRIABLE)
 
 
 class NotFound(KubeError):
@@ -156,24 +161,28 @@ class Kube:
             url += "?" + urlencode(params)
         data = None if body is None else json.dumps(body)
         headers = {"Content-Type": content_type} if data is not None else {}
-        for attempt in range(self._attempts):
-            try:
-                async with self._session.request(method, url, data=data, headers=headers) as r:
-                    text = await r.text()
-                    if r.status < 400:
-                        result: JSON = json.loads(text) if text else {}
-                        return result
-                    error = _error(r.status, text)
-            except (aiohttp.ClientConnectionError, TimeoutError) as exc:
-                error = KubeError(0, "Unreachable", f"{method} {path}: {exc!r}")
-            if error.status and error.status not in RETRIABLE:
-                raise error
-            if attempt + 1 == self._attempts:
-                raise error
-            await asyncio.sleep(
-                backoff_delay(attempt, base=self._base, cap=self._cap, rng=self._rng)
-            )
-        raise AssertionError("unreachable")  # the loop returns or raises
+        return await retry(
+            lambda: self._once(method, url, path, data, headers),
+            attempts=self._attempts,
+            retryable=_retriable,
+            delay=lambda attempt: backoff_delay(
+                attempt, base=self._base, cap=self._cap, rng=self._rng
+            ),
+        )
+
+    async def _once(
+        self, method: str, url: str, path: str, data: str | None, headers: Mapping[str, str]
+    ) -> JSON:
+        try:
+            async with self._session.request(method, url, data=data, headers=headers) as r:
+                text = await r.text()
+                if r.status < 400:
+                    result: JSON = json.loads(text) if text else {}
+                    return result
+                error = _error(r.status, text)
+        except (aiohttp.ClientConnectionError, TimeoutError) as exc:
+            raise KubeError(0, "Unreachable", f"{method} {path}: {exc!r}") from exc
+        raise error
 
     async def get(self, path: str, params: Mapping[str, str] | None = None) -> JSON:
         return await self.request("GET", path, params=params)

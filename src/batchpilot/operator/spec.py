@@ -7,7 +7,7 @@ rules sit beside the model they check so that schema and rule cannot drift apart
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal, Self
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 from pydantic.alias_generators import to_camel
@@ -106,12 +106,31 @@ class SLASpec(BaseModel):
         return SLA(p99_ms=self.p99_latency_ms, max_error_rate=self.max_error_rate)
 
 
-class BatchSizeRange(BaseModel):
+def _ordered_message(what: str) -> str:
+    return f"{what}.min must be less than or equal to max"
+
+
+class _OrderedRange(BaseModel):
+    """Inclusive bounds; min <= max is checked here and, through the CEL rule each
+    subclass's config carries, by the API server."""
+
+    # The spec field the range belongs to, for the error message.
+    what: ClassVar[str]
+    min: float
+    max: float
+
+    @model_validator(mode="after")
+    def _ordered(self) -> Self:
+        if self.min > self.max:
+            raise ValueError(_ordered_message(self.what))
+        return self
+
+
+class BatchSizeRange(_OrderedRange):
     """Bounds of max_batch_size (requests per batch), inclusive."""
 
-    model_config = _model_config(
-        cel("self.min <= self.max", "maxBatchSize.min must be less than or equal to max")
-    )
+    what: ClassVar[str] = "maxBatchSize"
+    model_config = _model_config(cel("self.min <= self.max", _ordered_message(what)))
 
     min: int = Field(
         default=1, description="Smallest batch size tried.", ge=1, le=MAX_BATCH_SIZE_LIMIT
@@ -120,19 +139,12 @@ class BatchSizeRange(BaseModel):
         default=64, description="Largest batch size tried.", ge=1, le=MAX_BATCH_SIZE_LIMIT
     )
 
-    @model_validator(mode="after")
-    def _ordered(self) -> BatchSizeRange:
-        if self.min > self.max:
-            raise ValueError("maxBatchSize.min must be less than or equal to max")
-        return self
 
-
-class QueueTimeRange(BaseModel):
+class QueueTimeRange(_OrderedRange):
     """Bounds of max_queue_time_ms (longest wait for a batch to fill), inclusive."""
 
-    model_config = _model_config(
-        cel("self.min <= self.max", "maxQueueTimeMs.min must be less than or equal to max")
-    )
+    what: ClassVar[str] = "maxQueueTimeMs"
+    model_config = _model_config(cel("self.min <= self.max", _ordered_message(what)))
 
     min: float = Field(
         default=0.0, description="Shortest wait tried, ms.", ge=0.0, le=MAX_QUEUE_TIME_MS_LIMIT
@@ -140,12 +152,6 @@ class QueueTimeRange(BaseModel):
     max: float = Field(
         default=100.0, description="Longest wait tried, ms.", ge=0.0, le=MAX_QUEUE_TIME_MS_LIMIT
     )
-
-    @model_validator(mode="after")
-    def _ordered(self) -> QueueTimeRange:
-        if self.min > self.max:
-            raise ValueError("maxQueueTimeMs.min must be less than or equal to max")
-        return self
 
 
 class ExtraParameter(BaseModel):

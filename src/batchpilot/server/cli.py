@@ -6,35 +6,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 from typing import Any
 
 import click
 
+from batchpilot.clitools import OneLineErrors
 from batchpilot.models import MAX_BATCH_SIZE_LIMIT, MAX_QUEUE_TIME_MS_LIMIT
 
 MODELS = ("mlp", "encoder")
-
-
-class _OneLineUsageError(click.ClickException):
-    exit_code = 2
-
-
-class OneLineErrors(click.Command):
-    """Bad flags or environment values print one line (what was wrong, what is
-    allowed) instead of click's usage block."""
-
-    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
-        try:
-            return super().parse_args(ctx, args)
-        except click.UsageError as exc:
-            message = exc.format_message()
-            param = exc.param if isinstance(exc, click.BadParameter) else None
-            envvar = param.envvar if param is not None else None
-            from_env = isinstance(envvar, str) and envvar in os.environ
-            if from_env and param is not None and not any(o in args for o in param.opts):
-                message += f" (it came from the environment variable {envvar})"
-            raise _OneLineUsageError(message) from None
 
 
 def _default_threads() -> int:

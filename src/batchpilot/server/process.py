@@ -4,17 +4,22 @@ use to get a real server on a loopback port and be sure it is gone afterwards.""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
-import signal
-import socket
 import sys
 import tempfile
 from collections.abc import Mapping, Sequence
-from types import TracebackType
-from typing import IO, Self
+from typing import IO
 
-import aiohttp
+from batchpilot.processes import (
+    ChildProcess,
+    NotReady,
+    free_port,
+    read_tail,
+    stop_process,
+    wait_ready,
+)
+
+__all__ = ["ServerProcess", "ServerStartError", "free_port"]
 
 STDERR_TAIL_BYTES = 4000
 _POLL_INTERVAL_S = 0.1
@@ -22,20 +27,11 @@ _PROBE_TIMEOUT_S = 2.0
 _PORT_ATTEMPTS = 3
 
 
-def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port the OS reports free on `host` now. Another process may still take it
-    before the caller binds; callers on a shared machine should be ready to retry."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((host, 0))
-        port: int = sock.getsockname()[1]
-        return port
-
-
 class ServerStartError(RuntimeError):
     """The server did not become ready; the message carries the tail of its stderr."""
 
 
-class ServerProcess:
+class ServerProcess(ChildProcess):
     """`async with ServerProcess(max_batch_size=16) as server: ... server.url ...`
 
     Starts `python -m batchpilot serve` on 127.0.0.1 and a free port, waits until
@@ -101,18 +97,6 @@ class ServerProcess:
     def args(self) -> list[str]:
         return list(self._args)
 
-    async def __aenter__(self) -> Self:
-        await self.start()
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.stop()
-
     async def start(self) -> None:
         """Start the server and wait until it is ready. A port taken by someone else
         between choosing and binding it is retried on a fresh port."""
@@ -146,27 +130,24 @@ class ServerProcess:
 
     async def _wait_ready(self) -> None:
         assert self._proc is not None
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + self._ready_timeout_s
-        timeout = aiohttp.ClientTimeout(total=_PROBE_TIMEOUT_S)
-        async with aiohttp.ClientSession(timeout=timeout) as session:
-            while True:
-                if self._proc.returncode is not None:
-                    raise ServerStartError(
-                        f"the server exited with code {self._proc.returncode} before it was "
-                        f"ready ({' '.join(self._args[2:])}); stderr:\n{self.stderr_tail()}"
-                    )
-                with contextlib.suppress(aiohttp.ClientError, TimeoutError):
-                    async with session.get(f"{self.url}/readyz") as response:
-                        if response.status == 200:
-                            return
-                if loop.time() >= deadline:
-                    raise ServerStartError(
-                        f"the server on {self.url} was not ready within "
-                        f"{self._ready_timeout_s:g} s; stderr:\n{self.stderr_tail()}"
-                    )
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._proc.wait(), _POLL_INTERVAL_S)
+        try:
+            await wait_ready(
+                self._proc,
+                f"{self.url}/readyz",
+                timeout_s=self._ready_timeout_s,
+                poll_s=_POLL_INTERVAL_S,
+                probe_timeout_s=_PROBE_TIMEOUT_S,
+            )
+        except NotReady as exc:
+            if exc.returncode is not None:
+                raise ServerStartError(
+                    f"the server exited with code {exc.returncode} before it was "
+                    f"ready ({' '.join(self._args[2:])}); stderr:\n{self.stderr_tail()}"
+                ) from None
+            raise ServerStartError(
+                f"the server on {self.url} was not ready within "
+                f"{self._ready_timeout_s:g} s; stderr:\n{self.stderr_tail()}"
+            ) from None
 
     def send_signal(self, sig: int) -> None:
         if self._proc is not None and self._proc.returncode is None:
@@ -184,18 +165,11 @@ class ServerProcess:
         if proc is None:
             return
         try:
-            if proc.returncode is None:
-                proc.send_signal(signal.SIGTERM)
-                try:
-                    await asyncio.wait_for(proc.wait(), self._stop_timeout_s)
-                except TimeoutError:
-                    proc.kill()
-                    await proc.wait()
-            self.returncode = proc.returncode
+            self.returncode = await stop_process(proc, self._stop_timeout_s)
         finally:
             if self._stderr is not None:
                 # Keep the log's tail: tests read what the server said while draining.
-                self._final_stderr = self._read_tail(self._stderr, STDERR_TAIL_BYTES)
+                self._final_stderr = read_tail(self._stderr, STDERR_TAIL_BYTES)
                 self._stderr.close()
                 self._stderr = None
 
@@ -203,10 +177,4 @@ class ServerProcess:
         """The last `limit` bytes the server wrote to stderr (its log), also after exit."""
         if self._stderr is None:
             return self._final_stderr[-limit:]
-        return self._read_tail(self._stderr, limit)
-
-    @staticmethod
-    def _read_tail(file: IO[bytes], limit: int) -> str:
-        size = file.seek(0, os.SEEK_END)
-        file.seek(max(0, size - limit))
-        return file.read().decode("utf-8", errors="replace")
+        return read_tail(self._stderr, limit)

@@ -5,14 +5,14 @@ from __future__ import annotations
 
 import asyncio
 import json
-import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any, ClassVar
 
 import click
 from pydantic import ValidationError
 
+from batchpilot.clitools import OneLineErrors, fail
 from batchpilot.loadgen.mix import parse_mix
 from batchpilot.models import SLA, BatchingConfig, CapacityResult, RequestMix
 from batchpilot.simulator.arrivals import (
@@ -30,26 +30,9 @@ from batchpilot.simulator.propose import KnobBounds, grid_configs, rank, simulat
 from batchpilot.simulator.scenario import Scenario, Traffic
 
 
-class OneLineErrors(click.Command):
-    """Usage errors as one line on stderr (what was wrong, what is allowed), no usage
-    block: the CLI's rule for every bad input."""
-
-    def make_context(
-        self,
-        info_name: str | None,
-        args: list[str],
-        parent: click.Context | None = None,
-        **extra: Any,
-    ) -> click.Context:
-        try:
-            return super().make_context(info_name, args, parent=parent, **extra)
-        except click.UsageError as exc:
-            fail(exc.format_message(), code=2)
-
-
-def fail(message: str, *, code: int = 2) -> NoReturn:
-    click.echo(f"batchpilot simulate: error: {message}", err=True)
-    sys.exit(code)
+class SimulateCommand(OneLineErrors):
+    error_prefix: ClassVar[str] = "batchpilot simulate: error: "
+    fail_exit_code: ClassVar[int] = 2
 
 
 def parse_arrival(spec: str) -> ArrivalProcess:
@@ -156,7 +139,7 @@ def _human_grid(ranked: Sequence[tuple[BatchingConfig, CapacityResult]]) -> None
     Console().print(table)
 
 
-@click.command(cls=OneLineErrors)
+@click.command(cls=SimulateCommand)
 @click.option("--p99-ms", type=float, required=True, help="SLA: p99 latency bound in ms.")
 @click.option("--max-error-rate", type=float, default=0.001, show_default=True)
 @click.option(
@@ -208,38 +191,18 @@ def _human_grid(ranked: Sequence[tuple[BatchingConfig, CapacityResult]]) -> None
 )
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
-def simulate(
-    p99_ms: float,
-    max_error_rate: float,
-    max_batch_size: int | None,
-    max_queue_time_ms: float | None,
-    grid: bool,
-    batch_bounds: str,
-    wait_bounds: str,
-    cost_file: Path | None,
-    profile_url: str | None,
-    overhead_ms: float,
-    mix_spec: str | None,
-    arrival: str,
-    replicas: int,
-    requests: int,
-    policy: str,
-    precision: float,
-    timeout_ms: float | None,
-    seed: int,
-    as_json: bool,
-) -> None:
+def simulate(**options: Any) -> None:
     """Predict effective throughput with the queueing simulator."""
     try:
-        _run(**locals())
+        _run(**options)
     except (ProfileError, TraceError) as exc:
-        fail(str(exc))
+        raise fail(str(exc)) from None
     except click.BadParameter as exc:
-        fail(exc.format_message())
+        raise fail(exc.format_message()) from None
     except ValidationError as exc:
         first = exc.errors()[0]
         where = ".".join(str(p) for p in first["loc"]).replace("_", "-")
-        fail(f"invalid value for --{where}: {first['msg']}")
+        raise fail(f"invalid value for --{where}: {first['msg']}") from None
 
 
 def _run(

@@ -11,8 +11,8 @@ import click
 from optuna.storages import BaseStorage
 from rich.console import Console
 
+from batchpilot.clitools import OneLineErrors
 from batchpilot.models import SLA, RequestMix
-from batchpilot.server.cli import OneLineErrors
 from batchpilot.tuner.config import (
     QUICK_MEASUREMENT,
     QUICK_SIMULATOR_WARM_STARTS,

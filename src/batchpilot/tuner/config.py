@@ -5,13 +5,12 @@ are rejected, so a typo is an error rather than a silently ignored setting."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Annotated, Any, Literal, Self
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from batchpilot.datafiles import load_yaml_or_json
 from batchpilot.models import MAX_BATCH_SIZE_LIMIT, MAX_QUEUE_TIME_MS_LIMIT, SLA
 
 # The default SLA for the reference server on a small machine: its p99 at light load
@@ -129,12 +128,7 @@ def parse_config(data: Any, source: str = "configuration") -> TuneConfig:
 
 def load_config(path: Path) -> TuneConfig:
     try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise ConfigError(f"cannot read config file {str(path)!r}: {exc.strerror}") from None
-    try:
-        data = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
-    except (json.JSONDecodeError, yaml.YAMLError) as exc:
-        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        raise ConfigError(f"config file {str(path)!r} is not valid YAML/JSON: {first}") from None
+        data = load_yaml_or_json(path, "config file")
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
     return parse_config(data, f"config file {str(path)!r}")

@@ -4,7 +4,6 @@ scores it."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 import random
@@ -13,12 +12,15 @@ from typing import Any
 import aiohttp
 
 from batchpilot.models import SLA, BatchingConfig, CapacityResult, RequestMix
+from batchpilot.retry import backoff_delay, retry
 from batchpilot.tuner.interfaces import TargetError
 
 log = logging.getLogger(__name__)
 
 ADMIN_PATH = "/admin/batching"
 PROFILE_PATH = "/admin/profile"
+# No single wait longer than this, however many attempts are configured.
+_BACKOFF_CAP_S = 5.0
 
 
 class _Retryable(Exception):
@@ -50,17 +52,23 @@ class LocalTarget:
         self._rng = rng or random.Random()
 
     async def _call(self, method: str, path: str, body: dict[str, Any] | None = None) -> Any:
-        last = ""
-        for attempt in range(self._attempts):
-            if attempt:
-                delay = self._backoff_s * 2 ** (attempt - 1)
-                await asyncio.sleep(delay * (0.5 + self._rng.random()))
-            try:
-                return await self._once(method, path, body)
-            except _Retryable as exc:
-                last = str(exc)
-                log.warning("%s %s failed (attempt %d): %s", method, path, attempt + 1, last)
-        raise TargetError(f"{method} {self.url}{path} failed {self._attempts} times: {last}")
+        def logged(attempt: int, error: Exception) -> None:
+            log.warning("%s %s failed (attempt %d): %s", method, path, attempt + 1, error)
+
+        try:
+            return await retry(
+                lambda: self._once(method, path, body),
+                attempts=self._attempts,
+                retryable=lambda error: isinstance(error, _Retryable),
+                delay=lambda attempt: backoff_delay(
+                    attempt, base=self._backoff_s, cap=_BACKOFF_CAP_S, rng=self._rng
+                ),
+                on_error=logged,
+            )
+        except _Retryable as exc:
+            raise TargetError(
+                f"{method} {self.url}{path} failed {self._attempts} times: {exc}"
+            ) from None
 
     async def _once(self, method: str, path: str, body: dict[str, Any] | None) -> Any:
         try:

@@ -14,7 +14,7 @@ import signal
 import time
 from collections.abc import Coroutine
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from optuna.storages import BaseStorage
 from rich.console import Console
@@ -49,13 +49,21 @@ class LocalRun:
     storage: str | BaseStorage | None = None  # an opened storage or a URL
 
 
+class Profiled(Protocol):
+    """Where the batch-cost profile comes from (LocalTarget: GET /admin/profile)."""
+
+    async def profile(self) -> dict[str, Any]: ...
+
+
 class SimulatorWarmStart:
     """Adds the simulator's proposals once: when a measured trial has left a batch-cost
-    profile in the server. Skipped, with the reason logged, when the simulator is not
-    installed or the profile cannot be fitted yet (too few distinct batch sizes)."""
+    profile in the server. The profile's fit is calibrated against the baseline's
+    measured capacity first (see `warmstart`). Skipped, with the reason logged, when
+    the simulator is not installed or the profile cannot be fitted yet (too few
+    distinct batch sizes)."""
 
     def __init__(
-        self, tuner: Tuner, target: LocalTarget, run: LocalRun, rules: list[BatchingConfig]
+        self, tuner: Tuner, target: Profiled, run: LocalRun, rules: list[BatchingConfig]
     ) -> None:
         self.tuner = tuner
         self.target = target
@@ -72,15 +80,32 @@ class SimulatorWarmStart:
         try:
             from batchpilot.simulator.cost import ProfileError, fit_cost_model
             from batchpilot.simulator.propose import propose_configs
+            from batchpilot.tuner.warmstart import calibrated_cost
         except ImportError as exc:
             return self._skip(f"the simulator is not available ({exc})")
         profile = await self.target.profile()
         try:
-            cost = fit_cost_model(profile)
+            profiled = fit_cost_model(profile)
         except ProfileError as exc:
             log.info("simulator warm start waits for a better profile: %s", exc)
             return []
         cfg = self.run.config
+        # The baseline is always measured in full (never pruned), first: the one
+        # capacity of this run the profile-fitted model can be calibrated against.
+        base = next((r for r in self.tuner.records() if r.source == "baseline"), None)
+        measured = self.tuner.result(base.number) if base is not None else None
+        cost, note = profiled, "not calibrated: no baseline measurement"
+        if base is not None and measured is not None:
+            cost, note = await asyncio.to_thread(
+                calibrated_cost,
+                profiled,
+                mix=self.run.mix,
+                sla=cfg.sla,
+                baseline=base.config(),
+                measured=measured,
+                seed=cfg.tuning.seed,
+            )
+        log.info("simulator cost model %s", note)
         configs = await asyncio.to_thread(
             propose_configs,
             cost,

@@ -40,7 +40,15 @@ def reported_step(result: CapacityResult) -> StepResult | None:
 
 
 def figures_of(result: CapacityResult) -> tuple[float, float | None, float | None]:
-    """(effective req/s, p99 ms, error rate) for a trial record."""
+    """(effective req/s, p99 ms, error rate) for a trial record, rounded to what a
+    measurement can tell apart. Rounding here, before Optuna sees the value, keeps a study
+    rebuilt from stored records (e.g. the operator's status) identical to the live one,
+    and keeps `kubectl get` columns readable."""
     step = reported_step(result)
     p99 = result.p99_ms if result.p99_ms is not None else (step.p99_ms if step else None)
-    return result.effective_rps, p99, (step.error_rate if step else None)
+    errors = step.error_rate if step else None
+    return (
+        round(result.effective_rps, 1),
+        None if p99 is None else round(p99, 2),
+        None if errors is None else round(errors, 6),
+    )
