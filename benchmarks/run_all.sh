@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# Every benchmark, one after another (never two at once: they share the CPU), each
+# JSON object saved under OUT (default reports/benchmarks). Run on a quiet machine.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-reports/benchmarks}
+mkdir -p "$OUT"
+py=.venv/bin/python
+run() {
+    local name=$1; shift
+    local start=$SECONDS
+    "$@" > "$OUT/$name.json" 2> "$OUT/$name.log"
+    echo "$name: exit $? in $((SECONDS - start)) s" | tee -a "$OUT/summary.txt"
+}
+run server_efficiency $py benchmarks/server_efficiency.py --json
+run capacity_spread $py benchmarks/capacity_spread.py --json --runs 3
+run loadgen_accuracy $py benchmarks/loadgen_accuracy.py --json
+run tune_local .venv/bin/batchpilot tune --local --json --report "$OUT/tune_local_report"
+run simulator_validation $py benchmarks/simulator_validation.py --json
+run simulator_speed $py benchmarks/simulator_speed.py --json
+run tuner_efficiency $py benchmarks/tuner_efficiency.py --json
