@@ -81,7 +81,7 @@ class Tuning(Strict):
     # No new trial starts after this many seconds of study; the one in flight and the
     # re-measurement (about 100 s) still run. Keeps the default run inside 10 minutes
     # on a busy 2-core machine whatever mix of full and pruned trials it meets.
-    time_budget_s: Annotated[float, Field(gt=0.0, le=7 * 24 * 3600.0)] = 420.0
+    time_budget_s: Annotated[float, Field(gt=0.0, le=7 * 24 * 3600.0)] = 300.0
 
 
 class TuneConfig(Strict):
