@@ -25,6 +25,7 @@ import os
 import statistics
 import sys
 import time
+from collections.abc import Sequence
 
 import aiohttp
 import torch
@@ -68,7 +69,7 @@ class Report(BaseModel):
     target_from_batch: int
     meets_target: bool
     # bound at batch 32 over bound at batch 1: the model must batch well (at least 4x)
-    bound_gain_1_to_32: float
+    bound_gain_1_to_32: float | None  # None unless batch sizes 1 and 32 were both measured
     load_average: tuple[float, float]  # 1-minute load at start and end: how busy the machine was
     cpu_count: int
     rows: list[Row]
@@ -91,13 +92,64 @@ def forward_time_s(workload: MLPWorkload, batch_size: int) -> tuple[float, float
 
 
 def process_cpu_s(pid: int) -> float:
-    """User + system CPU seconds a process has used (Linux /proc)."""
+    """User + system CPU seconds a process and its live descendants have used (Linux
+    /proc): the server's HTTP process and its model process together."""
     with open(f"/proc/{pid}/stat") as stat:
         fields = stat.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    total = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    for task in os.listdir(f"/proc/{pid}/task"):
+        with open(f"/proc/{pid}/task/{task}/children") as children:
+            total += sum(process_cpu_s(int(child)) for child in children.read().split())
+    return total
 
 
 SYNTHETIC_ONE_ROW = b'{"synthetic": {"size": 1}}'
+
+
+class _ClosedLoopConnection(asyncio.Protocol):
+    """One keep-alive connection that sends the next request as soon as the last answer
+    is complete, until `deadline`. A bare protocol rather than an HTTP client library:
+    the clients share the machine with the server they measure, so every microsecond
+    they spend is taken from it."""
+
+    def __init__(self, request: bytes, deadline: float, counts: list[int]) -> None:
+        self._request = request
+        self._deadline = deadline
+        self._counts = counts
+        self._buffer = b""
+        self._loop = asyncio.get_running_loop()
+        self.done: asyncio.Future[None] = self._loop.create_future()
+        self._transport: asyncio.Transport | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self._transport = transport
+        transport.write(self._request)
+
+    def data_received(self, data: bytes) -> None:
+        self._buffer += data
+        while (end := self._buffer.find(b"\r\n\r\n")) >= 0:
+            head = self._buffer[:end].lower()
+            start = head.index(b"content-length:") + len(b"content-length:")
+            stop = head.find(b"\r\n", start)
+            length = int(head[start : stop if stop >= 0 else len(head)])
+            if len(self._buffer) < end + 4 + length:
+                return  # the body is still coming
+            self._counts[0 if head.startswith(b"http/1.1 200") else 1] += 1
+            self._buffer = self._buffer[end + 4 + length :]
+            assert self._transport is not None
+            if self._loop.time() < self._deadline:
+                self._transport.write(self._request)
+            else:
+                self._transport.close()
+                return
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if not self.done.done():
+            if exc is None:
+                self.done.set_result(None)
+            else:
+                self.done.set_exception(exc)
 
 
 class ClosedLoopClients:
@@ -112,29 +164,27 @@ class ClosedLoopClients:
             f"Content-Type: application/json\r\nContent-Length: {len(SYNTHETIC_ONE_ROW)}\r\n\r\n"
         ).encode() + SYNTHETIC_ONE_ROW
 
-    async def _connection(self, deadline: float, counts: list[int]) -> None:
-        loop = asyncio.get_running_loop()
-        reader, writer = await asyncio.wait_for(
-            asyncio.open_connection(self.host, self.port), timeout=10
-        )
-        try:
-            while loop.time() < deadline:
-                writer.write(self.request)
-                head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), timeout=10)
-                start = head.lower().index(b"content-length:") + len(b"content-length:")
-                length = int(head[start : head.index(b"\r\n", start)])
-                await asyncio.wait_for(reader.readexactly(length), timeout=10)
-                counts[0 if head.startswith(b"HTTP/1.1 200") else 1] += 1
-        finally:
-            writer.close()
-
     async def rate(self, concurrency: int, duration_s: float) -> float:
         """Successful responses per second over `duration_s`; raises if any failed."""
         loop = asyncio.get_running_loop()
         counts = [0, 0]
         started = loop.time()
-        await asyncio.gather(
-            *(self._connection(started + duration_s, counts) for _ in range(concurrency))
+        deadline = started + duration_s
+        connections = [
+            (
+                await asyncio.wait_for(
+                    loop.create_connection(
+                        lambda: _ClosedLoopConnection(self.request, deadline, counts),
+                        self.host,
+                        self.port,
+                    ),
+                    timeout=10,
+                )
+            )[1]
+            for _ in range(concurrency)
+        ]
+        await asyncio.wait_for(
+            asyncio.gather(*(c.done for c in connections)), timeout=duration_s + 10
         )
         if counts[1]:
             raise RuntimeError(f"{counts[1]} of {sum(counts)} requests failed")
@@ -169,18 +219,18 @@ async def server_window(
     return rps, requests / max(count, 1), compute_ms, cpu_per_request
 
 
-async def measure(window_s: float, repeats: int) -> list[Row]:
+async def measure(window_s: float, repeats: int, batch_sizes: Sequence[int]) -> list[Row]:
     """Per batch size, `repeats` pairs of (bound, server window) taken back to back, so
     each ratio compares figures measured under the same load on the machine."""
     torch.set_num_threads(THREADS)
     workload = MLPWorkload(torch.device("cpu"))
     rows = []
     async with (
-        ServerProcess(max_batch_size=max(BATCH_SIZES), max_queue_time_ms=50.0, threads=THREADS)
+        ServerProcess(max_batch_size=max(batch_sizes), max_queue_time_ms=50.0, threads=THREADS)
         as server,
         aiohttp.ClientSession(timeout=TIMEOUT) as http,
     ):  # fmt: skip
-        for batch_size in BATCH_SIZES:
+        for batch_size in batch_sizes:
             await _json(http, "PUT", f"{server.url}/admin/batching", {"max_batch_size": batch_size})
             # A short closed-loop run settles the connections and the batch shapes.
             await ClosedLoopClients(server.host, server.port).rate(2 * batch_size, 1.0)
@@ -216,9 +266,9 @@ async def measure(window_s: float, repeats: int) -> list[Row]:
     return rows
 
 
-def run(window_s: float, repeats: int) -> Report:
+def run(window_s: float, repeats: int, batch_sizes: Sequence[int]) -> Report:
     load_before = os.getloadavg()[0]
-    rows = asyncio.run(measure(window_s, repeats))
+    rows = asyncio.run(measure(window_s, repeats, batch_sizes))
     load_after = os.getloadavg()[0]
     meets = all(r.ratio >= TARGET_RATIO for r in rows if r.batch_size >= TARGET_FROM_BATCH)
     by_size = {r.batch_size: r for r in rows}
@@ -230,7 +280,11 @@ def run(window_s: float, repeats: int) -> Report:
         target_ratio=TARGET_RATIO,
         target_from_batch=TARGET_FROM_BATCH,
         meets_target=meets,
-        bound_gain_1_to_32=round(by_size[32].bound_rps / by_size[1].bound_rps, 2),
+        bound_gain_1_to_32=(
+            round(by_size[32].bound_rps / by_size[1].bound_rps, 2)
+            if 1 in by_size and 32 in by_size
+            else None
+        ),
         load_average=(round(load_before, 2), round(load_after, 2)),
         cpu_count=os.cpu_count() or 1,
         rows=rows,
@@ -258,10 +312,12 @@ def render(report: Report) -> None:
     console = Console()
     console.print(table)
     verdict = "meets" if report.meets_target else "misses"
+    ratio = report.bound_gain_1_to_32
+    gain = "not measured" if ratio is None else f"{ratio:g}x"
     console.print(
         f"{verdict} the target ratio >= {report.target_ratio} for batch >= "
-        f"{report.target_from_batch}; bound gain from batch 1 to 32: "
-        f"{report.bound_gain_1_to_32:g}x; load average {report.load_average[0]:g} -> "
+        f"{report.target_from_batch}; bound gain from batch 1 to 32: {gain}; "
+        f"load average {report.load_average[0]:g} -> "
         f"{report.load_average[1]:g} on {report.cpu_count} CPUs"
     )
 
@@ -271,15 +327,30 @@ def main() -> None:
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.add_argument("--window-s", type=float, default=3.0, help="seconds per window")
     parser.add_argument("--repeats", type=int, default=3, help="windows per batch size")
+    parser.add_argument(
+        "--batch-sizes",
+        default=",".join(map(str, BATCH_SIZES)),
+        help="comma-separated batch sizes, each 1 to 1024 (default: %(default)s)",
+    )
     args = parser.parse_args()
-    if args.window_s <= 0 or args.repeats < 1:
-        print(
-            f"error: --window-s must be > 0 (got {args.window_s:g}) and --repeats >= 1 "
-            f"(got {args.repeats})",
-            file=sys.stderr,
+    try:
+        batch_sizes = sorted({int(b) for b in args.batch_sizes.split(",")})
+    except ValueError:
+        batch_sizes = []
+    problems = []
+    if args.window_s <= 0:
+        problems.append(f"--window-s must be > 0 (got {args.window_s:g})")
+    if args.repeats < 1:
+        problems.append(f"--repeats must be >= 1 (got {args.repeats})")
+    if not batch_sizes or not all(1 <= b <= 1024 for b in batch_sizes):
+        problems.append(
+            f"--batch-sizes must be integers 1 to 1024 separated by commas (got "
+            f"{args.batch_sizes!r})"
         )
+    if problems:
+        print("error: " + "; ".join(problems), file=sys.stderr)
         sys.exit(2)
-    report = run(args.window_s, args.repeats)
+    report = run(args.window_s, args.repeats, batch_sizes)
     if args.json:
         print(json.dumps(report.model_dump(mode="json")))
     else:

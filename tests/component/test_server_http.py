@@ -8,13 +8,15 @@ import contextlib
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 
 import pytest
+import torch
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
 from batchpilot.models import BatchingConfig
 from batchpilot.server.app import ServerOptions, ServerState, build_app
-from batchpilot.server.engine import InferenceEngine
-from batchpilot.server.workloads import MLP_FEATURES, MLP_MAX_ROWS, ModelInput
+from batchpilot.server.engine import InferenceEngine, ModelError
+from batchpilot.server.inputs import MLP_FEATURES, MLP_MAX_ROWS, ModelInput
+from batchpilot.server.workloads import MLPWorkload
 
 pytestmark = pytest.mark.component
 
@@ -93,10 +95,9 @@ async def test_predict_synthetic(client: Client) -> None:
     assert body["compute_ms"] > 0
 
 
-async def test_predict_real_inputs_match_synthetic_rows(
-    client: Client, engine: InferenceEngine
-) -> None:
-    rows = engine.workload.synthetic(2).tolist()
+async def test_predict_real_inputs_match_synthetic_rows(client: Client) -> None:
+    # The synthetic table is seeded: the same in this process as in the model process.
+    rows = MLPWorkload(torch.device("cpu")).synthetic(2).tolist()
     real = await (await client.post("/v1/predict", json={"inputs": rows})).json()
     synthetic = await (await client.post("/v1/predict", json={"synthetic": {"size": 2}})).json()
     assert real["classes"] == synthetic["classes"]
@@ -294,28 +295,34 @@ async def test_profile_reports_and_resets(client: Client) -> None:
 
 
 async def test_failing_batch_is_500_for_its_requests_only(
-    served: tuple[Client, ServerState], monkeypatch: pytest.MonkeyPatch
+    engine: InferenceEngine, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    client, state = served
-    workload = state.engine.workload
-    real_forward = workload.forward
+    real_run_batch = engine.run_batch
     calls = 0
 
-    def fail_once(inputs: Sequence[ModelInput]) -> list[list[int]]:
+    async def fail_once(inputs: Sequence[ModelInput]) -> list[list[int]]:
         nonlocal calls
         calls += 1
         if calls == 1:
-            raise RuntimeError("out of memory (simulated)")
-        return real_forward(inputs)
+            raise ModelError("RuntimeError: out of memory (simulated)")
+        return await real_run_batch(inputs)
 
-    monkeypatch.setattr(workload, "forward", fail_once)
-    message = await error_of(client, "POST", "/v1/predict", 500, json={"synthetic": {"size": 1}})
-    assert "the batch failed: RuntimeError: out of memory (simulated)" in message
-    response = await client.post("/v1/predict", json={"synthetic": {"size": 1}})
-    assert response.status == 200
-    text = await (await client.get("/metrics")).text()
-    assert metric_value(text, 'batchpilot_requests_total{outcome="error"}') == 1
-    assert metric_value(text, 'batchpilot_requests_total{outcome="ok"}') == 1
+    # The batcher takes `engine.run_batch` when the state is built: patch it before.
+    monkeypatch.setattr(engine, "run_batch", fail_once)
+    batching = BatchingConfig(max_batch_size=4, max_queue_time_ms=1.0)
+    async with serving(engine, batching) as (client, _):
+        message = await error_of(
+            client, "POST", "/v1/predict", 500, json={"synthetic": {"size": 1}}
+        )
+        assert message == "the batch failed: ModelError: RuntimeError: out of memory (simulated)"
+        response = await client.post("/v1/predict", json={"synthetic": {"size": 1}})
+        assert response.status == 200
+        assert len((await response.json())["classes"]) == 1
+        text = await (await client.get("/metrics")).text()
+        assert metric_value(text, 'batchpilot_requests_total{outcome="error"}') == 1
+        assert metric_value(text, 'batchpilot_requests_total{outcome="ok"}') == 1
+        assert metric_value(text, "batchpilot_batch_size_count") == 2
+    assert calls == 2
 
 
 async def test_full_queue_is_503_with_retry_after(engine: InferenceEngine) -> None:

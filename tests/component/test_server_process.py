@@ -102,9 +102,44 @@ async def test_env_vars_configure_and_flags_win() -> None:
 
             await until(batching)
             assert await batching() == {"max_batch_size": 12, "max_queue_time_ms": 3.5}
+
+            async def ready() -> bool:
+                try:
+                    async with http.get(f"http://127.0.0.1:{port}/readyz") as r:
+                        return r.status == 200
+                except aiohttp.ClientError:
+                    return False
+
+            # The server listens while the model loads; the SIGTERM below is for a
+            # server that is serving (one that is loading is the next test's).
+            await until(ready)
     finally:
         process.send_signal(signal.SIGTERM)
         assert await asyncio.wait_for(process.wait(), 30) == 0
+
+
+async def test_sigterm_while_the_model_loads_exits_cleanly() -> None:
+    port = free_port()
+    command = [sys.executable, "-m", "batchpilot", "serve", "--port", str(port), "--threads", "1"]
+    process = await asyncio.create_subprocess_exec(*command, stderr=asyncio.subprocess.DEVNULL)
+    try:
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=2)) as http:
+
+            async def readiness() -> str | None:
+                try:
+                    async with http.get(f"http://127.0.0.1:{port}/readyz") as r:
+                        status: str = (await r.json())["status"]
+                        return status
+                except aiohttp.ClientError:
+                    return None
+
+            await until(readiness)
+            if await readiness() == "ready":
+                pytest.skip("the model loaded before the signal could be sent")
+    finally:
+        process.send_signal(signal.SIGTERM)
+        code = await asyncio.wait_for(process.wait(), 30)
+    assert code == 0
 
 
 async def test_encoder_model_takes_token_sequences() -> None:

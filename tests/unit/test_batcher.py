@@ -287,3 +287,86 @@ def test_queue_limit_must_be_positive() -> None:
 
     with pytest.raises(ValueError, match="queue_limit"):
         Batcher(run, config(1, 0), queue_limit=0)
+
+
+class SerialModel(FakeModel):
+    """One device: batches handed over while another computes wait their turn, in the
+    order they came. Records when each was handed over; `batches` holds start times."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.handed_over: list[float] = []
+        self._device = asyncio.Lock()  # FIFO, like the model process's socket
+
+    async def __call__(self, items: Sequence[int]) -> list[int]:
+        self.handed_over.append(round(asyncio.get_running_loop().time(), 6))
+        async with self._device:
+            return await super().__call__(items)
+
+
+async def ahead_batcher(
+    model: SerialModel, cfg: BatchingConfig, observer: Recorder | None = None
+) -> Batcher[int, int]:
+    batcher: Batcher[int, int] = Batcher(model, cfg, queue_limit=100, observer=observer, ahead=1)
+    batcher.start()
+    return batcher
+
+
+async def test_full_batch_is_handed_over_while_another_computes() -> None:
+    model, recorder = SerialModel(), Recorder()
+    batcher = await ahead_batcher(model, config(4, 50), recorder)
+    tasks = submit_all(batcher, list(range(10)))
+    assert await asyncio.gather(*tasks) == [2 * i for i in range(10)]
+    assert model.sizes == [4, 4, 2]
+    # The second full batch waits at the model, not in the batcher; the partial one
+    # still waits out its 50 ms cap.
+    assert model.handed_over == [0.0, 0.0, 0.05]
+    assert model.starts == [0.0, 0.01, 0.05]
+    # Its time at the model's door counts as queueing, not compute.
+    second = recorder.records[1]
+    assert [round(w, 6) for w in second.queue_waits_s] == [0.01] * 4
+    assert round(second.compute_s, 6) == COMPUTE_S
+    await batcher.close()
+
+
+async def test_no_more_than_ahead_batches_wait_at_the_model() -> None:
+    model = SerialModel()
+    batcher = await ahead_batcher(model, config(4, 1000))
+    tasks = submit_all(batcher, list(range(16)))
+    assert await asyncio.gather(*tasks) == [2 * i for i in range(16)]
+    assert model.sizes == [4, 4, 4, 4]
+    assert model.handed_over == [0.0, 0.0, 0.01, 0.02]
+    assert model.starts == [0.0, 0.01, 0.02, 0.03]
+    await batcher.close()
+
+
+async def test_partial_batch_keeps_filling_while_the_model_is_busy() -> None:
+    model = SerialModel()
+    batcher = await ahead_batcher(model, config(4, 5))
+    first = submit_all(batcher, [1])  # alone: handed over at its 5 ms cap
+    await asyncio.sleep(0.006)
+    second = submit_all(batcher, [2])  # its cap passes at 0.011, the model is busy
+    await asyncio.sleep(0.006)
+    third = submit_all(batcher, [3])  # joins it at 0.012
+    assert await asyncio.gather(*first, *second, *third) == [2, 4, 6]
+    assert model.sizes == [1, 2]
+    assert model.handed_over == [0.005, 0.015]
+    await batcher.close()
+
+
+async def test_close_waits_for_batches_handed_over() -> None:
+    model = SerialModel()
+    batcher = await ahead_batcher(model, config(2, 1000))
+    tasks = submit_all(batcher, [1, 2, 3, 4, 5])
+    await asyncio.sleep(0)
+    await batcher.close()
+    assert [t.result() for t in tasks] == [2, 4, 6, 8, 10]
+    assert model.sizes == [2, 2, 1]
+
+
+def test_ahead_must_not_be_negative() -> None:
+    async def never(items: Sequence[int]) -> list[int]:
+        raise AssertionError("not called")
+
+    with pytest.raises(ValueError, match="ahead must be at least 0"):
+        Batcher(never, config(1, 0), queue_limit=1, ahead=-1)

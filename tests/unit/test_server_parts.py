@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import pickle
 
 import pytest
 
@@ -13,11 +14,14 @@ from batchpilot.server.api import (
     ApiError,
     BatchingUpdate,
     PredictRequest,
+    parse_body,
     parse_json_object,
     validate,
 )
-from batchpilot.server.engine import default_threads, warm_up_batch_sizes
+from batchpilot.server.engine import default_threads, exit_description
+from batchpilot.server.inputs import ModelInput
 from batchpilot.server.metrics import LATENCY_BUCKETS, geometric_buckets
+from batchpilot.server.model_process import HEADER, Request, encode, warm_up_batch_sizes
 from batchpilot.server.profile import BatchProfile
 
 ALLOWED = "ALLOWED-TEXT"
@@ -130,3 +134,51 @@ def test_default_threads_leaves_a_core(monkeypatch: pytest.MonkeyPatch) -> None:
     assert default_threads() == 1
     monkeypatch.setattr("os.sched_getaffinity", lambda _pid: set(range(8)))
     assert default_threads() == 7
+
+
+def test_exit_description_names_the_signal() -> None:
+    assert exit_description(-9) == "was killed by SIGKILL"
+    assert exit_description(1) == "exited with code 1"
+    assert exit_description(-200) == "was killed by signal 200"
+
+
+def test_model_process_messages_round_trip() -> None:
+    request = Request("forward", inputs=(ModelInput(3), ModelInput(1, [[0.0] * 64])))
+    frame = encode(request)
+    (length,) = HEADER.unpack(frame[: HEADER.size])
+    assert length == len(frame) - HEADER.size
+    assert pickle.loads(frame[HEADER.size :]) == request
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        b'{"synthetic": {"size": 3}}',
+        b'{"inputs": [[1, 2.5]]}',
+        b'{"synthetic": {"size": 1}, "synthetic": {"size": 2}}',
+        b'{"synthetic": {"size": 1.0}}',
+        b'{"synthetic": {"size": true}}',
+        b'{"synthetic": {"size": "3"}}',
+        b'{"inputs": [NaN]}',
+        b'{"inputs": [[1]], "extra": 0}',
+        b"{}",
+        b"[]",
+        b"",
+        b"{bad",
+        '{"synthetic": {"size": 2}}'.encode("utf-16"),
+    ],
+)
+def test_parse_body_agrees_with_step_by_step_parsing(body: bytes) -> None:
+    """The fast path must accept exactly what json.loads + validation accepts, with the
+    same result, and refuse with the step-by-step message."""
+    try:
+        expected: PredictRequest | str = validate(
+            PredictRequest, parse_json_object(body, ALLOWED), ALLOWED
+        )
+    except ApiError as exc:
+        expected = exc.message
+    try:
+        got: PredictRequest | str = parse_body(PredictRequest, body, ALLOWED)
+    except ApiError as exc:
+        got = exc.message
+    assert repr(got) == repr(expected)  # repr: NaN is not equal to itself

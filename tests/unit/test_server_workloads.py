@@ -6,16 +6,16 @@ from __future__ import annotations
 import pytest
 import torch
 
-from batchpilot.server.workloads import (
+from batchpilot.server.inputs import (
     ENCODER_MAX_TOKENS,
     MLP_FEATURES,
     MLP_MAX_ROWS,
-    EncoderWorkload,
+    EncoderInputs,
     InputError,
-    MLPWorkload,
+    MLPInputs,
     ModelInput,
-    resolve_device,
 )
+from batchpilot.server.workloads import EncoderWorkload, MLPWorkload, resolve_device
 
 CPU = torch.device("cpu")
 
@@ -34,39 +34,57 @@ def encoder() -> EncoderWorkload:
     return EncoderWorkload(CPU)
 
 
-def run(workload: MLPWorkload | EncoderWorkload, inputs: list[torch.Tensor]) -> list[list[int]]:
+def run(workload: MLPWorkload | EncoderWorkload, inputs: list[ModelInput]) -> list[list[int]]:
     with torch.inference_mode():
-        return workload.forward_tensors(inputs)
+        return workload.forward(inputs)
+
+
+def real(workload: MLPWorkload | EncoderWorkload, size: int) -> ModelInput:
+    """The synthetic input of `size` sent as real data."""
+    return workload.rules.parse(workload.synthetic(size).tolist())
 
 
 def test_mlp_is_deterministic(mlp: MLPWorkload) -> None:
     again = MLPWorkload(CPU)
     assert torch.equal(mlp.synthetic(8), again.synthetic(8))
-    assert run(mlp, [mlp.synthetic(8)]) == run(again, [again.synthetic(8)])
+    assert run(mlp, [MLPInputs.synthetic_input(8)]) == run(again, [MLPInputs.synthetic_input(8)])
+
+
+def test_mlp_answers_are_the_argmax_of_the_network(mlp: MLPWorkload) -> None:
+    with torch.inference_mode():
+        expected = mlp.net(mlp.synthetic(5)).argmax(dim=1).tolist()
+    assert run(mlp, [MLPInputs.synthetic_input(5)]) == [expected]
 
 
 def test_mlp_batch_answers_match_single(mlp: MLPWorkload) -> None:
-    parts = [mlp.synthetic(n) for n in (1, 5, 3)]
+    parts = [MLPInputs.synthetic_input(n) for n in (1, 5, 3)]
     batched = run(mlp, parts)
     assert [len(p) for p in batched] == [1, 5, 3]
     assert batched == [run(mlp, [p])[0] for p in parts]
 
 
-def test_mlp_parse_real_rows(mlp: MLPWorkload) -> None:
+def test_mlp_assembles_rows_in_request_order(mlp: MLPWorkload) -> None:
+    rows = [[float(i)] * MLP_FEATURES for i in range(2)]
+    synthetic = MLPInputs.synthetic_input
+    batch = mlp.assemble([synthetic(2), MLPInputs.parse(rows), synthetic(1)])
+    assert batch.dtype == torch.float32
+    assert torch.equal(batch[0:2], mlp.synthetic(2))
+    assert torch.equal(batch[2:4], torch.tensor(rows))
+    assert torch.equal(batch[4:5], mlp.synthetic(1))
+    assert torch.equal(mlp.assemble([MLPInputs.parse(rows)]), torch.tensor(rows))
+
+
+def test_mlp_parse_real_rows() -> None:
     rows = [[0.5] * MLP_FEATURES, [1] * MLP_FEATURES]
-    checked = mlp.parse(rows)
-    assert checked == ModelInput(2, rows)
-    tensor = mlp.to_tensor(rows)
-    assert tensor.shape == (2, MLP_FEATURES)
-    assert tensor.dtype == torch.float32
+    assert MLPInputs.parse(rows) == ModelInput(2, rows)
 
 
 def test_requests_of_both_forms_run_together(mlp: MLPWorkload) -> None:
-    rows = mlp.synthetic(3).tolist()
-    with torch.inference_mode():
-        answers = mlp.forward([mlp.parse(rows), mlp.synthetic_input(3), mlp.synthetic_input(1)])
+    synthetic = MLPInputs.synthetic_input
+    answers = run(mlp, [real(mlp, 3), synthetic(3), synthetic(1), real(mlp, 2)])
     assert answers[0] == answers[1]
     assert answers[2] == answers[0][:1]
+    assert answers[3] == answers[0][:2]
 
 
 @pytest.mark.parametrize(
@@ -82,28 +100,33 @@ def test_requests_of_both_forms_run_together(mlp: MLPWorkload) -> None:
         ([[0.0] * MLP_FEATURES] * (MLP_MAX_ROWS + 1), f"at most {MLP_MAX_ROWS} are allowed"),
     ],
 )
-def test_mlp_parse_refuses(mlp: MLPWorkload, raw: object, expected: str) -> None:
+def test_mlp_parse_refuses(raw: object, expected: str) -> None:
     with pytest.raises(InputError) as info:
-        mlp.parse(raw)
+        MLPInputs.parse(raw)
     assert expected in str(info.value)
 
 
 @pytest.mark.parametrize("size", [0, MLP_MAX_ROWS + 1])
-def test_synthetic_size_is_bounded(mlp: MLPWorkload, size: int) -> None:
+def test_synthetic_size_is_bounded(size: int) -> None:
     with pytest.raises(InputError, match=f"takes 1 to {MLP_MAX_ROWS} rows"):
-        mlp.synthetic_input(size)
+        MLPInputs.synthetic_input(size)
 
 
 def test_encoder_padding_does_not_change_answers(encoder: EncoderWorkload) -> None:
-    parts = [encoder.synthetic(n) for n in (3, 40, 1)]
+    parts = [EncoderInputs.synthetic_input(n) for n in (3, 40, 1)]
     batched = run(encoder, parts)
     assert batched == [run(encoder, [p])[0] for p in parts]
     assert all(len(classes) == 1 for classes in batched)
 
 
-def test_encoder_parse(encoder: EncoderWorkload) -> None:
-    assert encoder.parse([1, 2, 999]) == ModelInput(3, [1, 2, 999])
-    assert encoder.to_tensor([1, 2, 999]).tolist() == [1, 2, 999]
+def test_encoder_real_and_synthetic_tokens_agree(encoder: EncoderWorkload) -> None:
+    answers = run(encoder, [real(encoder, 7), EncoderInputs.synthetic_input(7), real(encoder, 2)])
+    assert answers[0] == answers[1]
+    assert answers[2] == run(encoder, [EncoderInputs.synthetic_input(2)])[0]
+
+
+def test_encoder_parse() -> None:
+    assert EncoderInputs.parse([1, 2, 999]) == ModelInput(3, [1, 2, 999])
     for raw, expected in (
         ([0], "run from 1 to 999"),
         ([1000], "run from 1 to 999"),
@@ -113,7 +136,7 @@ def test_encoder_parse(encoder: EncoderWorkload) -> None:
         ("text", "a list of 1 to"),
     ):
         with pytest.raises(InputError) as info:
-            encoder.parse(raw)
+            EncoderInputs.parse(raw)
         assert expected in str(info.value)
 
 

@@ -99,3 +99,15 @@ def validate(model: type[M], value: Mapping[str, object], allowed: str) -> M:
         return model.model_validate(value)
     except ValidationError as exc:
         raise ApiError(400, f"{describe(exc)}; allowed: {allowed}") from exc
+
+
+def parse_body(model: type[M], body: bytes, allowed: str) -> M:
+    """The body as `model`, or ApiError(400) that says what is wrong and what is allowed.
+
+    A valid body goes through pydantic's one-pass JSON parser (about half the CPU of
+    json.loads and validating the result, per request); only a refused one is parsed
+    again step by step, for the message."""
+    try:
+        return model.model_validate_json(body)
+    except ValidationError:
+        return validate(model, parse_json_object(body, allowed), allowed)

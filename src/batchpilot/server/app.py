@@ -12,15 +12,10 @@ from dataclasses import dataclass
 
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST
+from pydantic_core import to_json
 
 from batchpilot.models import BatchingConfig
-from batchpilot.server.api import (
-    ApiError,
-    BatchingUpdate,
-    PredictRequest,
-    parse_json_object,
-    validate,
-)
+from batchpilot.server.api import ApiError, BatchingUpdate, PredictRequest, parse_body
 from batchpilot.server.batcher import (
     Batcher,
     BatcherClosed,
@@ -29,9 +24,9 @@ from batchpilot.server.batcher import (
     QueueFull,
 )
 from batchpilot.server.engine import InferenceEngine
+from batchpilot.server.inputs import InputError, ModelInput
 from batchpilot.server.metrics import ServerMetrics
 from batchpilot.server.profile import BatchProfile
-from batchpilot.server.workloads import InputError, ModelInput
 
 log = logging.getLogger(__name__)
 
@@ -61,19 +56,25 @@ class ServerState:
         self.engine = engine
         self.options = options
         self.profile = BatchProfile()
+        # The model process runs batches in the order it gets them, so one full batch
+        # can wait at its door while another computes.
         self.batcher: Batcher[ModelInput, list[int]] = Batcher(
-            engine.run_batch, options.batching, queue_limit=options.queue_limit, observer=self
+            engine.run_batch,
+            options.batching,
+            queue_limit=options.queue_limit,
+            observer=self,
+            ahead=1,
         )
         self.metrics = ServerMetrics(queue_depth=lambda: self.batcher.depth)
         self.metrics.show_config(options.batching)
         self.ready = False
         self.draining = False
         self._config_lock = asyncio.Lock()
-        workload = engine.workload
+        rules = engine.rules
         # What a predict body may be, for error messages; built once, not per request.
         self.predict_allowed = (
-            f'{{"inputs": {workload.input_schema()}}} or {{"synthetic": {{"size": 1 to '
-            f"{workload.max_size}}}}} ({workload.unit})"
+            f'{{"inputs": {rules.schema}}} or {{"synthetic": {{"size": 1 to '
+            f"{rules.max_size}}}}} ({rules.unit})"
         )
 
     def batch_done(self, record: BatchRecord[ModelInput]) -> None:
@@ -150,12 +151,12 @@ async def _read_body(request: web.Request) -> bytes:
 async def _parse_predict(request: web.Request, state: ServerState) -> ModelInput:
     allowed = state.predict_allowed
     body = await _read_body(request)
-    payload = validate(PredictRequest, parse_json_object(body, allowed), allowed)
-    workload = state.engine.workload
+    payload = parse_body(PredictRequest, body, allowed)
+    rules = state.engine.rules
     try:
         if payload.synthetic is not None:
-            return workload.synthetic_input(payload.synthetic.size)
-        return workload.parse(payload.inputs)
+            return rules.synthetic_input(payload.synthetic.size)
+        return rules.parse(payload.inputs)
     except InputError as exc:
         raise ApiError(400, str(exc)) from None
 
@@ -184,7 +185,8 @@ async def predict(request: web.Request) -> web.Response:
         raise
     state.metrics.request_latency.observe(loop.time() - started)
     state.metrics.count("ok")
-    return web.json_response(
+    # pydantic-core's serializer: a seventh of json.dumps's CPU, on every request.
+    body = to_json(
         {
             "model": state.engine.model,
             "size": inputs.size,
@@ -194,6 +196,7 @@ async def predict(request: web.Request) -> web.Response:
             "compute_ms": round(done.compute_s * 1000.0, 3),
         }
     )
+    return web.Response(body=body, content_type="application/json")
 
 
 def _config_body(config: BatchingConfig) -> dict[str, object]:
@@ -211,7 +214,7 @@ async def put_batching(request: web.Request) -> web.Response:
         "left out to keep its value"
     )
     body = await _read_body(request)
-    update = validate(BatchingUpdate, parse_json_object(body, allowed), allowed)
+    update = parse_body(BatchingUpdate, body, allowed)
     config = await state.reconfigure(update)
     return web.json_response(_config_body(config))
 

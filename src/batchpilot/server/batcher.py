@@ -14,7 +14,7 @@ import contextlib
 import logging
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Generic, Protocol, TypeVar
+from typing import Generic, NamedTuple, Protocol, TypeVar
 
 from batchpilot.models import BatchingConfig
 
@@ -42,9 +42,9 @@ class BatchFailed(Exception):
     """The batch this request was part of failed; the other batches are unaffected."""
 
 
-@dataclass(frozen=True)
-class Completed(Generic[OutT]):
-    """A request's result and how it was served."""
+class Completed(NamedTuple, Generic[OutT]):
+    """A request's result and how it was served (a named tuple: one per request, and
+    cheaper to make than a frozen dataclass)."""
 
     value: OutT
     batch_size: int
@@ -84,7 +84,15 @@ class BatcherStats:
 
 
 class Batcher(Generic[ItemT, OutT]):
-    """Collects submitted items into batches and runs them one batch at a time.
+    """Collects submitted items into batches and hands them to `run_batch`.
+
+    The model runs one batch at a time. A batch that is not full waits for the model to
+    be free (it may still fill up meanwhile) and closes then if its wait is over. With
+    `ahead` > 0, up to that many full batches are handed over while another still runs:
+    `run_batch` must then run batches in the order it was given them (the model process
+    does), and the next batch starts the moment the previous one ends instead of after
+    a round trip through the event loop. Waiting for more requests could not change a
+    full batch, so this changes no batch's contents.
 
     A configuration change is picked up by the next batch to close, including one that
     is being collected (nothing of it has been computed yet); a batch is always formed
@@ -98,9 +106,15 @@ class Batcher(Generic[ItemT, OutT]):
         *,
         queue_limit: int,
         observer: BatchObserver[ItemT] | None = None,
+        ahead: int = 0,
     ) -> None:
         if queue_limit < 1:
             raise ValueError(f"queue_limit must be at least 1, got {queue_limit}")
+        if ahead < 0:
+            raise ValueError(f"ahead must be at least 0, got {ahead}")
+        self._ahead = ahead
+        self._in_flight = 0  # batches handed to run_batch and not back yet
+        self._last_done_at = float("-inf")  # when the model last finished a batch
         self._run_batch = run_batch
         self._config = config
         self._queue_limit = queue_limit
@@ -171,35 +185,45 @@ class Batcher(Generic[ItemT, OutT]):
             raise
 
     async def _loop(self) -> None:
+        running: set[asyncio.Task[None]] = set()
+        loop = asyncio.get_running_loop()
         while True:
             batch = await self._collect()
             if batch is None:
-                return
-            await self._execute(batch)
+                break
+            self._in_flight += 1  # counted now: the next _collect must see it
+            task = loop.create_task(self._execute(batch))
+            running.add(task)
+            task.add_done_callback(running.discard)
+        if running:
+            await asyncio.gather(*running)
 
     async def _collect(self) -> list[_Entry[ItemT, OutT]] | None:
         loop = asyncio.get_running_loop()
         while True:
             while self._queue and self._queue[0].cancelled:
                 self._queue.popleft()
-            if not self._queue:
-                if self._closing:
-                    return None
-                self._wakeup.clear()
-                await self._wakeup.wait()
-                continue
-            config = self._config
-            deadline = self._queue[0].enqueued_at + config.max_queue_time_ms / 1000.0
-            remaining = deadline - loop.time()
-            if (
-                self._closing
-                or self._live >= config.max_batch_size
-                or remaining <= _DEADLINE_SLACK_S
-            ):
-                return self._take(config.max_batch_size)
+            if not self._queue and self._closing and not self._in_flight:
+                return None
+            timeout: float | None = None
+            if self._queue and self._in_flight <= self._ahead:
+                config = self._config
+                deadline = self._queue[0].enqueued_at + config.max_queue_time_ms / 1000.0
+                remaining = deadline - loop.time()
+                model_free = not self._in_flight
+                if (
+                    self._closing
+                    or self._live >= config.max_batch_size
+                    or (model_free and remaining <= _DEADLINE_SLACK_S)
+                ):
+                    return self._take(config.max_batch_size)
+                if model_free:
+                    timeout = remaining
+            # Otherwise wait for a request, a configuration change, a batch to come
+            # back, or (model free) the oldest request's deadline.
             self._wakeup.clear()
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wakeup.wait(), remaining)
+                await asyncio.wait_for(self._wakeup.wait(), timeout)
 
     def _take(self, limit: int) -> list[_Entry[ItemT, OutT]]:
         batch: list[_Entry[ItemT, OutT]] = []
@@ -213,17 +237,23 @@ class Batcher(Generic[ItemT, OutT]):
         return batch
 
     async def _execute(self, batch: list[_Entry[ItemT, OutT]]) -> None:
+        try:
+            await self._run(batch)
+        finally:
+            self._in_flight -= 1
+            self._wakeup.set()
+
+    async def _run(self, batch: list[_Entry[ItemT, OutT]]) -> None:
         loop = asyncio.get_running_loop()
         # A caller may have gone between the batch closing and now: drop it before compute.
         live = [e for e in batch if not e.future.done()]
         self.stats.dropped_cancelled += len(batch) - len(live)
         if not live:
             return
-        started = loop.time()
-        waits = [started - e.enqueued_at for e in live]
         items = [e.item for e in live]
         error: str | None = None
         outputs: Sequence[OutT] = ()
+        handed_over = loop.time()
         try:
             outputs = await self._run_batch(items)
             if len(outputs) != len(items):
@@ -233,7 +263,13 @@ class Batcher(Generic[ItemT, OutT]):
         except Exception as exc:  # a failing batch must fail only its own requests
             error = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
             log.exception("batch of %d requests failed", len(items))
-        compute_s = loop.time() - started
+        done = loop.time()
+        # Batches run in order: this one started when it was handed over or when the
+        # one before it came back, whichever was later. Until then it was queueing.
+        started = max(handed_over, self._last_done_at)
+        self._last_done_at = done
+        compute_s = done - started
+        waits = [started - e.enqueued_at for e in live]
         self.stats.batches += 1
         self.stats.sizes[len(live)] += 1
         if error is not None:

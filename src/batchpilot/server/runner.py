@@ -7,21 +7,15 @@ import asyncio
 import contextlib
 import logging
 import signal
-import sys
+from collections.abc import Awaitable
 from dataclasses import dataclass
 
 from aiohttp import web
 
 from batchpilot.server.app import ServerOptions, ServerState, build_app
-from batchpilot.server.engine import InferenceEngine
+from batchpilot.server.engine import InferenceEngine, ModelError
 
 log = logging.getLogger(__name__)
-
-# Every PyTorch op releases the GIL and must take it back to return. While the event loop
-# is busy, Python hands the GIL over only every switch interval (5 ms by default), so a
-# forward pass of a few ops could wait longer than it computes. 0.5 ms keeps the worker's
-# waits short (measured: compute slowed 2.4x beside a busy loop at 5 ms, 1.5x at 0.5 ms).
-GIL_SWITCH_INTERVAL_S = 0.0005
 
 
 @dataclass(frozen=True)
@@ -41,7 +35,6 @@ class ServeError(RuntimeError):
 
 async def serve(settings: ServeSettings) -> None:
     """Run until SIGTERM or SIGINT, then stop accepting, drain and return."""
-    sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
     try:
         engine = InferenceEngine(settings.model, settings.device, settings.threads)
     except ValueError as exc:
@@ -54,6 +47,10 @@ async def serve(settings: ServeSettings) -> None:
         shutdown_timeout=settings.drain_timeout_s,
     )
     await runner.setup()
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
     try:
         site = web.TCPSite(runner, settings.host, settings.port)
         try:
@@ -62,6 +59,10 @@ async def serve(settings: ServeSettings) -> None:
             raise ServeError(
                 f"cannot listen on {settings.host}:{settings.port}: {exc.strerror or exc}"
             ) from None
+        # Listening first: /healthz answers while the model loads, /readyz says why not.
+        if not await _until_stopped(engine.start(), stop, "loading the model"):
+            log.info("stopped while the model was loading")
+            return
         log.info(
             "serving %s on %s (http://%s:%d), %d torch thread(s), queue limit %d, %s",
             engine.model,
@@ -73,8 +74,11 @@ async def serve(settings: ServeSettings) -> None:
             settings.options.batching.label(),
         )
         state.batcher.start()
-        await _run_until_signal(state)
+        if await _until_stopped(state.warm_up(), stop, "warm-up"):
+            await stop.wait()
     finally:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.remove_signal_handler(sig)
         state.draining = True
         in_flight = state.batcher.depth
         log.info("stopping: no new requests; draining %d queued request(s)", in_flight)
@@ -87,22 +91,23 @@ async def serve(settings: ServeSettings) -> None:
         log.info("drained; %d batches served", state.batcher.stats.batches)
 
 
-async def _run_until_signal(state: ServerState) -> None:
-    loop = asyncio.get_running_loop()
-    stop = asyncio.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
-    warm_up = asyncio.create_task(state.warm_up())
-    stopped = asyncio.create_task(stop.wait())
+async def _until_stopped(step: Awaitable[object], stop: asyncio.Event, what: str) -> bool:
+    """Run `step` unless a stop signal comes first (then cancel it): whether it finished.
+    A failing step is a ServeError."""
+    task = asyncio.ensure_future(step)
+    stopped = asyncio.ensure_future(stop.wait())
     try:
-        await asyncio.wait({warm_up, stopped}, return_when=asyncio.FIRST_COMPLETED)
-        if warm_up.done() and warm_up.exception() is not None:
-            raise ServeError(f"warm-up failed: {warm_up.exception()}")
-        await stopped
+        await asyncio.wait({task, stopped}, return_when=asyncio.FIRST_COMPLETED)
     finally:
-        for task in (warm_up, stopped):
+        stopped.cancel()
+        if not task.done():
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.remove_signal_handler(sig)
+    if task.cancelled():
+        return False
+    if (error := task.exception()) is not None:
+        if isinstance(error, ModelError):
+            raise ServeError(str(error)) from None
+        raise ServeError(f"{what} failed: {error}") from error
+    return True
