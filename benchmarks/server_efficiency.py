@@ -3,17 +3,19 @@
 For each batch size b: the bound, b / t(b) with t(b) the pure-PyTorch forward time of a
 batch of b one-row requests on one thread (the server's default on a 2-core machine),
 beside the server's saturated throughput with `max_batch_size = b`: closed-loop clients
-(2·b requests always in flight, so batches stay full) against one server process, the
-batch size changed live between windows (PUT /admin/batching). Target: ratio >= 0.8 for
+(2·b requests always in flight, so batches stay full) against one server, the batch
+size changed live between windows (PUT /admin/batching). Target: ratio >= 0.8 for
 b >= 8.
 
 The clients run in this process and share the machine with the server: on 2 cores the
-server's torch thread has one core and the server's event loop and the clients share the
+server's model process takes one core while its HTTP process and the clients share the
 other, so the figures move from run to run; the ratios, measured in the same run, less.
-The clients are bare keep-alive HTTP/1.1 on asyncio streams rather than aiohttp: a
-heavier client would take CPU from the server it measures.
+The clients are bare asyncio protocols speaking keep-alive HTTP/1.1 rather than an HTTP
+client library: a heavier client would take CPU from the server it measures. The server
+CPU columns count the HTTP process and its model process together.
 
     python benchmarks/server_efficiency.py [--json] [--window-s 3] [--repeats 3]
+        [--batch-sizes 1,2,4,8,16,32,64]
 """
 
 from __future__ import annotations
@@ -52,11 +54,12 @@ class Row(BaseModel):
     forward_ms: float  # pure-PyTorch t(b), wall clock
     server_compute_ms: float  # the server's own mean compute time at batch size b
     # CPU seconds, which other processes on the machine disturb far less than wall time:
-    # the model's CPU per request beside the server process's CPU per request (model,
-    # HTTP, JSON, batching, metrics). Their ratio is the share of the server's CPU that
-    # goes to the model.
+    # the model's CPU per request alone beside the server's CPU per request (its model
+    # process and its HTTP process: HTTP, JSON, batching, metrics). Their ratio is the
+    # share of the server's CPU that the model alone would need.
     model_cpu_us_per_request: float
     server_cpu_us_per_request: float
+    http_cpu_us_per_request: float  # the HTTP process's part of server_cpu_us_per_request
     cpu_ratio: float
 
 
@@ -91,15 +94,16 @@ def forward_time_s(workload: MLPWorkload, batch_size: int) -> tuple[float, float
         )
 
 
-def process_cpu_s(pid: int) -> float:
-    """User + system CPU seconds a process and its live descendants have used (Linux
-    /proc): the server's HTTP process and its model process together."""
+def process_cpu_s(pid: int, descendants: bool = True) -> float:
+    """User + system CPU seconds a process (and, by default, its live descendants) has
+    used (Linux /proc): the server's HTTP process and its model process together."""
     with open(f"/proc/{pid}/stat") as stat:
         fields = stat.read().rsplit(")", 1)[1].split()
     total = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-    for task in os.listdir(f"/proc/{pid}/task"):
-        with open(f"/proc/{pid}/task/{task}/children") as children:
-            total += sum(process_cpu_s(int(child)) for child in children.read().split())
+    if descendants:
+        for task in os.listdir(f"/proc/{pid}/task"):
+            with open(f"/proc/{pid}/task/{task}/children") as children:
+                total += sum(process_cpu_s(int(child)) for child in children.read().split())
     return total
 
 
@@ -200,23 +204,37 @@ async def _json(
         return result
 
 
+class Window(BaseModel):
+    rps: float
+    mean_batch: float  # requests per batch the server ran
+    compute_ms: float  # its mean compute time at the batch size asked for
+    cpu_s_per_request: float  # HTTP process and model process
+    http_cpu_s_per_request: float  # the HTTP process alone
+
+
 async def server_window(
     server: ServerProcess, http: aiohttp.ClientSession, batch_size: int, window_s: float
-) -> tuple[float, float, float, float]:
-    """(req/s, mean requests per batch, mean compute ms at `batch_size`, server CPU
-    seconds per request) for one window."""
+) -> Window:
     await _json(http, "DELETE", f"{server.url}/admin/profile")
     cpu_before = process_cpu_s(server.pid)
+    http_before = process_cpu_s(server.pid, descendants=False)
     rps = await ClosedLoopClients(server.host, server.port).rate(2 * batch_size, window_s)
-    cpu_per_request = (process_cpu_s(server.pid) - cpu_before) / max(rps * window_s, 1.0)
+    requests_served = max(rps * window_s, 1.0)
+    cpu = process_cpu_s(server.pid) - cpu_before
+    http_cpu = process_cpu_s(server.pid, descendants=False) - http_before
     profile = await _json(http, "GET", f"{server.url}/admin/profile")
     batches = profile["batches"]
     assert isinstance(batches, list)
     requests = sum(b["batch_size"] * b["count"] for b in batches)
     count = sum(b["count"] for b in batches)
     at_size = [b["mean_compute_ms"] for b in batches if b["batch_size"] == batch_size]
-    compute_ms = at_size[0] if at_size else float("nan")
-    return rps, requests / max(count, 1), compute_ms, cpu_per_request
+    return Window(
+        rps=rps,
+        mean_batch=requests / max(count, 1),
+        compute_ms=at_size[0] if at_size else float("nan"),
+        cpu_s_per_request=cpu / requests_served,
+        http_cpu_s_per_request=http_cpu / requests_served,
+    )
 
 
 async def measure(window_s: float, repeats: int, batch_sizes: Sequence[int]) -> list[Row]:
@@ -241,23 +259,26 @@ async def measure(window_s: float, repeats: int, batch_sizes: Sequence[int]) -> 
                 bounds.append(batch_size / wall)
                 model_cpu.append(cpu / batch_size)
                 windows.append(await server_window(server, http, batch_size, window_s))
-            ratios = [w[0] / bound for w, bound in zip(windows, bounds, strict=True)]
+            ratios = [w.rps / bound for w, bound in zip(windows, bounds, strict=True)]
+
+            def median_us(values: list[float]) -> float:
+                return round(statistics.median(values) * 1e6, 1)
+
             rows.append(
                 Row(
                     batch_size=batch_size,
                     bound_rps=round(statistics.median(bounds), 1),
-                    server_rps=round(statistics.median(w[0] for w in windows), 1),
+                    server_rps=round(statistics.median(w.rps for w in windows), 1),
                     ratio=round(statistics.median(ratios), 3),
-                    mean_batch=round(statistics.median(w[1] for w in windows), 2),
+                    mean_batch=round(statistics.median(w.mean_batch for w in windows), 2),
                     forward_ms=round(1000 * batch_size / statistics.median(bounds), 3),
-                    server_compute_ms=round(statistics.median(w[2] for w in windows), 3),
-                    model_cpu_us_per_request=round(statistics.median(model_cpu) * 1e6, 1),
-                    server_cpu_us_per_request=round(
-                        statistics.median(w[3] for w in windows) * 1e6, 1
-                    ),
+                    server_compute_ms=round(statistics.median(w.compute_ms for w in windows), 3),
+                    model_cpu_us_per_request=median_us(model_cpu),
+                    server_cpu_us_per_request=median_us([w.cpu_s_per_request for w in windows]),
+                    http_cpu_us_per_request=median_us([w.http_cpu_s_per_request for w in windows]),
                     cpu_ratio=round(
                         statistics.median(
-                            m / w[3] for m, w in zip(model_cpu, windows, strict=True)
+                            m / w.cpu_s_per_request for m, w in zip(model_cpu, windows, strict=True)
                         ),
                         3,
                     ),
@@ -294,7 +315,8 @@ def run(window_s: float, repeats: int, batch_sizes: Sequence[int]) -> Report:
 def render(report: Report) -> None:
     table = Table(title=f"reference server vs. model bound ({report.model}, 1 torch thread)")
     columns = ("batch", "bound req/s", "server req/s", "ratio", "mean batch", "t(b) ms",
-               "model CPU µs/req", "server CPU µs/req", "CPU ratio")  # fmt: skip
+               "server compute ms", "model CPU µs/req", "server CPU µs/req",
+               "of which HTTP", "CPU ratio")  # fmt: skip
     for column in columns:
         table.add_column(column, justify="right")
     for r in report.rows:
@@ -305,8 +327,10 @@ def render(report: Report) -> None:
             f"{r.ratio:.2f}",
             f"{r.mean_batch:.1f}",
             f"{r.forward_ms:.2f}",
+            f"{r.server_compute_ms:.2f}",
             f"{r.model_cpu_us_per_request:.0f}",
             f"{r.server_cpu_us_per_request:.0f}",
+            f"{r.http_cpu_us_per_request:.0f}",
             f"{r.cpu_ratio:.2f}",
         )
     console = Console()
