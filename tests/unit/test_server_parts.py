@@ -3,6 +3,7 @@ profile, warm-up shapes."""
 
 from __future__ import annotations
 
+import gc
 import itertools
 import math
 import pickle
@@ -23,6 +24,7 @@ from batchpilot.server.inputs import ModelInput
 from batchpilot.server.metrics import LATENCY_BUCKETS, geometric_buckets
 from batchpilot.server.model_process import HEADER, Request, encode, warm_up_batch_sizes
 from batchpilot.server.profile import BatchProfile
+from batchpilot.server.runner import GC_YOUNG_THRESHOLD, collect_garbage_rarely
 
 ALLOWED = "ALLOWED-TEXT"
 
@@ -182,3 +184,14 @@ def test_parse_body_agrees_with_step_by_step_parsing(body: bytes) -> None:
     except ApiError as exc:
         got = exc.message
     assert repr(got) == repr(expected)  # repr: NaN is not equal to itself
+
+
+def test_collect_garbage_rarely_freezes_and_raises_the_young_threshold() -> None:
+    before = gc.get_threshold()
+    try:
+        collect_garbage_rarely()
+        assert gc.get_threshold() == (GC_YOUNG_THRESHOLD, before[1], before[2])
+        assert gc.get_freeze_count() > 0
+    finally:
+        gc.unfreeze()
+        gc.set_threshold(*before)
