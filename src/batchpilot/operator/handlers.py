@@ -255,21 +255,17 @@ async def study(
 
             try:
                 busy = await _until_stopped(task, stopped, changed, float(memo["poll_s"]))
-            except RecoverableError as error:
+            except Exception as error:  # expected or not, the daemon must never crash-loop
                 delay = decisions.backoff_delay(
                     attempt, base=2.0, cap=float(memo["backoff_cap_s"]), rng=rng
                 )
                 attempt += 1
-                logger.warning(f"{error.reason}: {error.message}; retrying in {delay:.0f} s")
-                await stopped.wait(delay)
-                continue
-            except Exception as error:  # the daemon must never crash-loop
-                delay = decisions.backoff_delay(
-                    attempt, base=2.0, cap=float(memo["backoff_cap_s"]), rng=rng
-                )
-                attempt += 1
-                logger.exception(f"study step failed; retrying in {delay:.0f} s")
-                kopf.event(body, type="Warning", reason="StepFailed", message=repr(error)[:1024])
+                if isinstance(error, RecoverableError):
+                    logger.warning(f"{error.reason}: {error.message}; retrying in {delay:.0f} s")
+                else:
+                    logger.exception(f"study step failed; retrying in {delay:.0f} s")
+                    message = repr(error)[:1024]
+                    kopf.event(body, type="Warning", reason="StepFailed", message=message)
                 await stopped.wait(delay)
                 continue
         attempt = 0
