@@ -60,6 +60,7 @@ class _Channel:
         self.sock = sock
         self.loop = asyncio.get_running_loop()
         self.failure: ModelError | None = None
+        self.ending = "was stopped"  # how the process ended, once it has
         self._sent = 1  # ticket 0 is the model process's hello, unasked
         self._received = 0
         self._replies: dict[int, Reply] = {}
@@ -138,17 +139,18 @@ class _Channel:
         later request with the reason."""
         if self.failure is not None:
             return
-        code = self.close(wait_s=DEATH_WAIT_S)
-        how = "stopped answering" if code is None else exit_description(code)
+        self.ending = exit_description(self.close(wait_s=DEATH_WAIT_S))
         log.error(
             "model process %d %s (%s); a new one starts with the next request",
             self.process.pid,
-            how,
+            self.ending,
             cause,
         )
-        self.failure = ModelError(f"the model process {how}; a new one starts with the next batch")
+        self.failure = ModelError(
+            f"the model process {self.ending}; a new one starts with the next batch"
+        )
 
-    def close(self, wait_s: float) -> int | None:
+    def close(self, wait_s: float) -> int:
         """Stop the pending send and read (their callers then find the failure), close
         the socket and reap the process, killing it after `wait_s`; its exit code."""
         if self.failure is None:
@@ -321,10 +323,8 @@ class InferenceEngine:
                 f"the model process did not load {self.model} within {START_TIMEOUT_S:g} s"
             ) from None
         except ModelError:
-            code = channel.process.poll()
-            how = "stopped answering" if code is None else exit_description(code)
             raise ModelError(
-                f"the model process {how} before loading {self.model} (its log is above)"
+                f"the model process {channel.ending} before loading {self.model} (its log is above)"
             ) from None
         if hello.error is not None or not isinstance(hello.value, ModelInfo):
             raise ModelError(f"the model process could not load {self.model}: {hello.error}")
