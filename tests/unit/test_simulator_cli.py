@@ -96,7 +96,7 @@ def test_human_output_has_a_verdict(cost_file: Path) -> None:
         (["--p99-ms", "x", "--grid"], "not a valid float"),
         (["--p99-ms", "100"], "--grid"),
         (["--p99-ms", "100", "--max-batch-size", "4", "--grid"], "--grid"),
-        (["--p99-ms", "100", "--grid", "--arrival", "weird"], "poisson, mmpp"),
+        (["--p99-ms", "100", "--grid", "--arrival", "weird"], "poisson, constant, mmpp"),
         (["--p99-ms", "100", "--grid", "--mix", "1:x"], "--mix"),
         (["--p99-ms", "100", "--grid", "--replicas", "0"], "--replicas"),
         (["--p99-ms", "100", "--grid", "--batch-bounds", "9:2"], "LOW:HIGH"),

@@ -312,6 +312,7 @@ class KubeWorld:
             timeout_s=load.request_timeout_seconds,
             seed=self._spec.tuning.seed,
             source=self._prometheus_source(),
+            arrival=load.arrival.process_model(),
         )
         # a pod that restarted mid-measurement (crash, OOM kill, eviction) makes the
         # figures say nothing about this configuration: the trial fails and is not scored

@@ -10,8 +10,8 @@ import numpy.typing as npt
 from pydantic import Field
 
 from batchpilot.capacity.http import default_timeout_s
+from batchpilot.loadgen.arrivals import ArrivalProcess, Poisson, arrival_times
 from batchpilot.models import SLA, BatchingConfig, Frozen, RequestMix, StepResult, step_passes
-from batchpilot.simulator.arrivals import ArrivalProcess, Poisson
 from batchpilot.simulator.cost import CostModel
 from batchpilot.simulator.engine import Policy, latencies
 
@@ -63,27 +63,25 @@ class Traffic:
         weights = np.array([c.weight for c in scenario.mix.classes])
         self.sizes: IntArray = rng.choice(sizes, size=scenario.requests, p=weights / weights.sum())
         self._unit: FloatArray | None = None
-        if isinstance(scenario.arrival, Poisson):
-            # A Poisson stream at rate r is a unit-rate stream with time divided by r.
-            self._unit = scenario.arrival.times(
-                scenario.requests, 1.0, np.random.default_rng([scenario.seed, 2])
-            )
+        if scenario.arrival.scale_free:
+            # Such a stream at rate r is the unit-rate stream with time divided by r.
+            self._unit = self._schedule(1.0)
+
+    def _schedule(self, rate: float) -> FloatArray:
+        n = self.scenario.requests
+        return arrival_times(
+            self.scenario.arrival, n, rate, self.scenario.seed, window_from=measured_from(n)
+        )
 
     def arrivals(self, rate: float) -> FloatArray:
-        """Arrival times at `rate`, rescaled so the measured window holds exactly `rate`
-        requests a second: the offered rate of a step is then the rate actually offered,
+        """Arrival times at `rate`: the load generator's schedule for the same process and
+        seed, scaled so the measured window (after the warm-up share) holds exactly `rate`
+        requests a second. The offered rate of a step is then the rate actually offered,
         not one off by the sampling noise of a few thousand draws (which would otherwise
         fail the "achieved >= 97% of offered" rule on some seeds)."""
         if self._unit is not None:
-            times: FloatArray = self._unit / rate
-        else:
-            rng = np.random.default_rng([self.scenario.seed, 2])
-            times = self.scenario.arrival.times(self.scenario.requests, rate, rng)
-        first = measured_from(times.size)
-        span = float(times[-1] - times[first])
-        if span > 0:
-            times = times * ((times.size - 1 - first) / rate / span)
-        return times
+            return self._unit / rate
+        return self._schedule(rate)
 
 
 def measured_from(n: int) -> int:

@@ -12,6 +12,8 @@ from optuna.storages import BaseStorage
 from rich.console import Console
 
 from batchpilot.clitools import OneLineErrors
+from batchpilot.loadgen.arrival_option import ARRIVAL_HELP
+from batchpilot.loadgen.arrivals import ARRIVAL_SYNTAX, ArrivalKind
 from batchpilot.models import SLA, RequestMix
 from batchpilot.tuner.config import (
     QUICK_MEASUREMENT,
@@ -43,6 +45,7 @@ def build_config(
     sampler: str | None,
     mix: str | None,
     quick: bool,
+    arrival: str | None = None,
 ) -> TuneConfig:
     """The file's configuration with the flags applied; --quick first, so an explicit
     --trials still wins over it."""
@@ -75,6 +78,7 @@ def build_config(
             "measurement": measurement,
             "sla": sla,
             "mix": mix if mix is not None else base.mix,
+            "arrival": arrival if arrival is not None else base.arrival,
         }
     )
 
@@ -92,6 +96,19 @@ def resolve(config: TuneConfig) -> tuple[SearchSpace, RequestMix]:
     from batchpilot.loadgen.mix import parse_mix
 
     return space, parse_mix(config.mix)
+
+
+def resolve_arrival(config: TuneConfig) -> ArrivalKind:
+    """The arrival process a configuration names; ValueError says what is allowed."""
+    from batchpilot.loadgen.arrivals import parse_arrival
+
+    try:
+        return parse_arrival(config.arrival)
+    except ValueError as exc:
+        message = str(exc)
+        if ARRIVAL_SYNTAX not in message:
+            message = f"{message}; allowed: {ARRIVAL_SYNTAX}"
+        raise ValueError(f"arrival: {message}") from None
 
 
 def _storage(spec: str | None) -> str | BaseStorage | None:
@@ -162,6 +179,7 @@ def _storage(spec: str | None) -> str | BaseStorage | None:
     default=None,
     help="Request mix: WEIGHT:SIZE pairs ('80:1,15:4,5:16') or a YAML/JSON file.",
 )
+@click.option("--arrival", default=None, help=ARRIVAL_HELP + " [default poisson]")
 @click.option("--seed", type=int, default=None, help="Seed of the sampler and the load.")
 @click.option(
     "--sampler",
@@ -179,6 +197,7 @@ def tune(
     report_dir: Path | None,
     quick: bool,
     mix: str | None,
+    arrival: str | None,
     seed: int | None,
     sampler: str | None,
 ) -> None:
@@ -200,8 +219,10 @@ def tune(
             sampler=sampler,
             mix=mix,
             quick=quick,
+            arrival=arrival,
         )
         space, request_mix = resolve(config)
+        process = resolve_arrival(config)
     except (ConfigError, ValueError) as exc:
         raise TuneError(str(exc)) from None
     if report_dir is not None and report_dir.exists() and not report_dir.is_dir():
@@ -218,7 +239,9 @@ def tune(
 
     # soft_wrap: progress lines stay whole in logs and pipes instead of breaking at 80
     console = Console(stderr=True, soft_wrap=True)
-    run = LocalRun(config=config, space=space, mix=request_mix, storage=_storage(storage))
+    run = LocalRun(
+        config=config, space=space, mix=request_mix, storage=_storage(storage), arrival=process
+    )
     try:
         summary = asyncio.run(tune_local(run, console))
     except ServerStartError as exc:

@@ -88,6 +88,8 @@ class TuneConfig(Strict):
     server: ServerSection = ServerSection()
     sla: SLA = SLA(p99_ms=DEFAULT_SLA_P99_MS)
     mix: str | None = None  # a mix spec ("80:1,15:4,5:16") or file; None: the default mix
+    # the arrival process every trial is measured under, in --arrival's syntax
+    arrival: str = "poisson"
     parameters: Parameters = Parameters()
     measurement: Measurement = Measurement()
     tuning: Tuning = Tuning()

@@ -7,13 +7,16 @@ from __future__ import annotations
 import json
 import logging
 import random
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import aiohttp
 
 from batchpilot.models import SLA, BatchingConfig, CapacityResult, RequestMix
 from batchpilot.retry import backoff_delay, retry
 from batchpilot.tuner.interfaces import TargetError
+
+if TYPE_CHECKING:
+    from batchpilot.loadgen.arrivals import ArrivalKind
 
 log = logging.getLogger(__name__)
 
@@ -152,8 +155,10 @@ class LocalProbe:
         warmup_s: float,
         timeout_s: float | None = None,
         seed: int = 0,
+        arrival: ArrivalKind | str = "poisson",
     ) -> None:
         self.url = url.rstrip("/")
+        self.arrival = arrival
         self.sla = sla
         self.mix = mix
         self.precision = precision
@@ -176,4 +181,5 @@ class LocalProbe:
             must_beat=must_beat,
             timeout_s=self.timeout_s,
             seed=self.seed,
+            arrival=self.arrival,
         )

@@ -13,12 +13,13 @@ import logging
 import signal
 import time
 from collections.abc import Coroutine
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from optuna.storages import BaseStorage
 from rich.console import Console
 
+from batchpilot.loadgen.arrivals import ArrivalKind, Poisson
 from batchpilot.models import SLA, BatchingConfig, CapacityResult, RequestMix
 from batchpilot.server.process import ServerProcess
 from batchpilot.tuner.config import TuneConfig
@@ -47,6 +48,8 @@ class LocalRun:
     space: SearchSpace
     mix: RequestMix
     storage: str | BaseStorage | None = None  # an opened storage or a URL
+    # every trial is measured (and the warm start simulated) under this process
+    arrival: ArrivalKind = field(default_factory=Poisson)
 
 
 class Profiled(Protocol):
@@ -104,6 +107,7 @@ class SimulatorWarmStart:
                 baseline=base.config(),
                 measured=measured,
                 seed=cfg.tuning.seed,
+                arrival=self.run.arrival,
             )
         log.info("simulator cost model %s", note)
         configs = await asyncio.to_thread(
@@ -113,6 +117,7 @@ class SimulatorWarmStart:
             cfg.sla,
             self.run.space,
             cfg.tuning.simulator_warm_starts,
+            arrival=self.run.arrival,
             seed=cfg.tuning.seed,
         )
         self.done = True
@@ -163,6 +168,7 @@ async def tune_local(run: LocalRun, console: Console) -> TuneSummary:
             warmup_s=cfg.measurement.warmup_s,
             timeout_s=cfg.measurement.timeout_s,
             seed=cfg.tuning.seed,
+            arrival=run.arrival,
         )
         warm = SimulatorWarmStart(tuner, target, run, rules)
         progress = TrialProgress(console, cfg.tuning.trials)

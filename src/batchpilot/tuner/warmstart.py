@@ -7,6 +7,7 @@ in the same run, which is what `calibrate_cost` needs to fix that term."""
 
 from __future__ import annotations
 
+from batchpilot.loadgen.arrivals import ArrivalKind, Poisson
 from batchpilot.models import SLA, BatchingConfig, CapacityResult, RequestMix
 from batchpilot.simulator.calibrate import calibrate_cost
 from batchpilot.simulator.cost import LinearCost, TableCost
@@ -22,6 +23,7 @@ def calibrated_cost(
     baseline: BatchingConfig,
     measured: CapacityResult,
     seed: int = 0,
+    arrival: ArrivalKind | None = None,
 ) -> tuple[LinearCost | TableCost, str]:
     """`cost` calibrated against the baseline's measured capacity, and a note saying
     what was done. The profile's fit is returned as it is, with the reason, when the
@@ -33,7 +35,13 @@ def calibrated_cost(
         return cost, "not calibrated: the baseline's measurement was cut short"
     if not isinstance(cost, LinearCost):
         return cost, "not calibrated: a table cost model has no per-request term"
-    scenario = Scenario(cost=cost, mix=mix, requests=PROPOSE_REQUESTS, seed=seed)
+    scenario = Scenario(
+        cost=cost,
+        mix=mix,
+        arrival=arrival if arrival is not None else Poisson(),
+        requests=PROPOSE_REQUESTS,
+        seed=seed,
+    )
     try:
         fitted = calibrate_cost(scenario, baseline, measured, sla)
     except ValueError as exc:
