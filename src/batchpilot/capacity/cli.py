@@ -57,6 +57,11 @@ _POSITIVE = click.FloatRange(0, min_open=True)
 @click.option("--accelerators-per-replica", type=click.IntRange(1), default=1, show_default=True)
 @click.option("--prometheus", "prometheus_url", default=None, help="Decide steps from PromQL.")
 @click.option("--prometheus-selector", default="", help="Label matchers, e.g. 'job=\"x\"'.")
+@click.option(
+    "--prometheus-scrape-interval", type=_POSITIVE, default=None,
+    help="Seconds between scrapes of the target (default: from Prometheus's configuration); "
+    "steps shorter than 4 intervals are refused.",
+)  # fmt: skip
 @click.option("--plot", "plot_path", type=click.Path(dir_okay=False), default=None)
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 def capacity(
@@ -77,6 +82,7 @@ def capacity(
     accelerators_per_replica: int,
     prometheus_url: str | None,
     prometheus_selector: str,
+    prometheus_scrape_interval: float | None,
     plot_path: str | None,
     as_json: bool,
 ) -> None:
@@ -110,7 +116,12 @@ def capacity(
             source = None
             if prometheus_url is not None:
                 await check_reachable([prometheus_url.rstrip("/")])
-                source = PrometheusStepSource(prometheus_url, selector=prometheus_selector)
+                source = PrometheusStepSource(
+                    prometheus_url,
+                    selector=prometheus_selector,
+                    scrape_interval_s=prometheus_scrape_interval,
+                )
+                await source.check_step(step_seconds)
             result = await measure_capacity(
                 bases, sla=sla, mix=mix, precision=precision, step_duration_s=step_seconds,
                 warmup_s=warmup_seconds, start_rps=start_rps, timeout_s=timeout, seed=seed,

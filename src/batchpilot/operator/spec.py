@@ -346,6 +346,13 @@ class PrometheusSpec(BaseModel):
         description='Extra label matchers added to every query, e.g. job="resnet".',
         max_length=512,
     )
+    scrape_interval_seconds: float | None = Field(
+        default=None,
+        description="How often Prometheus scrapes the target, s; read from Prometheus's "
+        "configuration when unset. load.stepSeconds must be at least 4 intervals.",
+        gt=0.0,
+        le=3600.0,
+    )
 
 
 MAX_TRACE_TIMESTAMPS = 10_000

@@ -300,6 +300,7 @@ class KubeWorld:
         if not ips:
             raise TargetProblem("NoReadyPods", "no ready pods to measure")
         urls = [f"http://{ip}:{load.endpoint.port}" for ip in ips]
+        source = await self._checked_prometheus_source()
         result = await measure_capacity(
             urls,
             path=load.endpoint.path,
@@ -311,7 +312,7 @@ class KubeWorld:
             must_beat=must_beat,
             timeout_s=load.request_timeout_seconds,
             seed=self._spec.tuning.seed,
-            source=self._prometheus_source(),
+            source=source,
             arrival=load.arrival.process_model(),
         )
         # a pod that restarted mid-measurement (crash, OOM kill, eviction) makes the
@@ -325,6 +326,23 @@ class KubeWorld:
         if restarted:
             raise TargetProblem("PodRestarted", f"during the trial: {restarted}")
         return result
+
+    async def _checked_prometheus_source(self) -> PrometheusStepSource | None:
+        """The Prometheus source, its scrape interval checked against the step length
+        before any load is sent."""
+        source = self._prometheus_source()
+        if source is None:
+            return None
+        from batchpilot.capacity.prometheus import PrometheusQueryError
+        from batchpilot.capacity.scrape import ScrapeWindowError
+
+        try:
+            await source.check_step(self._spec.load.step_seconds)
+        except ScrapeWindowError as exc:
+            raise TargetProblem("StepShorterThanScrapes", f"load.stepSeconds: {exc}") from None
+        except PrometheusQueryError as exc:
+            raise TargetProblem("PrometheusUnavailable", str(exc)) from None
+        return source
 
     def _prometheus_source(self) -> PrometheusStepSource | None:
         prometheus = self._spec.load.prometheus
@@ -341,4 +359,6 @@ class KubeWorld:
             options["latency_metric"] = prometheus.latency_metric
         if prometheus.requests_metric:
             options["requests_metric"] = prometheus.requests_metric
+        if prometheus.scrape_interval_seconds is not None:
+            options["scrape_interval_s"] = prometheus.scrape_interval_seconds
         return PrometheusStepSource(prometheus.url, **options)
