@@ -172,6 +172,26 @@ def _human_grid(ranked: Sequence[tuple[BatchingConfig, CapacityResult]]) -> None
     help="sequential: the next batch is collected when the worker is free (the reference "
     "server); pipelined: batches close on their own and queue for the worker.",
 )
+@click.option(
+    "--ahead",
+    type=int,
+    default=0,
+    show_default=True,
+    help="Full batches handed over while another computes (the reference server: 1).",
+)
+@click.option(
+    "--jitter",
+    type=float,
+    default=0.0,
+    show_default=True,
+    help="Spread of batch times: coefficient of variation of a mean-1 factor.",
+)
+@click.option(
+    "--queue-limit",
+    type=int,
+    default=None,
+    help="Requests that may wait; more are refused with 503 (the reference server: 1024).",
+)
 @click.option("--precision", type=float, default=DEFAULT_PRECISION, show_default=True)
 @click.option(
     "--timeout-ms",
@@ -211,6 +231,9 @@ def _run(
     replicas: int,
     requests: int,
     policy: str,
+    ahead: int,
+    jitter: float,
+    queue_limit: int | None,
     precision: float,
     timeout_ms: float | None,
     seed: int,
@@ -252,6 +275,9 @@ def _run(
         seed=seed,
         policy="pipelined" if policy == "pipelined" else "sequential",
         timeout_ms=timeout_ms,
+        ahead=ahead,
+        jitter=jitter,
+        queue_limit=queue_limit,
     )
     described = {
         "source": "simulator",
