@@ -83,6 +83,7 @@ class SimulatorWarmStart:
         try:
             from batchpilot.simulator.cost import ProfileError, fit_cost_model
             from batchpilot.simulator.propose import propose_configs
+            from batchpilot.simulator.scenario import REFERENCE_AHEAD, REFERENCE_QUEUE_LIMIT
             from batchpilot.tuner.warmstart import calibrated_cost
         except ImportError as exc:
             return self._skip(f"the simulator is not available ({exc})")
@@ -98,6 +99,15 @@ class SimulatorWarmStart:
         base = next((r for r in self.tuner.records() if r.source == "baseline"), None)
         measured = self.tuner.result(base.number) if base is not None else None
         cost, note = profiled, "not calibrated: no baseline measurement"
+        # Every other configuration measured so far calibrates too: two fix the model in
+        # both directions (per-request work down, hidden hand-over up).
+        more = [
+            (r.config(), result)
+            for r in self.tuner.records()
+            if r.state == "Complete"
+            and (base is None or r.number != base.number)
+            and (result := self.tuner.result(r.number)) is not None
+        ]
         if base is not None and measured is not None:
             cost, note = await asyncio.to_thread(
                 calibrated_cost,
@@ -108,6 +118,9 @@ class SimulatorWarmStart:
                 measured=measured,
                 seed=cfg.tuning.seed,
                 arrival=self.run.arrival,
+                more=more,
+                ahead=REFERENCE_AHEAD,
+                queue_limit=REFERENCE_QUEUE_LIMIT,
             )
         log.info("simulator cost model %s", note)
         configs = await asyncio.to_thread(
@@ -119,6 +132,8 @@ class SimulatorWarmStart:
             cfg.tuning.simulator_warm_starts,
             arrival=self.run.arrival,
             seed=cfg.tuning.seed,
+            ahead=REFERENCE_AHEAD,
+            queue_limit=REFERENCE_QUEUE_LIMIT,
         )
         self.done = True
         queued = self.tuner.add_warm_starts(configs)
