@@ -9,7 +9,7 @@ import pytest
 from scipy import stats
 
 from batchpilot.models import BatchingConfig
-from batchpilot.tuner.verdict import Verdict, decide
+from batchpilot.tuner.verdict import Verdict, decide, gain_over_incumbent
 
 INC = BatchingConfig(max_batch_size=8, max_queue_time_ms=5.0)
 A = BatchingConfig(max_batch_size=32, max_queue_time_ms=10.0)
@@ -226,3 +226,15 @@ def test_the_incumbent_alone_is_kept_with_its_own_spread() -> None:
     assert not verdict.significant
     assert verdict.incumbent.low < verdict.incumbent.estimate < verdict.incumbent.high
     assert verdict.reason == "NoSignificantGain: no finalist was measured besides the incumbent"
+
+
+def test_every_finalist_has_a_gain_by_the_same_method() -> None:
+    verdict = decide(noisy({A: 130.0, B: 110.0, INC: 100.0}, random.Random(2)), INC)
+    winner = gain_over_incumbent(verdict, verdict.winner)
+    assert winner == pytest.approx(
+        (verdict.gain_percent, verdict.gain_low_percent, verdict.gain_high_percent)
+    )
+    assert gain_over_incumbent(verdict, verdict.incumbent) == (0.0, 0.0, 0.0)
+    b = next(e for e in verdict.ranking if e.config == B)
+    gain, low, high = gain_over_incumbent(verdict, b)
+    assert low < gain < high

@@ -14,6 +14,7 @@ from rich.console import Console
 from batchpilot.clitools import OneLineErrors
 from batchpilot.models import SLA, RequestMix
 from batchpilot.tuner.config import (
+    QUICK_FINALISTS,
     QUICK_MEASUREMENT,
     QUICK_SIMULATOR_WARM_STARTS,
     QUICK_TIME_BUDGET_S,
@@ -43,6 +44,9 @@ def build_config(
     sampler: str | None,
     mix: str | None,
     quick: bool,
+    finalists: int | None = None,
+    rounds: int | None = None,
+    min_gain_percent: float | None = None,
 ) -> TuneConfig:
     """The file's configuration with the flags applied; --quick first, so an explicit
     --trials still wins over it."""
@@ -54,7 +58,7 @@ def build_config(
             update={
                 "trials": QUICK_TRIALS,
                 "simulator_warm_starts": QUICK_SIMULATOR_WARM_STARTS,
-                "confirm": False,  # the smoke run keeps to its two minutes
+                "finalists": QUICK_FINALISTS,  # the smoke run keeps to its three minutes
                 "time_budget_s": QUICK_TIME_BUDGET_S,
             }
         )
@@ -65,6 +69,12 @@ def build_config(
         updates["seed"] = seed
     if sampler is not None:
         updates["sampler"] = sampler
+    if finalists is not None:
+        updates["finalists"] = finalists
+    if rounds is not None:
+        updates["rounds"] = rounds
+    if min_gain_percent is not None:
+        updates["min_gain_percent"] = min_gain_percent
     tuning = tuning.model_copy(update=updates)
     sla = base.sla
     if sla_p99_ms is not None:
@@ -155,7 +165,28 @@ def _storage(spec: str | None) -> str | BaseStorage | None:
     help="Write report.json and PNG plots into this directory.",
 )
 @click.option(
-    "--quick", is_flag=True, help="Short measurement windows and 6 trials: about 2 minutes."
+    "--quick",
+    is_flag=True,
+    help="Short measurement windows, 6 trials, 2 finalists: about 3 minutes.",
+)
+@click.option(
+    "--finalists",
+    type=click.IntRange(1, 10),
+    default=None,
+    help="Best configurations of the study re-measured against the baseline [default 3].",
+)
+@click.option(
+    "--rounds",
+    type=click.IntRange(3, 20),
+    default=None,
+    help="Interleaved rounds of that re-measurement [default 3].",
+)
+@click.option(
+    "--min-gain-percent",
+    type=click.FloatRange(0, 1000),
+    default=None,
+    help="Recommend a change only when the lower bound of its gain over the baseline "
+    "is at least this [default 5].",
 )
 @click.option(
     "--mix",
@@ -181,6 +212,9 @@ def tune(
     mix: str | None,
     seed: int | None,
     sampler: str | None,
+    finalists: int | None,
+    rounds: int | None,
+    min_gain_percent: float | None,
 ) -> None:
     """Find the dynamic-batching configuration with the most effective throughput
     within the p99 SLA, measured in the same run against the baseline and the rule of
@@ -200,6 +234,9 @@ def tune(
             sampler=sampler,
             mix=mix,
             quick=quick,
+            finalists=finalists,
+            rounds=rounds,
+            min_gain_percent=min_gain_percent,
         )
         space, request_mix = resolve(config)
     except (ConfigError, ValueError) as exc:

@@ -180,6 +180,18 @@ def decide(
     )
 
 
+def gain_over_incumbent(verdict: Verdict, estimate: Estimate) -> tuple[float, float, float]:
+    """(gain, low, high) in percent of any ranked configuration over the incumbent, by the
+    verdict's method: the intervals share one width in logs, and a difference of two
+    levels is sqrt(2) times as uncertain as one level."""
+    inc = verdict.incumbent
+    if estimate.config == inc.config or estimate.estimate <= 0.0 or inc.estimate <= 0.0:
+        return (0.0, 0.0, 0.0)
+    diff = math.log(estimate.estimate / inc.estimate)
+    spread = math.sqrt(2.0) * math.log(estimate.high / estimate.estimate)
+    return (_percent(diff), _percent(diff - spread), _percent(diff + spread))
+
+
 def _percent(log_ratio: float) -> float:
     return 100.0 * (math.exp(log_ratio) - 1.0)
 
