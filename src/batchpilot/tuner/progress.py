@@ -3,6 +3,7 @@ kept for --json), a spinner while a trial is measured, a table at the end."""
 
 from __future__ import annotations
 
+from rich import box
 from rich.console import Console
 from rich.status import Status
 from rich.table import Table
@@ -99,47 +100,37 @@ def _row(name: str, fig: ConfigFigures | None, gain: float | None) -> list[str]:
 
 
 def verdict_table(verdict: Verdict) -> Table:
-    """Each re-measured configuration: its estimate and interval over the interleaved
-    rounds, its gain over the incumbent and that gain's interval, and whether it is the
-    one to run."""
+    """Each re-measured configuration: its rounds, its estimate and interval, its gain
+    over the incumbent and that gain's interval, and whether it is the one to run. Kept
+    narrow: stderr is often not a terminal, and rich then lays tables out in 80 columns."""
+    level = f"{verdict.level:.0%}"
     table = Table(
-        title=f"Re-measured interleaved, {len(verdict.incumbent.rounds)} rounds "
-        f"({verdict.level:.0%} intervals)",
+        title=f"Re-measured interleaved, {len(verdict.incumbent.rounds)} rounds",
         caption=f"method: {verdict.method}",
+        box=box.SIMPLE_HEAD,
     )
-    table.add_column("")
-    for column in (
-        "batch",
-        "wait ms",
-        "rounds req/s",
-        "req/s",
-        "interval",
-        "gain",
-        "gain interval",
-    ):
-        table.add_column(column, justify="right")
-    table.add_column("")
+    for column in ("config", "rounds req/s", f"req/s [{level}]", f"gain [{level}]", ""):
+        table.add_column(
+            column, justify="left" if column in ("config", "") else "right", no_wrap=True
+        )
     for estimate in verdict.ranking:
         config = estimate.config
         is_incumbent = config == verdict.incumbent.config
         gain, low, high = gain_over_incumbent(verdict, estimate)
         if config == verdict.chosen:
-            note = "chosen" if verdict.significant else "kept: no significant gain"
+            note = "chosen" if verdict.significant else "kept"
         elif config == verdict.winner.config:
-            note = f"gain low < {verdict.min_gain_percent:g} %"
+            note = f"low < {verdict.min_gain_percent:g}%"
         elif min(estimate.rounds) <= 0.0:
-            note = "missed the SLA in a round"
+            note = "missed SLA"
         else:
             note = ""
         table.add_row(
-            "incumbent" if is_incumbent else "finalist",
-            str(config.max_batch_size),
-            f"{config.max_queue_time_ms:g}",
+            f"{config.max_batch_size}/{config.max_queue_time_ms:g}ms"
+            + (" now" if is_incumbent else ""),
             " ".join(f"{v:.0f}" for v in estimate.rounds),
-            f"{estimate.estimate:.0f}",
-            f"{estimate.low:.0f}-{estimate.high:.0f}",
-            "-" if is_incumbent else f"{gain:+.1f} %",
-            "-" if is_incumbent else f"{low:+.1f} to {high:+.1f} %",
+            f"{estimate.estimate:.0f} [{estimate.low:.0f}, {estimate.high:.0f}]",
+            "-" if is_incumbent else f"{gain:+.0f}% [{low:+.0f}, {high:+.0f}]",
             note,
             style="bold green" if config == verdict.chosen else None,
         )
