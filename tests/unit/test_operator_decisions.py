@@ -502,6 +502,8 @@ class TestConfirmation:
         assert (conf.rounds, conf.reason) == (3, "done")
 
     def test_nothing_to_confirm_finishes_at_once(self) -> None:
+        switched_off = status(*self.TRIALS)
+        assert decisions.plan(spec(maxTrials=7, finalists=0), switched_off, 1).kind == "finish"
         only_baseline = status(*(at(i, 32, 50.0, 500.0) for i in range(4)))
         assert decisions.plan(spec(), only_baseline, 1).kind == "finish"
         no_baseline = status(at(0, 32, 50.0, 0.0, "Failed"), *self.TRIALS[1:4])
@@ -561,7 +563,8 @@ class TestConfirmation:
 @pytest.mark.parametrize(
     ("tuning", "field"),
     [
-        ({"finalists": 0}, "tuning.finalists"),
+        ({"finalists": -1}, "tuning.finalists"),
+        ({"finalists": 11}, "tuning.finalists"),
         ({"confirmRounds": 2}, "tuning.confirmRounds"),
         ({"minGainPercent": -1}, "tuning.minGainPercent"),
     ],

@@ -96,7 +96,7 @@ def start_confirmation(
     distinct in their batching knobs; one that differs from a better one only in extra
     parameters is left out."""
     baseline = baseline_trial(trials)
-    if baseline is None or baseline.state not in FINISHED_STATES:
+    if spec.tuning.finalists == 0 or baseline is None or baseline.state not in FINISHED_STATES:
         return None
     incumbent = batching_config(baseline.params)
     done = sorted(

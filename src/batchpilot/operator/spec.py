@@ -450,8 +450,9 @@ class TuningSpec(BaseModel):
     finalists: int = Field(
         default=3,
         description="After the trials, the best this many distinct configurations are "
-        "measured again against the original (the incumbent), interleaved.",
-        ge=1,
+        "measured again against the original (the incumbent), interleaved. 0 turns the "
+        "confirmation off: the study's best is written back unproven.",
+        ge=0,
         le=10,
     )
     confirm_rounds: int = Field(
