@@ -546,6 +546,29 @@ class TuningSpec(BaseModel):
         le=50,
     )
     seed: int = Field(default=0, description="Seed of the sampler and the load generator.", ge=0)
+    finalists: int = Field(
+        default=3,
+        description="After the trials, the best this many distinct configurations are "
+        "measured again against the original (the incumbent), interleaved. 0 turns the "
+        "confirmation off: the study's best is written back unproven.",
+        ge=0,
+        le=10,
+    )
+    confirm_rounds: int = Field(
+        default=3,
+        description="Interleaved rounds of that re-measurement: each round measures every "
+        "finalist and then the incumbent, with the same load seed.",
+        ge=3,
+        le=20,
+    )
+    min_gain_percent: float = Field(
+        default=5.0,
+        description="Write back (or recommend) a finalist only when the lower bound of its "
+        "gain over the incumbent (95 % interval over the rounds) is at least this; "
+        "otherwise the study ends Converged with reason NoSignificantGain.",
+        ge=0.0,
+        le=1000.0,
+    )
 
 
 class InferenceServiceSpec(BaseModel):

@@ -54,10 +54,16 @@ class World(Protocol):
         ...
 
     async def measure(
-        self, config: BatchingConfig, *, must_beat: float | None, since: datetime
+        self,
+        config: BatchingConfig,
+        *,
+        must_beat: float | None,
+        since: datetime,
+        seed: int | None = None,
     ) -> CapacityResult:
         """Score what is live. `since` is the trial's start: a container that exited
-        after it (a crash, an OOM kill) spoils the trial, raised as TargetProblem."""
+        after it (a crash, an OOM kill) spoils the trial, raised as TargetProblem.
+        `seed` is the load's (default: the study's); the confirmation rounds set it."""
         ...
 
     async def write_back(self, params: Params) -> None:
@@ -289,7 +295,12 @@ class KubeWorld:
     # --- measuring --------------------------------------------------------------------
 
     async def measure(
-        self, config: BatchingConfig, *, must_beat: float | None, since: datetime
+        self,
+        config: BatchingConfig,
+        *,
+        must_beat: float | None,
+        since: datetime,
+        seed: int | None = None,
     ) -> CapacityResult:
         from batchpilot.capacity.http import measure_capacity  # imported when first used
 
@@ -311,7 +322,7 @@ class KubeWorld:
             warmup_s=load.warmup_seconds,
             must_beat=must_beat,
             timeout_s=load.request_timeout_seconds,
-            seed=self._spec.tuning.seed,
+            seed=self._spec.tuning.seed if seed is None else seed,
             source=source,
             arrival=load.arrival.process_model(),
         )

@@ -16,6 +16,7 @@ from batchpilot.loadgen.arrival_option import ARRIVAL_HELP
 from batchpilot.loadgen.arrivals import ARRIVAL_SYNTAX, ArrivalKind
 from batchpilot.models import SLA, RequestMix
 from batchpilot.tuner.config import (
+    QUICK_FINALISTS,
     QUICK_MEASUREMENT,
     QUICK_SIMULATOR_WARM_STARTS,
     QUICK_TIME_BUDGET_S,
@@ -46,6 +47,9 @@ def build_config(
     mix: str | None,
     quick: bool,
     arrival: str | None = None,
+    finalists: int | None = None,
+    rounds: int | None = None,
+    min_gain_percent: float | None = None,
 ) -> TuneConfig:
     """The file's configuration with the flags applied; --quick first, so an explicit
     --trials still wins over it."""
@@ -57,7 +61,7 @@ def build_config(
             update={
                 "trials": QUICK_TRIALS,
                 "simulator_warm_starts": QUICK_SIMULATOR_WARM_STARTS,
-                "confirm": False,  # the smoke run keeps to its two minutes
+                "finalists": QUICK_FINALISTS,  # the smoke run keeps to its three minutes
                 "time_budget_s": QUICK_TIME_BUDGET_S,
             }
         )
@@ -68,6 +72,12 @@ def build_config(
         updates["seed"] = seed
     if sampler is not None:
         updates["sampler"] = sampler
+    if finalists is not None:
+        updates["finalists"] = finalists
+    if rounds is not None:
+        updates["rounds"] = rounds
+    if min_gain_percent is not None:
+        updates["min_gain_percent"] = min_gain_percent
     tuning = tuning.model_copy(update=updates)
     sla = base.sla
     if sla_p99_ms is not None:
@@ -172,7 +182,28 @@ def _storage(spec: str | None) -> str | BaseStorage | None:
     help="Write report.json and PNG plots into this directory.",
 )
 @click.option(
-    "--quick", is_flag=True, help="Short measurement windows and 6 trials: about 2 minutes."
+    "--quick",
+    is_flag=True,
+    help="Short measurement windows, 6 trials, 2 finalists: about 3 minutes.",
+)
+@click.option(
+    "--finalists",
+    type=click.IntRange(1, 10),
+    default=None,
+    help="Best configurations of the study re-measured against the baseline [default 3].",
+)
+@click.option(
+    "--rounds",
+    type=click.IntRange(3, 20),
+    default=None,
+    help="Interleaved rounds of that re-measurement [default 3].",
+)
+@click.option(
+    "--min-gain-percent",
+    type=click.FloatRange(0, 1000),
+    default=None,
+    help="Recommend a change only when the lower bound of its gain over the baseline "
+    "is at least this [default 5].",
 )
 @click.option(
     "--mix",
@@ -200,6 +231,9 @@ def tune(
     arrival: str | None,
     seed: int | None,
     sampler: str | None,
+    finalists: int | None,
+    rounds: int | None,
+    min_gain_percent: float | None,
 ) -> None:
     """Find the dynamic-batching configuration with the most effective throughput
     within the p99 SLA, measured in the same run against the baseline and the rule of
@@ -220,6 +254,9 @@ def tune(
             mix=mix,
             quick=quick,
             arrival=arrival,
+            finalists=finalists,
+            rounds=rounds,
+            min_gain_percent=min_gain_percent,
         )
         space, request_mix = resolve(config)
         process = resolve_arrival(config)

@@ -167,7 +167,11 @@ class LocalProbe:
         self.timeout_s = timeout_s
         self.seed = seed
 
-    async def measure(self, config: BatchingConfig, *, must_beat: float | None) -> CapacityResult:
+    async def measure(
+        self, config: BatchingConfig, *, must_beat: float | None, start_rps: float | None = None
+    ) -> CapacityResult:
+        """`start_rps` overrides where the ramp starts (the interleaved re-measurement
+        brackets a configuration's known figure); by default see `start_rate`."""
         from batchpilot.capacity.http import measure_capacity
 
         return await measure_capacity(
@@ -177,7 +181,7 @@ class LocalProbe:
             precision=self.precision,
             step_duration_s=self.step_duration_s,
             warmup_s=self.warmup_s,
-            start_rps=start_rate(must_beat),
+            start_rps=start_rps if start_rps is not None else start_rate(must_beat),
             must_beat=must_beat,
             timeout_s=self.timeout_s,
             seed=self.seed,

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import copy
 import logging
 import signal
 import time
@@ -26,16 +27,18 @@ from batchpilot.tuner.config import TuneConfig
 from batchpilot.tuner.local import LocalProbe, LocalTarget
 from batchpilot.tuner.progress import TrialProgress
 from batchpilot.tuner.rules import rules_of_thumb
-from batchpilot.tuner.runner import TrialDone, TrialStart, remeasure, run_trials
+from batchpilot.tuner.runner import (
+    Remeasured,
+    RoundDone,
+    TrialDone,
+    TrialStart,
+    remeasure_interleaved,
+    run_trials,
+)
 from batchpilot.tuner.space import SearchSpace
 from batchpilot.tuner.study import Tuner
-from batchpilot.tuner.summary import (
-    TuneSummary,
-    label_of,
-    roles_to_confirm,
-    summarize,
-    with_confirmation,
-)
+from batchpilot.tuner.summary import TuneSummary, finalists, label_of, summarize, with_verdict
+from batchpilot.tuner.verdict import decide
 
 log = logging.getLogger(__name__)
 
@@ -232,29 +235,86 @@ async def tune_local(run: LocalRun, console: Console) -> TuneSummary:
         summary = _summary(tuner, run, rules, interrupted, started)
         if interrupted or not cfg.tuning.confirm:
             return summary
-        return await _confirm(summary, target, probe, console, started)
+        return await _confirm(summary, tuner, cfg, target, probe, console, started)
+
+
+# Round r offers every configuration the schedule of seed + ROUND_SEED_STRIDE * (r + 1):
+# the same arrivals for all of a round, fresh ones each round, none shared with a trial.
+ROUND_SEED_STRIDE = 7919
+# A round's capacity search starts at this share of the configuration's study figure:
+# the first step passes on all but the worst drift, the next (twice as high) brackets
+# the capacity, and the bisection has no far ramp to climb.
+BRACKET_START = 0.8
 
 
 async def _confirm(
-    summary: TuneSummary, target: LocalTarget, probe: LocalProbe, console: Console, started: float
+    summary: TuneSummary,
+    tuner: Tuner,
+    cfg: TuneConfig,
+    target: LocalTarget,
+    probe: LocalProbe,
+    console: Console,
+    started: float,
 ) -> TuneSummary:
-    """Re-measure best, baseline and rule of thumb back to back (see TuneSummary)."""
-    roles = roles_to_confirm(summary)
-    if len(roles) < 2:
-        return summary  # the best is the baseline and the rule of thumb: nothing to compare
-    names = ", ".join(role.replace("_", " ") for role, _ in roles)
-    console.print(f"Re-measuring {names} back to back ...", highlight=False)
-    remeasured: dict[BatchingConfig, CapacityResult] = {}
-
-    def done(config: BatchingConfig, result: CapacityResult) -> None:
-        remeasured[config] = result
-        console.print(f"  {config.label()}: {result.effective_rps:.0f} req/s", highlight=False)
-
-    configs = [config for _, config in roles]
-    stopped = await _until_signal(remeasure(target, probe, configs, on_done=done))
-    return with_confirmation(summary, remeasured).model_copy(
-        update={"interrupted": stopped, "duration_s": round(time.monotonic() - started, 1)}
+    """Re-measure the finalists and the incumbent interleaved, and recommend by the
+    verdict (tuner/verdict.py)."""
+    incumbent = next((r.config() for r in tuner.records() if r.source == "baseline"), None)
+    if incumbent is None:
+        return summary
+    chosen = finalists(tuner.records(), incumbent, cfg.tuning.finalists)
+    if not chosen:
+        return summary  # nothing met the SLA besides, perhaps, the incumbent
+    study_figure = {
+        r.config(): r.effective_rps
+        for r in reversed(tuner.records())
+        if r.state == "Complete" and r.effective_rps
+    }
+    names = ", ".join(c.label() for c in chosen)
+    console.print(
+        f"Re-measuring the finalists ({names}) and the incumbent {incumbent.label()} "
+        f"interleaved, {cfg.tuning.rounds} rounds ...",
+        highlight=False,
     )
+
+    async def measure(config: BatchingConfig, round_index: int) -> CapacityResult:
+        round_probe = copy.copy(probe)
+        round_probe.seed = cfg.tuning.seed + ROUND_SEED_STRIDE * (round_index + 1)
+        figure = study_figure.get(config)
+        return await round_probe.measure(
+            config,
+            must_beat=None,
+            start_rps=BRACKET_START * figure if figure else None,
+        )
+
+    def done(event: RoundDone) -> None:
+        console.print(
+            f"  round {event.round + 1}/{cfg.tuning.rounds} {event.config.label():<24} "
+            f"{event.result.effective_rps:.0f} req/s",
+            highlight=False,
+        )
+
+    task = remeasure_interleaved(
+        target, measure, chosen, incumbent, rounds=cfg.tuning.rounds, on_done=done
+    )
+    holder: list[Remeasured] = []
+
+    async def run() -> None:
+        holder.append(await task)
+
+    stopped = await _until_signal(run())
+    timing = {"duration_s": round(time.monotonic() - started, 1)}
+    if stopped or not holder:
+        return summary.model_copy(update={"interrupted": True, **timing})
+    remeasured = holder[0]
+    for config, why in remeasured.refused.items():
+        console.print(f"[yellow]{config.label()} left out: {why}[/]", highlight=False)
+    verdict = decide(
+        remeasured.rounds(),
+        incumbent,
+        min_gain_percent=cfg.tuning.min_gain_percent,
+        seed=cfg.tuning.seed,
+    )
+    return with_verdict(summary, verdict).model_copy(update=timing)
 
 
 def _summary(
