@@ -12,7 +12,7 @@ from pydantic import BaseModel
 from batchpilot.models import SLA, BatchingConfig, CapacityResult
 from batchpilot.tuner.study import TrialRecord
 
-Label = Literal["baseline", "rule of thumb", "simulator", "sampler"]
+Label = Literal["baseline", "rule of thumb", "simulator", "sampler", "refine"]
 
 
 class ConfigFigures(BaseModel):
@@ -113,6 +113,8 @@ def label_of(record: TrialRecord, rules: Sequence[BatchingConfig]) -> Label:
         return "baseline"
     if record.source == "warm-start":
         return "rule of thumb" if record.config() in rules else "simulator"
+    if record.source == "refine":
+        return "refine"
     return "sampler"
 
 
