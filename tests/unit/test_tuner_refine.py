@@ -86,6 +86,16 @@ def test_next_refinement_waits_for_a_stall_then_skips_what_was_tried() -> None:
     assert next_refinement(records, SPACE) == {"max_batch_size": 21, "max_queue_time_ms": 10.0}
 
 
+def test_a_stall_alternates_rounds_of_refinement_and_sampler_trials() -> None:
+    records = [rec(0, 20, 10.0, 150.0)]
+    turns = []
+    for n in range(1, 16):
+        turns.append(next_refinement(records, SPACE) is not None)
+        records.append(rec(n, 1 + n, 0.0, 10.0))  # never the edges: the candidates stay
+    # trials 1-3 sampler (the stall builds), 4-6 refine, 7-9 sampler, 10-12 refine, ...
+    assert turns == [False] * 3 + [True] * 3 + [False] * 3 + [True] * 3 + [False] * 3
+
+
 def test_next_refinement_takes_the_last_trials_of_the_budget() -> None:
     records = [rec(0, 20, 10.0, 150.0)]
     assert next_refinement(records, SPACE, remaining=10) is None

@@ -28,6 +28,10 @@ from batchpilot.tuner.space import BATCH, QUEUE, Params, SearchSpace
 STALL_TRIALS = 3
 # ... or when no more trials than this are left in the budget.
 TAIL_TRIALS = 4
+# A stall is worked off in rounds: this many refinement trials, then as many sampler
+# trials, and so on while the best stands (a long list of edges around a mediocre early
+# best would otherwise starve the sampler).
+ROUND_TRIALS = 3
 SERVER_DIED = "ServerDied"
 
 
@@ -61,13 +65,27 @@ def _best(records: Sequence[RecordLike]) -> RecordLike | None:
     return max(done, key=lambda r: (r.effective_rps or 0.0, -r.number), default=None)
 
 
-def stalled(records: Sequence[RecordLike], *, stall_trials: int = STALL_TRIALS) -> bool:
-    """No new best for `stall_trials` measured trials (interrupted ones do not count)."""
+def since_best(records: Sequence[RecordLike]) -> int:
+    """Measured trials since the best (interrupted ones do not count); 0 without one."""
     best = _best(records)
     if best is None:
-        return False
-    after = [r for r in records if r.number > best.number and r.reason != "interrupted"]
-    return len(after) >= stall_trials
+        return 0
+    return sum(1 for r in records if r.number > best.number and r.reason != "interrupted")
+
+
+def stalled(records: Sequence[RecordLike], *, stall_trials: int = STALL_TRIALS) -> bool:
+    """No new best for `stall_trials` measured trials."""
+    return _best(records) is not None and since_best(records) >= stall_trials
+
+
+def refinement_turn(records: Sequence[RecordLike], *, stall_trials: int = STALL_TRIALS) -> bool:
+    """Whether a stalled study's next trial is a refinement's: rounds of `ROUND_TRIALS`
+    refinements and as many sampler trials alternate from the stall on."""
+    k = since_best(records)
+    return (
+        stalled(records, stall_trials=stall_trials)
+        and (k - stall_trials) % (2 * ROUND_TRIALS) < ROUND_TRIALS
+    )
 
 
 def _nearby_batches(b: int) -> list[int]:
@@ -125,9 +143,10 @@ def next_refinement(
 ) -> Params | None:
     """The refinement trial to run next, or None to let the sampler suggest.
 
-    Refine when the sampler has stalled, or when the budget left (`remaining` trials,
-    None when unbounded) is down to `TAIL_TRIALS`, so the last trials of a study are
-    spent on the edges next to the best rather than on distant guesses."""
+    Refine in the rounds of a stall (`refinement_turn`), or when the budget left
+    (`remaining` trials, None when unbounded) is down to `TAIL_TRIALS`, so the last
+    trials of a study are spent on the edges next to the best rather than on distant
+    guesses."""
     best = _best(records)
     if best is None:
         return None
@@ -139,6 +158,6 @@ def next_refinement(
     if not candidates:
         return None
     budget_tail = remaining is not None and remaining <= TAIL_TRIALS
-    if stalled(records, stall_trials=stall_trials) or budget_tail:
+    if refinement_turn(records, stall_trials=stall_trials) or budget_tail:
         return candidates[0]
     return None
