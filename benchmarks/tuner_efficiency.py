@@ -1,12 +1,19 @@
 """How many trials the tuner needs: samplers against the exhaustive grid, on the simulator.
 
-Scenario families (short high-rate requests, long padded requests, mixed sizes, bursty
-arrivals, a tight and a loose SLA) x seeds. Per instance: the optimum (the best
-effective throughput of the coarse grid and of every trial any contender ran), then per
-contender the number of trials until its best so far reaches 95%, 97% and 99% of it.
-Contenders: the Tuner (what ships, through its ask/tell API, pruning included) with each
-sampler it offers, cold; the Tuner as `tune --local` starts it (baseline, then the
-rules of thumb, then TPE); the grid in plain order; the rules of thumb alone.
+Scenario families (`families`): smooth ones (short high-rate requests, long padded
+requests, mixed sizes, bursty arrivals, a tight and a loose SLA), discontinuous ones
+(cliffs in the batch cost past 16/32/48 rows, padding to multiples of 8, only captured
+batch sizes fast) and noisy ones (a smooth and a discontinuous family measured with 10%
+multiplicative noise per window and a slow drift) x seeds. Per instance: the optimum
+(the best true effective throughput of the coarse grid, of the family's edge batch sizes
+at the grid's waits, and of every configuration any contender measured), then per
+contender the number of trials until the configuration it holds best is truly at 95%,
+97% and 99% of it (with noise, a lucky measurement of a worse configuration counts as
+what it truly is). Contenders: the Tuner (what ships, through its ask/tell API, pruning
+and refinement included) with each sampler it offers, cold; the Tuner as `tune --local`
+starts it (baseline, then the rules of thumb, then TPE), also without refinement; the
+grid in plain order; the rules of thumb alone. `samplers` summarises the smooth families
+(as before the other kinds existed); `by_kind` each kind.
 
 A trial is one simulated capacity search (4,000 requests a step, 2% precision): the
 figures are the simulator's, not a server's. Steps are cached by (configuration,
