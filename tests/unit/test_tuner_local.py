@@ -208,7 +208,7 @@ def test_a_missing_config_file() -> None:
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        ([], "tune needs --local"),
+        ([], "give one of --local"),
         (["--local", "--mix", "a:b"], "weight in mix item 'a:b' must be a number"),
         (["--local", "--config", "no-such.yaml"], "cannot read config file"),
         (["--local", "--sla-p99-ms", "0"], "--sla-p99-ms"),

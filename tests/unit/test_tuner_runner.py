@@ -207,7 +207,11 @@ async def test_summary_quotes_gains_measured_in_the_same_run() -> None:
     assert summary.gain_over_baseline > 0  # the made-up server rewards bigger batches
     assert set(summary.measurements) == {"best", "baseline", "rule_of_thumb"}
     assert [tr.label for tr in summary.trials[:3]] == ["baseline", "rule of thumb", "rule of thumb"]
-    assert {tr.label for tr in summary.trials[3:]} == {"sampler"}
+    # the label follows the record's source (refinement takes over once the sampler stalls)
+    assert [tr.label for tr in summary.trials[3:]] == [
+        "refine" if r.source == "refine" else "sampler" for r in t.records()[3:]
+    ]
+    assert {tr.label for tr in summary.trials[3:]} <= {"sampler", "refine"}
     dumped = summary.model_dump(mode="json")
     for key in ("max_batch_size", "max_queue_time_ms", "effective_rps", "p99_ms"):
         assert key in dumped["best"]

@@ -15,7 +15,7 @@ from batchpilot.operator.spec import MAX_TRIALS_LIMIT
 
 Phase = Literal["Pending", "Baseline", "Tuning", "Confirming", "Converged", "Failed"]
 TrialState = Literal["Running", "Complete", "Pruned", "Infeasible", "Failed"]
-TrialSource = Literal["baseline", "warm-start", "sampler"]
+TrialSource = Literal["baseline", "warm-start", "sampler", "refine"]
 
 # Trials kept in full. A study has at most MAX_TRIALS_LIMIT trials plus retried failures,
 # so the kept window normally holds the whole study and a restart rebuilds it exactly;
@@ -54,7 +54,7 @@ class TrialEntry(_Status):
 
     number: int = Field(description="Trial number in the study, from 0 (the baseline).")
     params: dict[str, float | int] = Field(description="Values tried, by parameter name.")
-    source: TrialSource = Field(description="baseline, warm-start or sampler.")
+    source: TrialSource = Field(description="baseline, warm-start, sampler or refine.")
     state: TrialState = Field(description="Running, Complete, Pruned, Infeasible or Failed.")
     effective_rps: float | None = Field(default=None, description="Effective throughput, req/s.")
     p99_ms: float | None = Field(default=None, description="p99 at the effective rate, ms.")

@@ -1,4 +1,5 @@
-"""`batchpilot tune --local`: flags, the configuration file, output and exit codes."""
+"""`batchpilot tune --local` and `tune --simulator`: flags, the configuration file,
+output and exit codes."""
 
 from __future__ import annotations
 
@@ -156,13 +157,37 @@ def _storage(spec: str | None) -> str | BaseStorage | None:
     help="YAML/JSON file: server, sla, mix, parameters, measurement, tuning.",
 )
 @click.option(
+    "--simulator",
+    "cost_file",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="Tune a simulated service instead: a JSON cost model, or a saved GET /admin/profile "
+    "answer to fit one from (as `simulate --cost-model` takes it).",
+)
+@click.option(
+    "--profile-url",
+    default=None,
+    help="Tune a simulated service whose cost model is fitted from this running reference "
+    "server's GET /admin/profile.",
+)
+@click.option(
+    "--replicas",
+    type=click.IntRange(1, 1024),
+    default=None,
+    help="Simulated runs: round-robin replicas [default 1].",
+)
+@click.option(
     "--trials",
+    "--max-trials",
+    "trials",
     type=click.IntRange(1, 1000),
     default=None,
     help="Trials to measure, baseline and warm starts included [default 20].",
 )
 @click.option(
     "--sla-p99-ms",
+    "--p99-ms",
+    "sla_p99_ms",
     type=click.FloatRange(0, 3_600_000, min_open=True),
     default=None,
     help="p99 latency SLA in ms [default 100].",
@@ -220,6 +245,9 @@ def _storage(spec: str | None) -> str | BaseStorage | None:
 )
 def tune(
     local: bool,
+    cost_file: Path | None,
+    profile_url: str | None,
+    replicas: int | None,
     config_path: Path | None,
     trials: int | None,
     sla_p99_ms: float | None,
@@ -237,12 +265,33 @@ def tune(
 ) -> None:
     """Find the dynamic-batching configuration with the most effective throughput
     within the p99 SLA, measured in the same run against the baseline and the rule of
-    thumb."""
-    if not local:
-        raise TuneError(
-            "tune needs --local (tune the bundled reference server here); services in a "
-            "cluster are tuned by the operator through an InferenceService resource"
+    thumb (--local), or simulated from a cost model (--simulator, --profile-url)."""
+    simulated = cost_file is not None or profile_url is not None
+    modes = [
+        flag
+        for flag, given in (
+            ("--local", local),
+            ("--simulator", cost_file is not None),
+            ("--profile-url", profile_url is not None),
         )
+        if given
+    ]
+    if len(modes) != 1:
+        raise TuneError(
+            (
+                "give one of "
+                if not modes
+                else f"{' and '.join(modes)} exclude each other; give one of "
+            )
+            + "--local (tune the bundled reference server here), --simulator COST_MODEL or "
+            "--profile-url URL (tune a simulated service); services in a cluster are tuned "
+            "by the operator through an InferenceService resource"
+        )
+    if not simulated:
+        if replicas is not None:
+            raise TuneError("--replicas applies to simulated runs (--simulator, --profile-url)")
+    elif storage is not None:
+        raise TuneError("--storage applies to --local runs; a simulated run takes seconds")
     try:
         base = load_config(config_path) if config_path is not None else TuneConfig()
         config = build_config(
@@ -269,6 +318,19 @@ def tune(
     import optuna
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
+    if simulated:
+        _tune_simulated(
+            config,
+            space,
+            request_mix,
+            cost_file=cost_file,
+            profile_url=profile_url,
+            arrival=process,
+            replicas=replicas or 1,
+            as_json=as_json,
+            report_dir=report_dir,
+        )
+        return
     from batchpilot.server.process import ServerStartError
     from batchpilot.tuner.interfaces import TargetError
     from batchpilot.tuner.localmode import LocalRun, tune_local
@@ -301,3 +363,45 @@ def tune(
         sys.stdout.write(summary.model_dump_json() + "\n")
     if summary.interrupted:
         sys.exit(EXIT_INTERRUPTED)
+
+
+def _tune_simulated(
+    config: TuneConfig,
+    space: SearchSpace,
+    mix: RequestMix,
+    *,
+    cost_file: Path | None,
+    profile_url: str | None,
+    arrival: ArrivalKind,
+    replicas: int,
+    as_json: bool,
+    report_dir: Path | None,
+) -> None:
+    from batchpilot.simulator.cost import ProfileError
+    from batchpilot.simulator.profile import cost_model_from_json, fetch_profile, load_cost_model
+    from batchpilot.tuner.progress import render_summary
+    from batchpilot.tuner.simulated import SimulatedRun, tune_simulated
+
+    try:
+        if cost_file is not None:
+            cost = load_cost_model(cost_file)
+        else:
+            cost = cost_model_from_json(asyncio.run(fetch_profile(str(profile_url))))
+    except ProfileError as exc:
+        flag = (
+            f"--simulator {cost_file}" if cost_file is not None else f"--profile-url {profile_url}"
+        )
+        raise TuneError(f"{flag}: {exc}") from None
+    console = Console(stderr=True, soft_wrap=True)
+    run = SimulatedRun(
+        config=config, space=space, mix=mix, cost=cost, arrival=arrival, replicas=replicas
+    )
+    summary = asyncio.run(tune_simulated(run, console))
+    render_summary(console, summary)
+    if report_dir is not None:
+        from batchpilot.tuner.report import write_report
+
+        paths = write_report(summary, report_dir)
+        console.print(f"Report: {', '.join(str(p) for p in paths)}", highlight=False)
+    if as_json:
+        sys.stdout.write(summary.model_dump_json() + "\n")

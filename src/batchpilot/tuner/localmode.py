@@ -39,6 +39,7 @@ from batchpilot.tuner.space import SearchSpace
 from batchpilot.tuner.study import Tuner
 from batchpilot.tuner.summary import TuneSummary, finalists, label_of, summarize, with_verdict
 from batchpilot.tuner.verdict import decide
+from batchpilot.tuner.watch import Watch, WatchedProbe, WatchedTarget
 
 log = logging.getLogger(__name__)
 
@@ -176,6 +177,7 @@ async def tune_local(run: LocalRun, console: Console) -> TuneSummary:
             warm_start=rules,
             storage=run.storage,
             study_name=STUDY_NAME,
+            max_trials=cfg.tuning.trials,
         )
         probe = LocalProbe(
             server.url,
@@ -219,11 +221,13 @@ async def tune_local(run: LocalRun, console: Console) -> TuneSummary:
             )
             return True
 
+        # a trial that kills the server is told as such and the server started again
+        watch = Watch(server, target)
         interrupted = await _until_signal(
             run_trials(
                 tuner,
-                target,
-                probe,
+                WatchedTarget(target, watch),
+                WatchedProbe(probe, watch),
                 trials=cfg.tuning.trials,
                 full=rules,
                 on_start=on_start,

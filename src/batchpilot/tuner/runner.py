@@ -11,7 +11,7 @@ from collections.abc import Awaitable, Callable, Collection, Sequence
 from dataclasses import dataclass
 
 from batchpilot.models import BatchingConfig, CapacityResult
-from batchpilot.tuner.interfaces import Probe, Target, TargetError
+from batchpilot.tuner.interfaces import Probe, ServerDied, Target, TargetError
 from batchpilot.tuner.study import TrialRecord, Tuner
 
 
@@ -47,6 +47,8 @@ async def run_trial(
     try:
         await target.apply(config)
         result = await probe.measure(config, must_beat=None if is_full else tuner.must_beat())
+    except ServerDied as exc:
+        return TrialDone(tuner.tell_server_died(number, str(exc)), None, tuner.best())
     except TargetError as exc:
         return TrialDone(tuner.tell_failed(number, str(exc)), None, tuner.best())
     return TrialDone(tuner.tell(number, result), result, tuner.best())

@@ -13,7 +13,7 @@ from batchpilot.models import SLA, BatchingConfig, CapacityResult
 from batchpilot.tuner.study import TrialRecord
 from batchpilot.tuner.verdict import Verdict
 
-Label = Literal["baseline", "rule of thumb", "simulator", "sampler"]
+Label = Literal["baseline", "rule of thumb", "simulator", "sampler", "refine"]
 
 
 class ConfigFigures(BaseModel):
@@ -93,6 +93,8 @@ def label_of(record: TrialRecord, rules: Sequence[BatchingConfig]) -> Label:
         return "baseline"
     if record.source == "warm-start":
         return "rule of thumb" if record.config() in rules else "simulator"
+    if record.source == "refine":
+        return "refine"
     return "sampler"
 
 
