@@ -37,7 +37,13 @@ from batchpilot.tuner.runner import (
 )
 from batchpilot.tuner.space import SearchSpace
 from batchpilot.tuner.study import Tuner
-from batchpilot.tuner.summary import TuneSummary, finalists, label_of, summarize, with_verdict
+from batchpilot.tuner.summary import (
+    TuneSummary,
+    finalists,
+    label_of,
+    summary_of_study,
+    with_verdict,
+)
 from batchpilot.tuner.verdict import decide
 from batchpilot.tuner.watch import Watch, WatchedProbe, WatchedTarget
 
@@ -324,18 +330,11 @@ async def _confirm(
 def _summary(
     tuner: Tuner, run: LocalRun, rules: list[BatchingConfig], interrupted: bool, started: float
 ) -> TuneSummary:
-    cfg = run.config
-    records = tuner.records()
-    results = {r.number: res for r in records if (res := tuner.result(r.number)) is not None}
-    return summarize(
-        records,
-        best=tuner.best(),
-        rules=rules,
-        results=results,
-        sla=cfg.sla,
-        sampler=cfg.tuning.sampler,
-        seed=cfg.tuning.seed,
+    return summary_of_study(
+        tuner,
+        run.config,
         space=run.space.describe(),
+        rules=rules,
         interrupted=interrupted,
         duration_s=time.monotonic() - started,
     )

@@ -24,7 +24,7 @@ from batchpilot.tuner.rules import rules_of_thumb
 from batchpilot.tuner.runner import TrialDone, TrialStart, run_trials
 from batchpilot.tuner.space import SearchSpace
 from batchpilot.tuner.study import Tuner
-from batchpilot.tuner.summary import TuneSummary, label_of, summarize
+from batchpilot.tuner.summary import TuneSummary, label_of, summary_of_study
 
 # Requests per simulated step: a p99 from 4,000 is resolved to about 1 %, and a trial
 # (one capacity search, ~10 steps) simulates in tens of milliseconds.
@@ -133,17 +133,11 @@ async def tune_simulated(run: SimulatedRun, console: Console) -> TuneSummary:
         on_done=on_done,
     )
     progress.stop()
-    records = tuner.records()
-    results = {r.number: res for r in records if (res := tuner.result(r.number)) is not None}
-    return summarize(
-        records,
-        best=tuner.best(),
-        rules=rules,
-        results=results,
-        sla=cfg.sla,
-        sampler=cfg.tuning.sampler,
-        seed=cfg.tuning.seed,
+    return summary_of_study(
+        tuner,
+        cfg,
         space=run.space.describe(),
+        rules=rules,
         interrupted=False,
         duration_s=time.monotonic() - started,
     )

@@ -10,7 +10,8 @@ from typing import Literal
 from pydantic import BaseModel
 
 from batchpilot.models import SLA, BatchingConfig, CapacityResult
-from batchpilot.tuner.study import TrialRecord
+from batchpilot.tuner.config import TuneConfig
+from batchpilot.tuner.study import TrialRecord, Tuner
 from batchpilot.tuner.verdict import Verdict
 
 Label = Literal["baseline", "rule of thumb", "simulator", "sampler", "refine"]
@@ -166,4 +167,31 @@ def summarize(
         duration_s=round(duration_s, 1),
         trials=[LabelledTrial(**r.model_dump(), label=label_of(r, rules)) for r in records],
         measurements=measurements,
+    )
+
+
+def summary_of_study(
+    tuner: Tuner,
+    config: TuneConfig,
+    *,
+    space: str,
+    rules: Sequence[BatchingConfig],
+    interrupted: bool,
+    duration_s: float,
+) -> TuneSummary:
+    """The summary of a study as its tuner holds it, whatever ran the trials (local
+    server, simulator)."""
+    records = tuner.records()
+    results = {r.number: res for r in records if (res := tuner.result(r.number)) is not None}
+    return summarize(
+        records,
+        best=tuner.best(),
+        rules=rules,
+        results=results,
+        sla=config.sla,
+        sampler=config.tuning.sampler,
+        seed=config.tuning.seed,
+        space=space,
+        interrupted=interrupted,
+        duration_s=duration_s,
     )
