@@ -24,7 +24,7 @@ import signal
 import tempfile
 import time
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from importlib import resources
 from pathlib import Path
 from typing import IO, Any, ClassVar
@@ -138,8 +138,8 @@ class ModelRepository:
 class Observed:
     """What one verification burst saw: the parameters of every answer."""
 
-    def __init__(self, answers: list[Mapping[str, Any]]) -> None:
-        self.answers = answers
+    def __init__(self, answers: Sequence[Mapping[str, Any]]) -> None:
+        self.answers = list(answers)
 
     def one(self, key: str) -> set[Any]:
         return {a.get(key) for a in self.answers}
