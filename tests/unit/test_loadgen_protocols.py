@@ -175,3 +175,54 @@ async def test_warmup_counts_errors_after_a_success_as_load(
     )
     assert rate > 0
     assert len(recorder.seen) > 2
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--protocol", "v2"], "--protocol v2 needs --model"),
+        (["--model", "m"], "--model apply to --protocol v2"),
+        (["--protocol", "v2", "--model", "m", "--path", "/x"], "--path is set by --protocol v2"),
+        (
+            ["--protocol", "v2", "--model", "m", "--body-template", '{"n": {size}}'],
+            "--body-template applies to --protocol template, not v2",
+        ),
+        (["--protocol", "template"], "needs --body-template"),
+        (["--body-template", '{"n": 1}'], "no {size} placeholder"),
+        (["--header", "oops"], "'oops' is not NAME:VALUE"),
+        (["--protocol", "grpc"], "'grpc' is not one of"),
+    ],
+)
+def test_loadtest_refuses_protocol_options_that_do_not_fit(args: list[str], message: str) -> None:
+    from click.testing import CliRunner
+
+    from batchpilot.loadgen.cli import loadtest
+
+    done = CliRunner().invoke(
+        loadtest, ["http://127.0.0.1:9", "--rate", "1", "--duration", "1", *args]
+    )
+    assert done.exit_code != 0, done.output
+    assert message in done.output
+
+
+def test_protocol_options_build_each_protocol() -> None:
+    from batchpilot.loadgen.protocol_option import build_protocol
+
+    none: dict[str, object] = {
+        "protocol": None,
+        "model": None,
+        "input_name": None,
+        "features": None,
+        "body_template": None,
+        "headers": (),
+        "path": None,
+    }
+    assert build_protocol(**none) is REFERENCE  # type: ignore[arg-type]
+    v2 = build_protocol(**{**none, "protocol": "v2", "model": "m", "features": 4})  # type: ignore[arg-type]
+    assert v2.path == "/v2/models/m/infer"
+    assert json.loads(v2.body(2))["inputs"][0]["shape"] == [2, 4]
+    template = build_protocol(**{**none, "body_template": '{"n": {size}}', "path": "/p"})  # type: ignore[arg-type]
+    assert (template.name, template.path, template.body(5)) == ("template", "/p", b'{"n": 5}')
+    reference = build_protocol(**{**none, "headers": ("X-A: 1",)})  # type: ignore[arg-type]
+    assert reference.path == "/v1/predict"
+    assert reference.headers["X-A"] == "1"
