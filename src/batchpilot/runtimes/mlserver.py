@@ -452,8 +452,9 @@ class MLServerRuntime(Runtime):
         port_note="metrics_port (default 8082), /metrics",
         latency_histogram="rest_server_request_duration_seconds",
         latency_unit="s",
-        ok_requests="model_infer_request_success",
-        total_requests="model_infer_request_success + model_infer_request_failure",
+        latency_matchers='path="/v2/models/{model_name}/infer"',
+        ok_requests="model_infer_request_success_total",
+        total_requests='{__name__=~"model_infer_request_(success|failure)_total"}',
     )
     default_model: ClassVar[str | None] = MODEL
 
