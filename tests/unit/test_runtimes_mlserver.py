@@ -52,7 +52,7 @@ def test_persistence_is_the_model_settings_keys() -> None:
         "max_batch_size": 8,
         "max_batch_time": 0.01,
     }
-    assert "model-settings.json of model m" in persisted.where
+    assert persisted.where == "write model-settings.json of model m with these keys"
 
 
 def test_launcher_refuses_a_workload() -> None:

@@ -495,7 +495,6 @@ class MLServerRuntime(Runtime):
         )
         return Persistence(
             kind="recommend",
-            where=f"model-settings.json of model {name} (merge these keys; the "
-            "MLSERVER_MODEL_MAX_BATCH_SIZE/_TIME variables apply only at start)",
+            where=f"write model-settings.json of model {name} with these keys",
             snippet=snippet,
         )
