@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import re
+import signal
 from collections import Counter
 from collections.abc import AsyncIterator
 
@@ -112,6 +114,21 @@ async def test_no_request_fails_while_configurations_change_under_load(
         await asyncio.gather(*workers)
     assert during > 0, "the load kept going through the changes"
     assert set(outcomes) == {"200"}, outcomes
+
+
+async def test_a_restart_after_a_crash_keeps_the_address_and_starts_at_the_start_values(
+    mlserver: tuple[MLServerProcess, MLServerControl],
+) -> None:
+    server, control = mlserver
+    await control.apply(LARGE)
+    url = server.url
+    os.killpg(server.pid, signal.SIGKILL)
+    assert await server.exit_code(5.0) is not None
+    await server.restart()
+    assert server.url == url
+    assert await control.current() == START
+    await control.apply(SMALL)  # the control still reaches the repository
+    assert await control.current() == SMALL
 
 
 async def test_reloading_the_same_version_would_silently_turn_batching_off(
