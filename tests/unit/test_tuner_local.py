@@ -222,6 +222,8 @@ def test_a_missing_config_file() -> None:
         (["--local", "--finalists", "0"], "--finalists"),
         (["--local", "--min-gain-percent", "-1"], "--min-gain-percent"),
         (["--local", "--config", "no-such.yaml", "--rounds", "21"], "--rounds"),
+        (["--local", "--runtime", "tritonn"], "'tritonn' is not one of"),
+        (["--simulator", "c.json", "--runtime", "mlserver"], "--runtime applies to --local"),
     ],
 )
 def test_cli_rejects_bad_input_in_one_line(args: list[str], message: str) -> None:
@@ -230,6 +232,14 @@ def test_cli_rejects_bad_input_in_one_line(args: list[str], message: str) -> Non
     assert message in result.output
     assert "Traceback" not in result.output
     assert len(result.output.strip().splitlines()) == 1
+
+
+def test_a_runtime_with_its_own_model_refuses_server_model(tmp_path: Path) -> None:
+    config = tmp_path / "tune.yaml"
+    config.write_text("server:\n  model: encoder\n")
+    result = CliRunner().invoke(tune, ["--local", "--runtime", "mlserver", "--config", str(config)])
+    assert result.exit_code == 2
+    assert "the mlserver runtime serves its own bundled model" in result.output
 
 
 @pytest.fixture
