@@ -1,0 +1,219 @@
+"""Triton's batching knobs changed live, and what Triton reports it did.
+
+The change goes through explicit model control: read the model's configuration, edit the
+two knobs, and load the model again with the edited configuration as a JSON string.
+Triton loads the new instance beside the old one and switches over when it is ready, so
+requests keep being served. A change is verified twice: by reading the configuration
+back, and by the batch sizes Triton executes afterwards (its inference and execution
+counters)."""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import aiohttp
+
+from batchpilot.runtimes.triton.repository import TritonBatching
+
+
+class TritonError(RuntimeError):
+    """Triton refused a request or answered something unexpected."""
+
+
+def with_batching(config: dict[str, Any], batching: TritonBatching) -> dict[str, Any]:
+    """A copy of a model configuration (Triton's JSON form) with the batching knobs
+    replaced. Preferred batch sizes above the new maximum are dropped (Triton refuses
+    them); with none left the maximum is preferred, as Triton's python backend fills it
+    in. Everything else in the configuration is kept as it is."""
+    edited: dict[str, Any] = json.loads(json.dumps(config))
+    edited["max_batch_size"] = batching.max_batch_size
+    dynamic = dict(edited.get("dynamic_batching") or {})
+    dynamic["max_queue_delay_microseconds"] = batching.max_queue_delay_microseconds
+    preferred = [
+        int(size)
+        for size in dynamic.get("preferred_batch_size", [])
+        if int(size) <= batching.max_batch_size
+    ]
+    dynamic["preferred_batch_size"] = preferred or [batching.max_batch_size]
+    edited["dynamic_batching"] = dynamic
+    return edited
+
+
+def batching_of(config: dict[str, Any]) -> TritonBatching:
+    """The batching knobs in a model configuration. Raises TritonError when the model
+    does not batch dynamically (no `dynamic_batching`, or `max_batch_size` 0)."""
+    size = config.get("max_batch_size")
+    dynamic = config.get("dynamic_batching")
+    if not isinstance(size, int) or size < 1 or not isinstance(dynamic, dict):
+        raise TritonError(
+            f"model {config.get('name')!r} does not batch dynamically "
+            f"(max_batch_size={size!r}, dynamic_batching "
+            f"{'set' if isinstance(dynamic, dict) else 'absent'}): set max_batch_size >= 1 "
+            "and a dynamic_batching block in its config.pbtxt"
+        )
+    # The JSON form carries 64-bit integers as strings or numbers depending on the field.
+    delay = int(dynamic.get("max_queue_delay_microseconds", 0) or 0)
+    return TritonBatching(max_batch_size=size, max_queue_delay_microseconds=delay)
+
+
+@dataclass(frozen=True)
+class TritonCounters:
+    """Triton's cumulative counters for one model (all versions summed)."""
+
+    success: float = 0.0
+    failure: float = 0.0
+    inferences: float = 0.0  # nv_inference_count: batch-dimension items inferred
+    executions: float = 0.0  # nv_inference_exec_count: model executions (batches)
+    request_us: float = 0.0
+    queue_us: float = 0.0
+    compute_us: float = 0.0
+
+    def since(self, before: TritonCounters) -> TritonCounters:
+        """The increase since `before`. A counter that went down was reset (the model
+        was unloaded in between): its whole value is the increase."""
+
+        def delta(now: float, then: float) -> float:
+            return now - then if now >= then else now
+
+        return TritonCounters(
+            success=delta(self.success, before.success),
+            failure=delta(self.failure, before.failure),
+            inferences=delta(self.inferences, before.inferences),
+            executions=delta(self.executions, before.executions),
+            request_us=delta(self.request_us, before.request_us),
+            queue_us=delta(self.queue_us, before.queue_us),
+            compute_us=delta(self.compute_us, before.compute_us),
+        )
+
+    @property
+    def mean_batch(self) -> float:
+        """Mean executed batch size (rate(count) / rate(exec_count) on a delta); NaN
+        when nothing executed."""
+        return self.inferences / self.executions if self.executions else math.nan
+
+    @property
+    def mean_queue_ms(self) -> float:
+        total = self.success + self.failure
+        return self.queue_us / total / 1000.0 if total else math.nan
+
+
+_FIELDS = {
+    "nv_inference_request_success": "success",
+    "nv_inference_request_failure": "failure",
+    "nv_inference_count": "inferences",
+    "nv_inference_exec_count": "executions",
+    "nv_inference_request_duration_us": "request_us",
+    "nv_inference_queue_duration_us": "queue_us",
+    "nv_inference_compute_infer_duration_us": "compute_us",
+}
+_SAMPLE = re.compile(r"^(?P<name>[a-z_]+)\{(?P<labels>[^}]*)\}\s+(?P<value>\S+)")
+_LABEL = re.compile(r'(?P<key>[a-zA-Z_]+)="(?P<value>[^"]*)"')
+
+
+def parse_counters(text: str, model: str) -> TritonCounters:
+    """Triton's counters for `model` from its Prometheus text (:8002/metrics)."""
+    sums = dict.fromkeys(_FIELDS.values(), 0.0)
+    for line in text.splitlines():
+        match = _SAMPLE.match(line)
+        if match is None or match["name"] not in _FIELDS:
+            continue
+        labels = {m["key"]: m["value"] for m in _LABEL.finditer(match["labels"])}
+        if labels.get("model") != model:
+            continue
+        sums[_FIELDS[match["name"]]] += float(match["value"])
+    return TritonCounters(**sums)
+
+
+@dataclass(frozen=True)
+class Change:
+    """One live change: what was asked, what Triton reads back, how long it took."""
+
+    asked: TritonBatching
+    live: TritonBatching
+    seconds: float
+
+
+class TritonControl:
+    """The HTTP endpoints of one Triton for one model: configuration, load, metrics."""
+
+    def __init__(self, url: str, metrics_url: str, model: str, *, timeout_s: float = 120.0) -> None:
+        self.url = url.rstrip("/")
+        self.metrics_url = metrics_url
+        self.model = model
+        # A load builds the new instance before it answers: generous.
+        self._timeout = aiohttp.ClientTimeout(total=timeout_s)
+
+    async def _request(self, method: str, url: str, body: Any = None) -> tuple[int, str]:
+        try:
+            async with (
+                aiohttp.ClientSession(timeout=self._timeout) as session,
+                session.request(method, url, json=body) as response,
+            ):
+                return response.status, await response.text()
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            raise TritonError(f"{method} {url} failed: {type(exc).__name__}: {exc}") from exc
+
+    async def config(self) -> dict[str, Any]:
+        url = f"{self.url}/v2/models/{self.model}/config"
+        status, text = await self._request("GET", url)
+        if status != 200:
+            raise TritonError(f"GET {url} answered HTTP {status}: {_message(text)}")
+        try:
+            data = json.loads(text)
+        except ValueError:
+            data = None
+        if not isinstance(data, dict):
+            raise TritonError(f"GET {url} did not answer a JSON object: {text[:200]}")
+        return data
+
+    async def batching(self) -> TritonBatching:
+        return batching_of(await self.config())
+
+    async def load(self, config: dict[str, Any]) -> None:
+        """Load the model with `config` (Triton's JSON form); returns once Triton has it
+        serving."""
+        url = f"{self.url}/v2/repository/models/{self.model}/load"
+        body = {"parameters": {"config": json.dumps(config)}}
+        status, text = await self._request("POST", url, body)
+        if status != 200:
+            raise TritonError(
+                f"Triton refused to load {self.model!r} with the new configuration "
+                f"(HTTP {status}): {_message(text)}"
+            )
+
+    async def apply(self, batching: TritonBatching) -> Change:
+        """Change the knobs live and read them back; raises TritonError when Triton runs
+        something else afterwards."""
+        started = time.monotonic()
+        await self.load(with_batching(await self.config(), batching))
+        live = await self.batching()
+        seconds = time.monotonic() - started
+        if live != batching:
+            raise TritonError(
+                f"asked Triton for max_batch_size={batching.max_batch_size} "
+                f"max_queue_delay_microseconds={batching.max_queue_delay_microseconds}, "
+                f"it runs max_batch_size={live.max_batch_size} "
+                f"max_queue_delay_microseconds={live.max_queue_delay_microseconds}"
+            )
+        return Change(asked=batching, live=live, seconds=seconds)
+
+    async def counters(self) -> TritonCounters:
+        status, text = await self._request("GET", self.metrics_url)
+        if status != 200:
+            raise TritonError(f"GET {self.metrics_url} answered HTTP {status}")
+        return parse_counters(text, self.model)
+
+
+def _message(text: str) -> str:
+    """Triton's {"error": "..."} message, else the text's start."""
+    try:
+        data = json.loads(text)
+    except ValueError:
+        return text[:300]
+    error = data.get("error") if isinstance(data, dict) else None
+    return error if isinstance(error, str) else text[:300]

@@ -1,0 +1,225 @@
+"""A real Triton (python backend, the bundled model) on loopback: two batching
+configurations applied live under concurrent load, each proven by Triton's own counters
+and by the model's record of the batch sizes it executed, with no failed request while
+the change happens."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import shutil
+import subprocess
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+
+import aiohttp
+import pytest
+
+from batchpilot.runtimes.triton.control import TritonControl, TritonCounters, TritonError
+from batchpilot.runtimes.triton.install import default_venv
+from batchpilot.runtimes.triton.process import TritonProcess
+from batchpilot.runtimes.triton.repository import (
+    BATCH_SIZE_OUTPUT,
+    INPUT_NAME,
+    TritonBatching,
+)
+
+pytestmark = [
+    pytest.mark.runtimes,
+    pytest.mark.skipif(
+        not (default_venv() / "bin" / "python").exists() and not os.environ.get("CI"),
+        reason="Triton is not installed (scripts/runtimes triton); under CI it must be",
+    ),
+]
+
+
+@pytest.fixture
+async def triton() -> AsyncIterator[TritonProcess]:
+    async with TritonProcess(TritonBatching(4, 2000)) as server:
+        yield server
+
+
+def infer_body(size: int) -> dict[str, object]:
+    return {
+        "inputs": [
+            {"name": INPUT_NAME, "shape": [1, size], "datatype": "FP32", "data": [0.5] * size}
+        ]
+    }
+
+
+@dataclass
+class ClosedLoop:
+    """`async with ClosedLoop(url, 32) as load:` clients that each keep one request in
+    flight until the block ends: what each request answered, when, and the batch size the
+    model says served it."""
+
+    url: str
+    clients: int
+    answers: list[tuple[float, int, int]] = field(default_factory=list)  # (t, status, batch)
+    _stop: asyncio.Event = field(default_factory=asyncio.Event)
+    _tasks: list[asyncio.Task[None]] = field(default_factory=list)
+
+    async def __aenter__(self) -> ClosedLoop:
+        self._session = aiohttp.ClientSession()
+        self._tasks = [asyncio.create_task(self._client(i)) for i in range(self.clients)]
+        return self
+
+    async def __aexit__(self, *_: object) -> None:
+        self._stop.set()
+        await asyncio.gather(*self._tasks)
+        await self._session.close()
+
+    async def _client(self, index: int) -> None:
+        n = 0
+        while not self._stop.is_set():
+            n += 1
+            batch = 0
+            try:
+                body = infer_body(1 + (index + n) % 5)
+                async with self._session.post(self.url, json=body) as r:
+                    status = r.status
+                    if status == 200:
+                        outputs = (await r.json())["outputs"]
+                        batch = next(
+                            o["data"][0] for o in outputs if o["name"] == BATCH_SIZE_OUTPUT
+                        )
+            except aiohttp.ClientError:
+                status = -1
+            self.answers.append((time.monotonic(), status, batch))
+
+    def between(self, start: float, end: float) -> list[tuple[float, int, int]]:
+        return [a for a in self.answers if start <= a[0] <= end]
+
+
+def infer_url(triton: TritonProcess) -> str:
+    return f"{triton.url}/v2/models/{triton.model}/infer"
+
+
+async def served(
+    triton: TritonProcess, control: TritonControl, seconds: float
+) -> tuple[ClosedLoop, TritonCounters]:
+    """32 closed-loop clients for `seconds`, and Triton's counters over that time."""
+    before = await control.counters()
+    async with ClosedLoop(infer_url(triton), clients=32) as load:
+        await asyncio.sleep(seconds)
+    return load, (await control.counters()).since(before)
+
+
+async def test_two_configurations_applied_live_are_what_triton_executes(
+    triton: TritonProcess,
+) -> None:
+    control = TritonControl(triton.url, triton.metrics_url, triton.model)
+    assert await control.batching() == TritonBatching(4, 2000)
+
+    first, under_4 = await served(triton, control, 2.0)
+    assert {status for _, status, _ in first.answers} == {200}
+    assert max(b for _, _, b in first.answers) <= 4
+    assert 1.0 < under_4.mean_batch <= 4.0
+
+    # Raise the cap and the wait while 32 clients keep sending: no request may fail.
+    async with ClosedLoop(infer_url(triton), clients=32) as load:
+        await asyncio.sleep(0.3)
+        started = time.monotonic()
+        change = await control.apply(TritonBatching(16, 20_000))
+        ended = time.monotonic()
+        await asyncio.sleep(0.3)
+    assert change.live == TritonBatching(16, 20_000)
+    during = load.between(started, ended)
+    print(
+        f"change took {change.seconds:.2f} s; {len(during)} requests answered during it, "
+        f"{sum(1 for a in during if a[1] != 200)} failed"
+    )
+    assert len(during) > 50, "the change happened under load"
+    assert [a for a in load.answers if a[1] != 200] == []
+
+    second, under_16 = await served(triton, control, 2.0)
+    assert max(b for _, _, b in second.answers) > 4, "batches beyond the old cap"
+    assert under_16.mean_batch > 4.0
+    assert under_16.failure == 0
+
+    # And down to batches of two without waiting.
+    await control.apply(TritonBatching(2, 0))
+    third, under_2 = await served(triton, control, 1.0)
+    assert max(b for _, _, b in third.answers) <= 2
+    assert under_2.mean_batch <= 2.0
+    assert await control.batching() == TritonBatching(2, 0)
+    print(
+        f"mean batch by Triton's counters: {under_4.mean_batch:.2f} (cap 4), "
+        f"{under_16.mean_batch:.2f} (cap 16), {under_2.mean_batch:.2f} (cap 2)"
+    )
+
+
+async def test_a_refused_configuration_leaves_the_running_one(triton: TritonProcess) -> None:
+    control = TritonControl(triton.url, triton.metrics_url, triton.model)
+    config = await control.config()
+    config["input"][0]["data_type"] = "TYPE_NOT_A_TYPE"
+    with pytest.raises(TritonError, match="refused to load"):
+        await control.load(config)
+    assert await control.batching() == TritonBatching(4, 2000)
+    async with (
+        aiohttp.ClientSession() as session,
+        session.post(infer_url(triton), json=infer_body(3)) as r,
+    ):
+        assert r.status == 200
+
+
+_SOCKET = re.compile(
+    r"^(?P<state>\S+)\s+\S+\s+\S+\s+(?P<local>\S+)\s+(?P<peer>\S+)\s+(?P<users>.*)$"
+)
+_LOOPBACK = ("127.0.0.1", "::ffff:127.0.0.1", "::1")
+
+
+async def group_sockets(pgid: int) -> list[tuple[str, str, str]]:
+    """(state, local address, peer address) of every TCP socket a process of the group
+    holds, by `ss -tanpH`."""
+    pids = (
+        await asyncio.to_thread(
+            subprocess.run, ["pgrep", "-g", str(pgid)], capture_output=True, text=True
+        )
+    ).stdout.split()
+    out = (
+        await asyncio.to_thread(
+            subprocess.run, ["ss", "-tanpH"], capture_output=True, text=True, check=True
+        )
+    ).stdout
+    found = []
+    for line in out.splitlines():
+        match = _SOCKET.match(line)
+        if match and any(f"pid={pid}," in match["users"] for pid in pids):
+            found.append((match["state"], match["local"], match["peer"]))
+    return found
+
+
+def host_of(address: str) -> str:
+    return address.rsplit(":", 1)[0].strip("[]")
+
+
+@pytest.mark.skipif(shutil.which("ss") is None, reason="needs ss (iproute2)")
+async def test_triton_listens_and_talks_on_loopback_only(triton: TritonProcess) -> None:
+    async with ClosedLoop(infer_url(triton), clients=4):
+        await asyncio.sleep(0.5)
+        sockets = await group_sockets(triton.pid)
+    listening = [local for state, local, _ in sockets if state == "LISTEN"]
+    ports = {triton.http_port, triton.grpc_port, triton.metrics_port}
+    assert {int(a.rsplit(":", 1)[1]) for a in listening} == ports
+    assert {host_of(a) for a in listening} <= {"127.0.0.1", "::ffff:127.0.0.1"}
+    connected = [(local, peer) for state, local, peer in sockets if state != "LISTEN"]
+    assert connected, "the clients' connections show up"
+    for local, peer in connected:
+        assert host_of(local) in _LOOPBACK, f"Triton holds a socket on {local}"
+        assert host_of(peer) in _LOOPBACK, f"Triton talks to {peer}"
+
+
+async def test_stop_ends_the_stub_processes_too() -> None:
+    server = TritonProcess(TritonBatching(2, 0))
+    await server.start()
+    pgid = server.pid
+    await server.stop()
+    alive = await asyncio.to_thread(
+        subprocess.run, ["pgrep", "-g", str(pgid)], capture_output=True, text=True
+    )
+    assert alive.stdout.strip() == ""
+    assert server.returncode == 0
+    assert "successfully unloaded" in server.log_tail()
