@@ -12,6 +12,7 @@ from aiohttp import web
 from click.testing import CliRunner
 
 from batchpilot.models import BatchingConfig
+from batchpilot.runtimes.reference import ReferenceControl as LocalTarget
 from batchpilot.tuner.cli import build_config, resolve, tune
 from batchpilot.tuner.config import (
     DEFAULT_SLA_P99_MS,
@@ -23,7 +24,7 @@ from batchpilot.tuner.config import (
     load_config,
 )
 from batchpilot.tuner.interfaces import TargetError
-from batchpilot.tuner.local import LocalTarget, start_rate
+from batchpilot.tuner.local import start_rate
 
 
 class Admin:

@@ -32,9 +32,24 @@ def normalise_urls(urls: str | Sequence[str]) -> list[str]:
 
 
 def endpoint_url(base: str, path: str) -> URL:
+    """Where requests to `path` on `base` go. A base that already ends with the path (a
+    full endpoint URL such as http://HOST:PORT/v1/predict given where the base URL is
+    expected) is used as it is rather than getting the path twice."""
     if not path.startswith("/"):
         raise ValueError(f"request path must start with '/', got {path!r}")
+    if path != "/" and URL(base).path.rstrip("/").endswith(path.rstrip("/")):
+        return URL(base)
     return URL(base + path)
+
+
+def base_of(url: str, path: str) -> str:
+    """The base URL of `url` when it is a full endpoint URL ending with `path`, else
+    `url` itself (without a trailing slash): control calls go to the base."""
+    trimmed = url.rstrip("/")
+    tail = path.rstrip("/")
+    if tail and trimmed.endswith(tail) and URL(trimmed).path.endswith(tail):
+        return trimmed[: -len(tail)]
+    return trimmed
 
 
 async def check_reachable(urls: Sequence[str], *, timeout_s: float = 3.0) -> None:

@@ -13,17 +13,17 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
-import json
 import math
 import resource
 from collections import deque
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 
 import aiohttp
 from yarl import URL
 
 from batchpilot.loadgen.arrivals import ArrivalKind, as_arrival, describe_arrival, schedule
 from batchpilot.loadgen.endpoints import endpoint_url, normalise_urls
+from batchpilot.loadgen.protocols import JSON_HEADERS, in_force, synthetic_body
 from batchpilot.loadgen.result import (
     CANCELLED,
     CONNECTION,
@@ -45,12 +45,8 @@ _LEAD_S = 0.005
 _MAX_SLEEP_S = 0.1
 # How often the reaper looks for requests past their deadline (bounded by timeout/10).
 _REAP_INTERVAL_S = 0.01
-_HEADERS = {"Content-Type": "application/json"}
 
-
-def synthetic_body(size: int) -> bytes:
-    """The reference server's synthetic request: it fabricates an input of `size` items."""
-    return json.dumps({"synthetic": {"size": size}}).encode()
+__all__ = ["default_max_connections", "run_load", "synthetic_body"]
 
 
 def default_max_connections() -> int:
@@ -76,8 +72,12 @@ async def run_load(
 ) -> LoadResult:
     """Offer `rate` req/s for `duration_s` seconds, spread round-robin over `urls`, and
     measure. Setting `stop` ends the run early: requests still in flight are cancelled and
-    the partial result is returned with `interrupted=True`. Raises ValueError for bad
-    arguments."""
+    the partial result is returned with `interrupted=True`. A request protocol put in
+    force around the call (`loadgen.protocols.speaking`) decides the path, bodies and
+    headers instead of `path` and `body_for_size`. Raises ValueError for bad arguments."""
+    headers: Mapping[str, str] = JSON_HEADERS
+    if (protocol := in_force()) is not None:
+        path, body_for_size, headers = protocol.path, protocol.body, protocol.headers
     bases = normalise_urls(urls)
     process = as_arrival(arrival)
     _validate(rate, duration_s, timeout_s, max_in_flight)
@@ -91,6 +91,7 @@ async def run_load(
         timeout_s=timeout_s,
         max_in_flight=max_in_flight,
         stop=stop,
+        headers=headers,
     )
     connector = aiohttp.TCPConnector(
         limit=max_connections or default_max_connections(), limit_per_host=0
@@ -165,8 +166,10 @@ class _Run:
         timeout_s: float,
         max_in_flight: int,
         stop: asyncio.Event | None,
+        headers: Mapping[str, str] = JSON_HEADERS,
     ) -> None:
         n = len(offsets)
+        self.headers = dict(headers)
         self.offsets = offsets
         self.requests = requests
         self.timeout_s = timeout_s
@@ -245,7 +248,7 @@ class _Run:
         url, body = self.requests[i]
         outcome: str
         try:
-            async with session.post(url, data=body, headers=_HEADERS) as response:
+            async with session.post(url, data=body, headers=self.headers) as response:
                 await response.read()
                 status = response.status
             outcome = OK if 200 <= status < 300 else str(status)

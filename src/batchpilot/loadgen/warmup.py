@@ -8,13 +8,25 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import aiohttp
 
 from batchpilot.loadgen.endpoints import endpoint_url, normalise_urls
-from batchpilot.loadgen.generator import synthetic_body
+from batchpilot.loadgen.protocols import JSON_HEADERS, in_force, synthetic_body
 from batchpilot.models import RequestMix
+
+
+class RejectedError(ValueError):
+    """The target refused the warm-up's requests before it accepted any (a wrong path,
+    a body it does not understand, a model it does not serve): measuring on would only
+    find 100 % errors. The message gives the status, the URL and the body's first line."""
+
+
+def rejection(status: int, url: str, body: bytes) -> RejectedError:
+    lines = body.decode("utf-8", errors="replace").strip().splitlines()
+    first = lines[0][:300] if lines else "(empty body)"
+    return RejectedError(f"the target answered HTTP {status} to POST {url}: {first}")
 
 
 async def closed_loop_rate(
@@ -27,31 +39,40 @@ async def closed_loop_rate(
     path: str = "/v1/predict",
     seed: int = 0,
 ) -> float:
-    """Successful responses per second with `concurrency` requests always in flight."""
+    """Successful responses per second with `concurrency` requests always in flight.
+    A request protocol in force (`loadgen.protocols.speaking`) decides path, body and
+    headers. An HTTP error answer before any success raises RejectedError at once; after
+    one, errors count as load (an overloaded server may shed some)."""
     if concurrency < 1:
         raise ValueError(f"concurrency must be ≥ 1, got {concurrency}")
     if not duration_s > 0:
         raise ValueError(f"warm-up duration must be > 0 s, got {duration_s:g}")
+    body_for_size: Callable[[int], bytes] = synthetic_body
+    headers = dict(JSON_HEADERS)
+    if (protocol := in_force()) is not None:
+        path, body_for_size, headers = protocol.path, protocol.body, dict(protocol.headers)
     targets = itertools.cycle([endpoint_url(base, path) for base in normalise_urls(urls)])
     sizes = mix.sampler(seed)
     loop = asyncio.get_running_loop()
     deadline = loop.time() + duration_s
     ok = 0
+    refused: list[RejectedError] = []
 
     async def worker(session: aiohttp.ClientSession) -> None:
         nonlocal ok
-        while loop.time() < deadline:
-            body = synthetic_body(sizes.draw(1)[0])
+        while loop.time() < deadline and not refused:
+            body = body_for_size(sizes.draw(1)[0])
+            url = next(targets)
             try:
                 async with (
                     asyncio.timeout(timeout_s),
-                    session.post(
-                        next(targets), data=body, headers={"Content-Type": "application/json"}
-                    ) as response,
+                    session.post(url, data=body, headers=headers) as response,
                 ):
-                    await response.read()
+                    answer = await response.read()
                     if 200 <= response.status < 300:
                         ok += 1
+                    elif ok == 0:
+                        refused.append(rejection(response.status, str(url), answer))
                     else:
                         await asyncio.sleep(0.01)  # do not spin on a rejecting server
             except (TimeoutError, aiohttp.ClientError, OSError):
@@ -61,4 +82,6 @@ async def closed_loop_rate(
     connector = aiohttp.TCPConnector(limit=concurrency)
     async with aiohttp.ClientSession(connector=connector) as session:
         await asyncio.gather(*(worker(session) for _ in range(concurrency)))
+    if refused:
+        raise refused[0]
     return ok / max(loop.time() - started, 1e-9)

@@ -1,4 +1,5 @@
-"""`tune --local`: tune the bundled reference server on this machine.
+"""`tune --local`: tune a server on this machine, the bundled reference server by default
+or another runtime through its adapter (`--runtime`, `batchpilot.runtimes`).
 
 Start the server (subprocess, loopback, free port), take its starting configuration as
 the baseline, measure the rules of thumb, add the simulator's proposals once the batch
@@ -15,16 +16,18 @@ import signal
 import time
 from collections.abc import Coroutine
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
 from optuna.storages import BaseStorage
 from rich.console import Console
 
 from batchpilot.loadgen.arrivals import ArrivalKind, Poisson
 from batchpilot.models import SLA, BatchingConfig, CapacityResult, RequestMix
-from batchpilot.server.process import ServerProcess
+from batchpilot.runtimes.base import Profiled
+from batchpilot.runtimes.registry import DEFAULT_RUNTIME, get_runtime
 from batchpilot.tuner.config import TuneConfig
-from batchpilot.tuner.local import LocalProbe, LocalTarget
+from batchpilot.tuner.interfaces import Target
+from batchpilot.tuner.local import LocalProbe
 from batchpilot.tuner.progress import TrialProgress
 from batchpilot.tuner.rules import rules_of_thumb
 from batchpilot.tuner.runner import (
@@ -60,12 +63,7 @@ class LocalRun:
     storage: str | BaseStorage | None = None  # an opened storage or a URL
     # every trial is measured (and the warm start simulated) under this process
     arrival: ArrivalKind = field(default_factory=Poisson)
-
-
-class Profiled(Protocol):
-    """Where the batch-cost profile comes from (LocalTarget: GET /admin/profile)."""
-
-    async def profile(self) -> dict[str, Any]: ...
+    runtime: str = DEFAULT_RUNTIME  # a name in batchpilot.runtimes.registry
 
 
 class SimulatorWarmStart:
@@ -76,7 +74,7 @@ class SimulatorWarmStart:
     distinct batch sizes)."""
 
     def __init__(
-        self, tuner: Tuner, target: Profiled, run: LocalRun, rules: list[BatchingConfig]
+        self, tuner: Tuner, target: Target | Profiled, run: LocalRun, rules: list[BatchingConfig]
     ) -> None:
         self.tuner = tuner
         self.target = target
@@ -90,6 +88,8 @@ class SimulatorWarmStart:
     async def maybe(self) -> list[BatchingConfig]:
         if self.done or not any(r.state == "Complete" for r in self.tuner.records()):
             return []
+        if not isinstance(self.target, Profiled):
+            return self._skip(f"the {self.run.runtime} runtime reports no batch-cost profile")
         try:
             from batchpilot.simulator.cost import ProfileError, fit_cost_model
             from batchpilot.simulator.propose import propose_configs
@@ -162,18 +162,21 @@ async def tune_local(run: LocalRun, console: Console) -> TuneSummary:
     started = time.monotonic()
     sla: SLA = cfg.sla
     rules = rules_of_thumb(run.space, sla) if cfg.tuning.rule_of_thumb else []
+    runtime = get_runtime(run.runtime)
+    start = BatchingConfig(
+        max_batch_size=cfg.server.max_batch_size, max_queue_time_ms=cfg.server.max_queue_time_ms
+    )
+    reference = runtime.name == DEFAULT_RUNTIME
     console.print(
-        f"Starting the reference server ({cfg.server.model}, batch={cfg.server.max_batch_size} "
-        f"wait={cfg.server.max_queue_time_ms:g}ms) ...",
+        f"Starting the {runtime.title}"
+        + (f" ({cfg.server.model}, " if reference else f" ({runtime.default_model}, ")
+        + f"{start.label()}) ...",
         highlight=False,
     )
-    async with ServerProcess(
-        model=cfg.server.model,
-        max_batch_size=cfg.server.max_batch_size,
-        max_queue_time_ms=cfg.server.max_queue_time_ms,
-        threads=cfg.server.threads,
+    async with runtime.launcher(
+        start, threads=cfg.server.threads, workload=cfg.server.model if reference else None
     ) as server:
-        target = LocalTarget(server.url)
+        target = runtime.control(server.url, model=runtime.default_model)
         baseline = await target.current()
         tuner = Tuner(
             run.space,
@@ -195,6 +198,7 @@ async def tune_local(run: LocalRun, console: Console) -> TuneSummary:
             timeout_s=cfg.measurement.timeout_s,
             seed=cfg.tuning.seed,
             arrival=run.arrival,
+            protocol=runtime.protocol(runtime.default_model),
         )
         warm = SimulatorWarmStart(tuner, target, run, rules)
         progress = TrialProgress(console, cfg.tuning.trials)
@@ -261,7 +265,7 @@ async def _confirm(
     summary: TuneSummary,
     tuner: Tuner,
     cfg: TuneConfig,
-    target: LocalTarget,
+    target: Target,
     probe: LocalProbe,
     console: Console,
     started: float,

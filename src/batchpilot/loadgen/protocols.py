@@ -1,0 +1,170 @@
+"""What a request looks like on the wire: the endpoint path, the body for a request of a
+given size, and the headers. The reference server's synthetic body is the default; an
+inference runtime speaks its own (the KServe v2 / Triton HTTP inference protocol, a raw
+JSON template), chosen by its adapter (`batchpilot.runtimes`) or on the command line.
+
+A protocol is put in force for a block of code (`speaking`) rather than passed down
+every call: the capacity search, its warm-up and every step inside the block then send
+that protocol's requests, and the code in between stays free of it."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextvars import ContextVar
+from dataclasses import dataclass, field
+from types import MappingProxyType
+
+JSON_HEADERS: Mapping[str, str] = MappingProxyType({"Content-Type": "application/json"})
+REFERENCE_PATH = "/v1/predict"
+SIZE_PLACEHOLDER = "{size}"
+# The v2 protocol's tensor datatypes a float input may take.
+V2_DATATYPES = ("FP32", "FP64")
+
+
+def synthetic_body(size: int) -> bytes:
+    """The reference server's synthetic request: it fabricates an input of `size` items."""
+    return json.dumps({"synthetic": {"size": size}}).encode()
+
+
+@dataclass(frozen=True)
+class RequestProtocol:
+    """How every request of a run is sent: POST `path` (appended to each base URL)
+    with `body(size)` and `headers`."""
+
+    name: str
+    path: str
+    body: Callable[[int], bytes]
+    headers: Mapping[str, str] = field(default_factory=lambda: JSON_HEADERS)
+
+    def __post_init__(self) -> None:
+        if not self.path.startswith("/"):
+            raise ValueError(f"request path must start with '/', got {self.path!r}")
+
+
+REFERENCE = RequestProtocol("reference", REFERENCE_PATH, synthetic_body)
+
+_IN_FORCE: ContextVar[RequestProtocol | None] = ContextVar("batchpilot_request_protocol")
+
+
+def in_force() -> RequestProtocol | None:
+    """The protocol put in force around the running code, None when none was."""
+    return _IN_FORCE.get(None)
+
+
+@contextlib.contextmanager
+def speaking(protocol: RequestProtocol | None) -> Iterator[None]:
+    """Send `protocol`'s requests inside the block (None: leave things as they are).
+    Tasks started inside inherit it, as context variables do."""
+    if protocol is None:
+        yield
+        return
+    token = _IN_FORCE.set(protocol)
+    try:
+        yield
+    finally:
+        _IN_FORCE.reset(token)
+
+
+def v2_path(model: str, version: str | None = None) -> str:
+    """The inference endpoint of the KServe v2 / Triton HTTP protocol."""
+    _check_name("model name", model)
+    if version is None:
+        return f"/v2/models/{model}/infer"
+    _check_name("model version", version)
+    return f"/v2/models/{model}/versions/{version}/infer"
+
+
+def v2_body(
+    size: int,
+    *,
+    input_name: str = "INPUT",
+    features: int = 1,
+    datatype: str = "FP32",
+) -> bytes:
+    """A v2 inference request for `size` items: one input tensor of shape
+    [size, features], all ones (the servers batch along the first dimension)."""
+    if size < 1 or features < 1:
+        raise ValueError(f"size and features must be >= 1, got {size} and {features}")
+    if datatype not in V2_DATATYPES:
+        raise ValueError(f"datatype {datatype!r} is not one of {', '.join(V2_DATATYPES)}")
+    tensor = {
+        "name": input_name,
+        "shape": [size, features],
+        "datatype": datatype,
+        "data": [1.0] * (size * features),
+    }
+    return json.dumps({"inputs": [tensor]}).encode()
+
+
+def kserve_v2(
+    model: str,
+    *,
+    input_name: str = "INPUT",
+    features: int = 1,
+    datatype: str = "FP32",
+    version: str | None = None,
+    headers: Mapping[str, str] | None = None,
+) -> RequestProtocol:
+    """The KServe v2 / Triton HTTP inference protocol for one model and input tensor."""
+    _check_name("input name", input_name)
+    v2_body(1, input_name=input_name, features=features, datatype=datatype)  # validates
+
+    def body(size: int) -> bytes:
+        return v2_body(size, input_name=input_name, features=features, datatype=datatype)
+
+    return RequestProtocol("v2", v2_path(model, version), body, _with_json(headers or {}))
+
+
+def template_protocol(
+    template: str, *, path: str, headers: Mapping[str, str] | None = None
+) -> RequestProtocol:
+    """A raw JSON body with `{size}` standing for the request's size, e.g.
+    '{"instances": [[{size}]]}'. The template must contain the placeholder and be valid
+    JSON once a size is put in."""
+    if SIZE_PLACEHOLDER not in template:
+        raise ValueError(
+            f"the body template has no {SIZE_PLACEHOLDER} placeholder for the request size: "
+            f"{template[:80]!r}"
+        )
+    try:
+        json.loads(template.replace(SIZE_PLACEHOLDER, "1"))
+    except json.JSONDecodeError as exc:
+        raise ValueError(
+            f"the body template is not valid JSON with {SIZE_PLACEHOLDER} set to 1: {exc}"
+        ) from None
+
+    def body(size: int) -> bytes:
+        return template.replace(SIZE_PLACEHOLDER, str(size)).encode()
+
+    return RequestProtocol("template", path, body, _with_json(headers or {}))
+
+
+def parse_headers(items: Sequence[str]) -> dict[str, str]:
+    """`K:V` pairs (as `--header` takes them) as a mapping. Raises ValueError naming the
+    pair that is malformed."""
+    result: dict[str, str] = {}
+    for item in items:
+        name, sep, value = item.partition(":")
+        name = name.strip()
+        if not sep or not name or any(c.isspace() for c in name):
+            raise ValueError(
+                f"header {item!r} is not NAME:VALUE (e.g. 'Authorization: Bearer TOKEN')"
+            )
+        result[name] = value.strip()
+    return result
+
+
+def _with_json(headers: Mapping[str, str]) -> Mapping[str, str]:
+    """The headers given, with a JSON content type unless they set their own."""
+    merged = dict(JSON_HEADERS)
+    if any(k.lower() == "content-type" for k in headers):
+        merged = {}
+    merged.update(headers)
+    return MappingProxyType(merged)
+
+
+def _check_name(what: str, name: str) -> None:
+    if not name or "/" in name or any(c.isspace() for c in name):
+        raise ValueError(f"{what} {name!r} must be non-empty, without '/' or spaces")

@@ -1,0 +1,225 @@
+"""The adapter seam: what BatchingPilot needs to know and do per inference runtime.
+
+The tuner and the simulator speak only `BatchingConfig` (canonical knobs: a batch cap
+in requests and a queue wait in milliseconds) through `tuner.interfaces.Target` and
+`Probe`. A runtime adapter translates: its knobs in native names and units, how the live
+values are read, how a candidate is applied and verified, how a winner is persisted,
+which request protocol the runtime speaks and which metrics give p99 and the request
+rates. Adapters are found by name in `runtimes.registry`."""
+
+from __future__ import annotations
+
+import math
+from abc import ABC, abstractmethod
+from collections.abc import Mapping, Sequence
+from types import TracebackType
+from typing import Annotated, ClassVar, Literal, Protocol, Self, runtime_checkable
+
+from pydantic import Field, model_validator
+
+from batchpilot.loadgen.protocols import RequestProtocol
+from batchpilot.models import BatchingConfig, Frozen
+
+Canonical = Literal["max_batch_size", "max_queue_time_ms"]
+Unit = Literal["requests", "s", "ms", "us"]
+# how many of a unit make one millisecond
+_PER_MS: Mapping[str, float] = {"s": 1e-3, "ms": 1.0, "us": 1e3}
+HowApplied = Literal["live", "reload", "rollout"]
+PersistKind = Literal["env", "args", "configmap", "serve-config", "recommend"]
+NativeValues = dict[str, int | float]
+
+
+class Knob(Frozen):
+    """One canonical knob as a runtime names and measures it. `minimum`/`maximum` are
+    native bounds the runtime accepts; a value outside is refused before it is sent."""
+
+    canonical: Canonical
+    native: str
+    unit: Unit
+    integer: bool
+    minimum: float
+    maximum: float
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Self:
+        if (self.canonical == "max_batch_size") != (self.unit == "requests"):
+            raise ValueError("max_batch_size is counted in requests, the queue wait in time")
+        if self.minimum > self.maximum:
+            raise ValueError(f"{self.native}: minimum above maximum")
+        return self
+
+    def to_native(self, value: float) -> int | float:
+        """The canonical value in this knob's unit (rounded to an integer where the
+        runtime takes one). Raises ValueError when it falls outside the native bounds."""
+        native = value if self.unit == "requests" else value * _PER_MS[self.unit]
+        result: int | float = round(native) if self.integer else native
+        if not (math.isfinite(result) and self.minimum <= result <= self.maximum):
+            raise ValueError(
+                f"{self.canonical}={value:g} is {self.native}={result:g} {self.unit}, outside "
+                f"what the runtime takes ({self.minimum:g}..{self.maximum:g} {self.unit})"
+            )
+        return result
+
+    def to_canonical(self, value: float) -> float:
+        return value if self.unit == "requests" else value / _PER_MS[self.unit]
+
+
+def to_native(knobs: Sequence[Knob], config: BatchingConfig) -> NativeValues:
+    """A canonical configuration in a runtime's names and units."""
+    values = config.model_dump()
+    return {k.native: k.to_native(values[k.canonical]) for k in knobs}
+
+
+def from_native(knobs: Sequence[Knob], values: Mapping[str, float]) -> BatchingConfig:
+    """The canonical configuration of native values; ValueError names a missing knob."""
+    canonical: dict[str, float] = {}
+    for knob in knobs:
+        if knob.native not in values:
+            raise ValueError(f"the runtime did not report {knob.native}")
+        canonical[knob.canonical] = knob.to_canonical(float(values[knob.native]))
+    return BatchingConfig(
+        max_batch_size=round(canonical["max_batch_size"]),
+        max_queue_time_ms=canonical["max_queue_time_ms"],
+    )
+
+
+def representable(knobs: Sequence[Knob], config: BatchingConfig) -> BatchingConfig:
+    """`config` as the runtime will run it: through its units and rounding and back.
+    Compare read-backs with this, not with the request."""
+    return from_native(knobs, to_native(knobs, config))
+
+
+class Metrics(Frozen):
+    """Where p99 and the request rates come from in the runtime's Prometheus metrics.
+    Each request expression is a PromQL counter (selector included) whose `rate()` over
+    a window gives requests per second."""
+
+    port_note: str  # where they are served, e.g. ":8002/metrics"
+    latency_histogram: str | None  # the histogram's name without _bucket; None: none
+    latency_unit: Literal["s", "ms", "us"] = "s"
+    ok_requests: str
+    total_requests: str
+    batch_size: str | None = None  # PromQL for the mean batch size, where there is one
+
+
+class Persistence(Frozen):
+    """How a winner survives a restart: where it is written and the exact text."""
+
+    kind: PersistKind
+    where: str  # e.g. "container env", "model-settings.json of model M"
+    snippet: str
+
+
+class Verification(Frozen):
+    """What proved that a configuration is live after `apply`."""
+
+    requested: BatchingConfig
+    live: BatchingConfig  # read back from the runtime
+    native: NativeValues  # the runtime's own values, in its names and units
+    batch_sizes: dict[int, int] | None = None  # batch size -> batches seen, where exposed
+    verified_by: Annotated[str, Field(min_length=1)]  # e.g. "read-back", "read-back, batches"
+    change_s: float  # from the request to the configuration verified live
+
+
+@runtime_checkable
+class RuntimeControl(Protocol):
+    """One running server of a runtime, reached over HTTP. Implements the tuner's
+    `Target` (`current`, `apply`); `apply` returns only once the configuration is
+    verified live and records how in `last_verification`."""
+
+    last_verification: Verification | None
+
+    async def current(self) -> BatchingConfig: ...
+
+    async def native(self) -> NativeValues: ...
+
+    async def apply(self, config: BatchingConfig) -> None: ...
+
+
+@runtime_checkable
+class Profiled(Protocol):
+    """A control that can also report the server's per-batch-size compute statistics
+    (the reference server's GET /admin/profile), from which the simulator proposes."""
+
+    async def profile(self) -> dict[str, object]: ...
+
+
+class LocalServer(Protocol):
+    """A runtime started on this machine for `tune --local --runtime NAME`: bound to
+    127.0.0.1 on free ports, ready when `start` returns, gone after `stop`."""
+
+    @property
+    def url(self) -> str: ...
+
+    async def start(self) -> None: ...
+
+    async def stop(self) -> None: ...
+
+    async def __aenter__(self) -> Self: ...
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None: ...
+
+    async def restart(self) -> None: ...
+
+    async def exit_code(self, grace_s: float) -> int | None: ...
+
+    def stderr_tail(self, limit: int = ...) -> str: ...
+
+
+class LaunchError(RuntimeError):
+    """A local runtime could not be started (not installed, exited, not ready in time);
+    the message says why and what to do."""
+
+
+class Runtime(ABC):
+    """One inference runtime. Subclasses fill in the class attributes and the four
+    methods; everything else is derived."""
+
+    name: ClassVar[str]  # the registry key and the --runtime value
+    title: ClassVar[str]  # for people: "MLServer 1.7.1"
+    knobs: ClassVar[tuple[Knob, Knob]]  # (max_batch_size, max_queue_time_ms)
+    how_applied: ClassVar[HowApplied]
+    metrics: ClassVar[Metrics]
+    default_model: ClassVar[str | None]  # the bundled model's name, None: no models
+
+    @abstractmethod
+    def protocol(self, model: str | None = None) -> RequestProtocol:
+        """The requests the runtime serves, for `model` (default: the bundled one)."""
+
+    @abstractmethod
+    def control(self, url: str, *, model: str | None = None) -> RuntimeControl:
+        """A control for the server at base URL `url` serving `model`."""
+
+    @abstractmethod
+    def launcher(
+        self,
+        start: BatchingConfig,
+        *,
+        threads: int | None = None,
+        workload: str | None = None,
+    ) -> LocalServer:
+        """A local server with the bundled model (`default_model`), starting at `start`;
+        not yet started. `workload` picks among bundled models where a runtime has several
+        (the reference server: mlp, encoder); others raise LaunchError for any value."""
+
+    @abstractmethod
+    def persistence(self, config: BatchingConfig, *, model: str | None = None) -> Persistence:
+        """How to make `config` survive a restart."""
+
+    def native(self, config: BatchingConfig) -> NativeValues:
+        return to_native(self.knobs, config)
+
+    def canonical(self, values: Mapping[str, float]) -> BatchingConfig:
+        return from_native(self.knobs, values)
+
+    def check(self, config: BatchingConfig) -> None:
+        """Raise ValueError when `config` cannot be expressed in this runtime's knobs."""
+        to_native(self.knobs, config)
+
+    def describe_knobs(self) -> str:
+        return ", ".join(f"{k.canonical} -> {k.native} ({k.unit})" for k in self.knobs)

@@ -1,0 +1,107 @@
+"""Calls to a runtime's control endpoints: connection errors, timeouts and 5xx are
+retried with exponential backoff and jitter; a 4xx is the server refusing, final."""
+
+from __future__ import annotations
+
+import json
+import logging
+import random
+from typing import Any
+
+import aiohttp
+
+from batchpilot.retry import backoff_delay, retry
+from batchpilot.tuner.interfaces import TargetError
+
+log = logging.getLogger(__name__)
+
+# No single wait longer than this, however many attempts are configured.
+_BACKOFF_CAP_S = 5.0
+
+
+class _Retryable(Exception):
+    pass
+
+
+class ControlClient:
+    """JSON over HTTP to one server's control endpoints (base URL `url`)."""
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        timeout_s: float = 30.0,
+        attempts: int = 4,
+        backoff_s: float = 0.2,
+        rng: random.Random | None = None,
+    ) -> None:
+        if attempts < 1:
+            raise ValueError(f"attempts must be >= 1, got {attempts}")
+        self.url = url.rstrip("/")
+        self._timeout = aiohttp.ClientTimeout(total=timeout_s)
+        self._attempts = attempts
+        self._backoff_s = backoff_s
+        self._rng = rng or random.Random()
+
+    async def call(
+        self, method: str, path: str, body: Any = None, *, empty_ok: bool = False
+    ) -> Any:
+        """The parsed JSON answer (None for an empty one when `empty_ok`). Raises
+        TargetError when the server refuses or cannot be reached after the retries."""
+
+        def logged(attempt: int, error: Exception) -> None:
+            log.warning("%s %s failed (attempt %d): %s", method, path, attempt + 1, error)
+
+        try:
+            return await retry(
+                lambda: self._once(method, path, body, empty_ok),
+                attempts=self._attempts,
+                retryable=lambda error: isinstance(error, _Retryable),
+                delay=lambda attempt: backoff_delay(
+                    attempt, base=self._backoff_s, cap=_BACKOFF_CAP_S, rng=self._rng
+                ),
+                on_error=logged,
+            )
+        except _Retryable as exc:
+            raise TargetError(
+                f"{method} {self.url}{path} failed {self._attempts} times: {exc}"
+            ) from None
+
+    async def _once(self, method: str, path: str, body: Any, empty_ok: bool) -> Any:
+        try:
+            async with (
+                aiohttp.ClientSession(timeout=self._timeout) as session,
+                session.request(method, f"{self.url}{path}", json=body) as response,
+            ):
+                text = await response.text()
+                if response.status >= 500:
+                    raise _Retryable(f"HTTP {response.status}: {text[:200]}")
+                if response.status >= 400:
+                    raise TargetError(
+                        f"the server refused {method} {path} with HTTP {response.status}: "
+                        f"{error_message(text)}"
+                    )
+                if empty_ok and not text.strip():
+                    return None
+                try:
+                    return json.loads(text)
+                except ValueError as exc:
+                    raise TargetError(
+                        f"{method} {path} answered something that is not JSON: {text[:200]}"
+                    ) from exc
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            raise _Retryable(f"{type(exc).__name__}: {exc}") from exc
+
+
+def error_message(text: str) -> str:
+    """The server's error message when it sent JSON {"error": ...} (or "detail"), else
+    the text."""
+    try:
+        data = json.loads(text)
+    except ValueError:
+        return text[:300]
+    if isinstance(data, dict):
+        for key in ("error", "detail"):
+            if isinstance(data.get(key), str):
+                return str(data[key])
+    return text[:300]

@@ -1,0 +1,155 @@
+"""The reference server (`batchpilot serve`): knobs set live through its admin endpoint,
+verified by reading them back; persisted as two environment variables."""
+
+from __future__ import annotations
+
+import random
+import time
+from typing import Any, ClassVar
+
+from batchpilot.loadgen.protocols import REFERENCE, RequestProtocol
+from batchpilot.models import MAX_BATCH_SIZE_LIMIT, MAX_QUEUE_TIME_MS_LIMIT, BatchingConfig
+from batchpilot.runtimes.base import (
+    HowApplied,
+    Knob,
+    LaunchError,
+    LocalServer,
+    Metrics,
+    NativeValues,
+    Persistence,
+    Runtime,
+    Verification,
+)
+from batchpilot.runtimes.http import ControlClient
+from batchpilot.tuner.interfaces import TargetError
+
+ADMIN_PATH = "/admin/batching"
+PROFILE_PATH = "/admin/profile"
+ENV_MAX_BATCH_SIZE = "MAX_BATCH_SIZE"
+ENV_MAX_QUEUE_TIME_MS = "MAX_QUEUE_TIME_MS"
+WORKLOADS = ("mlp", "encoder")
+
+
+class ReferenceControl:
+    """`PUT /admin/batching`, then `GET` it back: the configuration is live when the
+    server says it runs it. Connection errors, timeouts and 5xx are retried with
+    exponential backoff and jitter; a 4xx is the server refusing the values, final."""
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        timeout_s: float = 30.0,
+        attempts: int = 4,
+        backoff_s: float = 0.2,
+        rng: random.Random | None = None,
+    ) -> None:
+        # Generous timeout: growing the batch cap makes the server warm the model up at
+        # the new size before it answers.
+        self._client = ControlClient(
+            url, timeout_s=timeout_s, attempts=attempts, backoff_s=backoff_s, rng=rng
+        )
+        self.url = self._client.url
+        self.last_verification: Verification | None = None
+
+    async def current(self) -> BatchingConfig:
+        data = await self._client.call("GET", ADMIN_PATH)
+        try:
+            return BatchingConfig.model_validate(data)
+        except ValueError as exc:
+            raise TargetError(f"GET {ADMIN_PATH} answered an unexpected body: {data!r}") from exc
+
+    async def native(self) -> NativeValues:
+        live = await self.current()
+        return ReferenceRuntime().native(live)
+
+    async def apply(self, config: BatchingConfig) -> None:
+        started = time.monotonic()
+        await self._client.call("PUT", ADMIN_PATH, config.model_dump(mode="json"))
+        live = await self.current()
+        if live != config:
+            raise TargetError(f"asked for {config.label()}, the server runs {live.label()}")
+        self.last_verification = Verification(
+            requested=config,
+            live=live,
+            native=ReferenceRuntime().native(live),
+            verified_by="read-back",
+            change_s=time.monotonic() - started,
+        )
+
+    async def profile(self) -> dict[str, Any]:
+        """The server's per-batch-size compute statistics (GET /admin/profile)."""
+        data = await self._client.call("GET", PROFILE_PATH)
+        if not isinstance(data, dict):
+            raise TargetError(f"GET {PROFILE_PATH} did not answer a JSON object")
+        return data
+
+
+class ReferenceRuntime(Runtime):
+    name: ClassVar[str] = "reference"
+    title: ClassVar[str] = "BatchPilot reference server"
+    knobs: ClassVar[tuple[Knob, Knob]] = (
+        Knob(
+            canonical="max_batch_size",
+            native="max_batch_size",
+            unit="requests",
+            integer=True,
+            minimum=1,
+            maximum=MAX_BATCH_SIZE_LIMIT,
+        ),
+        Knob(
+            canonical="max_queue_time_ms",
+            native="max_queue_time_ms",
+            unit="ms",
+            integer=False,
+            minimum=0.0,
+            maximum=MAX_QUEUE_TIME_MS_LIMIT,
+        ),
+    )
+    how_applied: ClassVar[HowApplied] = "live"
+    metrics: ClassVar[Metrics] = Metrics(
+        port_note="the serving port, /metrics",
+        latency_histogram="batchpilot_request_latency_seconds",
+        latency_unit="s",
+        ok_requests='batchpilot_requests_total{outcome="ok"}',
+        total_requests="batchpilot_requests_total",
+    )
+    default_model: ClassVar[str | None] = None
+
+    def protocol(self, model: str | None = None) -> RequestProtocol:
+        return REFERENCE
+
+    def control(self, url: str, *, model: str | None = None) -> ReferenceControl:
+        return ReferenceControl(url)
+
+    def launcher(
+        self,
+        start: BatchingConfig,
+        *,
+        threads: int | None = None,
+        workload: str | None = None,
+    ) -> LocalServer:
+        from batchpilot.server.process import ServerProcess
+
+        if workload is not None and workload not in WORKLOADS:
+            raise LaunchError(
+                f"the reference server serves {' or '.join(WORKLOADS)}, not {workload!r}"
+            )
+        return ServerProcess(
+            model=workload or WORKLOADS[0],
+            max_batch_size=start.max_batch_size,
+            max_queue_time_ms=start.max_queue_time_ms,
+            threads=threads,
+        )
+
+    def persistence(self, config: BatchingConfig, *, model: str | None = None) -> Persistence:
+        wait = config.max_queue_time_ms
+        wait_text = str(int(wait)) if float(wait).is_integer() else f"{wait:g}"
+        return Persistence(
+            kind="env",
+            where="the serving container's environment",
+            snippet=(
+                f'env:\n- name: {ENV_MAX_BATCH_SIZE}\n  value: "{config.max_batch_size}"\n'
+                f'- name: {ENV_MAX_QUEUE_TIME_MS}\n  value: "{wait_text}"\n'
+            ),
+        )
