@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 import aiohttp
 import pytest
 
-from batchpilot.runtimes.triton.control import TritonControl, TritonCounters, TritonError
+from batchpilot.runtimes.triton.control import TritonControl, TritonCounters
 from batchpilot.runtimes.triton.install import default_venv
 from batchpilot.runtimes.triton.process import TritonProcess
 from batchpilot.runtimes.triton.repository import (
@@ -25,6 +25,7 @@ from batchpilot.runtimes.triton.repository import (
     INPUT_NAME,
     TritonBatching,
 )
+from batchpilot.tuner.interfaces import TargetError
 
 pytestmark = [
     pytest.mark.runtimes,
@@ -155,7 +156,7 @@ async def test_a_refused_configuration_leaves_the_running_one(triton: TritonProc
     control = TritonControl(triton.url, triton.metrics_url, triton.model)
     config = await control.config()
     config["input"][0]["data_type"] = "TYPE_NOT_A_TYPE"
-    with pytest.raises(TritonError, match="refused to load"):
+    with pytest.raises(TargetError, match=r"refused POST .*/load with HTTP 400"):
         await control.load(config)
     assert await control.batching() == TritonBatching(4, 2000)
     async with (
@@ -222,4 +223,4 @@ async def test_stop_ends_the_stub_processes_too() -> None:
     )
     assert alive.stdout.strip() == ""
     assert server.returncode == 0
-    assert "successfully unloaded" in server.log_tail()
+    assert "successfully unloaded" in server.stderr_tail()

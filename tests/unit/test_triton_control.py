@@ -16,7 +16,7 @@ from batchpilot.runtimes.triton.control import (
     parse_counters,
     with_batching,
 )
-from batchpilot.runtimes.triton.install import TritonInstall, runtimes_root
+from batchpilot.runtimes.triton.install import TritonInstall
 from batchpilot.runtimes.triton.repository import TritonBatching, batching_pbtxt, model_pbtxt
 
 
@@ -182,14 +182,3 @@ def test_the_environment_puts_the_interpreters_own_libpython_and_venv_first(
     assert env["PATH"].split(":") == [str(tmp_path / "v" / "bin"), "/usr/bin"]
     assert "PYTHONPATH" not in env, "the project's modules must not shadow the stub's"
     assert install.stub.parts[-2:] == ("3.11", "triton_python_backend_stub")
-
-
-def test_the_runtime_root_follows_the_cache_variables(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("BATCHPILOT_CACHE", "/c")
-    assert runtimes_root() == Path("/c/runtimes")
-    monkeypatch.delenv("BATCHPILOT_CACHE")
-    monkeypatch.setenv("XDG_CACHE_HOME", "/x")
-    assert runtimes_root() == Path("/x/batchpilot/runtimes")
-    monkeypatch.delenv("XDG_CACHE_HOME")
-    monkeypatch.setenv("HOME", "/h")
-    assert runtimes_root() == Path("/h/.cache/batchpilot/runtimes")

@@ -18,11 +18,13 @@ from typing import Any
 
 import aiohttp
 
+from batchpilot.runtimes.http import ControlClient
 from batchpilot.runtimes.triton.repository import TritonBatching
+from batchpilot.tuner.interfaces import TargetError
 
 
-class TritonError(RuntimeError):
-    """Triton refused a request or answered something unexpected."""
+class TritonError(TargetError):
+    """Triton answered something unexpected or runs another configuration than asked."""
 
 
 def with_batching(config: dict[str, Any], batching: TritonBatching) -> dict[str, Any]:
@@ -129,6 +131,32 @@ def parse_counters(text: str, model: str) -> TritonCounters:
     return TritonCounters(**sums)
 
 
+# The bundled model's own record (runtimes/triton/model.py): batches executed, by size.
+MODEL_BATCHES_METRIC = "batchpilot_model_batches_total"
+
+
+def parse_batch_sizes(text: str, model: str) -> dict[int, float]:
+    """The bundled model's batches by size (requests) from Triton's metrics text; empty
+    for a model that does not record them."""
+    sizes: dict[int, float] = {}
+    for line in text.splitlines():
+        match = _SAMPLE.match(line)
+        if match is None or match["name"] != MODEL_BATCHES_METRIC:
+            continue
+        labels = {m["key"]: m["value"] for m in _LABEL.finditer(match["labels"])}
+        if labels.get("model") != model or not labels.get("batch_size", "").isdigit():
+            continue
+        size = int(labels["batch_size"])
+        sizes[size] = sizes.get(size, 0.0) + float(match["value"])
+    return sizes
+
+
+def batches_since(now: dict[int, float], before: dict[int, float]) -> dict[int, int]:
+    """Batches per size executed between two readings (sizes with none left out)."""
+    delta = {size: round(count - before.get(size, 0.0)) for size, count in now.items()}
+    return {size: n for size, n in sorted(delta.items()) if n > 0}
+
+
 @dataclass(frozen=True)
 class Change:
     """One live change: what was asked, what Triton reads back, how long it took."""
@@ -139,36 +167,22 @@ class Change:
 
 
 class TritonControl:
-    """The HTTP endpoints of one Triton for one model: configuration, load, metrics."""
+    """The HTTP endpoints of one Triton for one model: configuration, load, metrics.
+    Connection errors and 5xx are retried; a 4xx (Triton refusing) raises TargetError."""
 
     def __init__(self, url: str, metrics_url: str, model: str, *, timeout_s: float = 120.0) -> None:
-        self.url = url.rstrip("/")
+        # A load builds the new instance before it answers: a generous timeout.
+        self._client = ControlClient(url, timeout_s=timeout_s)
+        self.url = self._client.url
         self.metrics_url = metrics_url
         self.model = model
-        # A load builds the new instance before it answers: generous.
-        self._timeout = aiohttp.ClientTimeout(total=timeout_s)
-
-    async def _request(self, method: str, url: str, body: Any = None) -> tuple[int, str]:
-        try:
-            async with (
-                aiohttp.ClientSession(timeout=self._timeout) as session,
-                session.request(method, url, json=body) as response,
-            ):
-                return response.status, await response.text()
-        except (aiohttp.ClientError, TimeoutError) as exc:
-            raise TritonError(f"{method} {url} failed: {type(exc).__name__}: {exc}") from exc
+        self._timeout = aiohttp.ClientTimeout(total=30.0)
 
     async def config(self) -> dict[str, Any]:
-        url = f"{self.url}/v2/models/{self.model}/config"
-        status, text = await self._request("GET", url)
-        if status != 200:
-            raise TritonError(f"GET {url} answered HTTP {status}: {_message(text)}")
-        try:
-            data = json.loads(text)
-        except ValueError:
-            data = None
+        path = f"/v2/models/{self.model}/config"
+        data = await self._client.call("GET", path)
         if not isinstance(data, dict):
-            raise TritonError(f"GET {url} did not answer a JSON object: {text[:200]}")
+            raise TritonError(f"GET {path} did not answer a JSON object: {str(data)[:200]}")
         return data
 
     async def batching(self) -> TritonBatching:
@@ -176,15 +190,10 @@ class TritonControl:
 
     async def load(self, config: dict[str, Any]) -> None:
         """Load the model with `config` (Triton's JSON form); returns once Triton has it
-        serving."""
-        url = f"{self.url}/v2/repository/models/{self.model}/load"
+        serving. A configuration Triton refuses leaves the running one in place."""
+        path = f"/v2/repository/models/{self.model}/load"
         body = {"parameters": {"config": json.dumps(config)}}
-        status, text = await self._request("POST", url, body)
-        if status != 200:
-            raise TritonError(
-                f"Triton refused to load {self.model!r} with the new configuration "
-                f"(HTTP {status}): {_message(text)}"
-            )
+        await self._client.call("POST", path, body, empty_ok=True)
 
     async def apply(self, batching: TritonBatching) -> Change:
         """Change the knobs live and read them back; raises TritonError when Triton runs
@@ -202,18 +211,18 @@ class TritonControl:
             )
         return Change(asked=batching, live=live, seconds=seconds)
 
+    async def metrics_text(self) -> str:
+        try:
+            async with (
+                aiohttp.ClientSession(timeout=self._timeout) as session,
+                session.get(self.metrics_url) as response,
+            ):
+                text = await response.text()
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            raise TritonError(f"GET {self.metrics_url} failed: {exc!r}") from exc
+        if response.status != 200:
+            raise TritonError(f"GET {self.metrics_url} answered HTTP {response.status}")
+        return text
+
     async def counters(self) -> TritonCounters:
-        status, text = await self._request("GET", self.metrics_url)
-        if status != 200:
-            raise TritonError(f"GET {self.metrics_url} answered HTTP {status}")
-        return parse_counters(text, self.model)
-
-
-def _message(text: str) -> str:
-    """Triton's {"error": "..."} message, else the text's start."""
-    try:
-        data = json.loads(text)
-    except ValueError:
-        return text[:300]
-    error = data.get("error") if isinstance(data, dict) else None
-    return error if isinstance(error, str) else text[:300]
+        return parse_counters(await self.metrics_text(), self.model)

@@ -9,29 +9,21 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from batchpilot.runtimes.base import LaunchError
+from batchpilot.runtimes.venvs import venv_dir
+
 TRITON_VERSION = "2.51"
 # The wheel that ships that binary; the install script pins the same.
 REQUIREMENT = "nvidia-pytriton==0.7.0"
 VENV_NAME = f"triton-{TRITON_VERSION}"
 
 
-class RuntimeMissing(RuntimeError):
+class RuntimeMissing(LaunchError):
     """The runtime's environment is not installed (or is incomplete)."""
 
 
-def runtimes_root() -> Path:
-    """`$BATCHPILOT_CACHE/runtimes`, else `$XDG_CACHE_HOME/batchpilot/runtimes`, else
-    `~/.cache/batchpilot/runtimes` (the same rule as scripts/runtimes)."""
-    cache = os.environ.get("BATCHPILOT_CACHE")
-    if cache:
-        return Path(cache) / "runtimes"
-    xdg = os.environ.get("XDG_CACHE_HOME")
-    base = Path(xdg) if xdg else Path.home() / ".cache"
-    return base / "batchpilot" / "runtimes"
-
-
 def default_venv() -> Path:
-    return runtimes_root() / VENV_NAME
+    return venv_dir(VENV_NAME)
 
 
 @dataclass(frozen=True)

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import IO
 
 from batchpilot.processes import ChildProcess, NotReady, free_port, read_tail, wait_ready
+from batchpilot.runtimes.base import LaunchError
 from batchpilot.runtimes.triton.install import TritonInstall, find_install
 from batchpilot.runtimes.triton.repository import MODEL_NAME, TritonBatching, write_repository
 
@@ -25,7 +26,7 @@ _PORT_ATTEMPTS = 3
 _EXIT_TIMEOUT_S = 5
 
 
-class TritonStartError(RuntimeError):
+class TritonStartError(LaunchError):
     """Triton did not become ready; the message carries the tail of its log."""
 
 
@@ -38,6 +39,7 @@ class TritonProcess(ChildProcess):
         *,
         venv: Path | None = None,
         instances: int = 1,
+        threads: int | None = None,
         ready_timeout_s: float = 60.0,
         stop_timeout_s: float = 15.0,
     ) -> None:
@@ -47,6 +49,7 @@ class TritonProcess(ChildProcess):
         self.http_port = self.grpc_port = self.metrics_port = 0
         self._venv = venv
         self._instances = instances
+        self._threads = threads
         self._ready_timeout_s = ready_timeout_s
         self._stop_timeout_s = stop_timeout_s
         self._proc: asyncio.subprocess.Process | None = None
@@ -93,11 +96,14 @@ class TritonProcess(ChildProcess):
     async def start(self) -> None:
         """Write the repository, start Triton and wait until it and the model are ready.
         A port taken by someone else between choosing and binding it is retried on fresh
-        ports."""
+        ports; a restart keeps the ports it had (clients hold its URL)."""
         self.install = await find_install(self._venv)
         self._root = Path(tempfile.mkdtemp(prefix="batchpilot-triton-"))
         write_repository(self._root, self.install, self.batching, instances=self._instances)
+        keep = self.http_port != 0
         for attempt in range(_PORT_ATTEMPTS):
+            if not keep or attempt > 0:
+                self.http_port, self.grpc_port, self.metrics_port = _three_ports(self.host)
             try:
                 await self._start_once()
                 return
@@ -106,10 +112,15 @@ class TritonProcess(ChildProcess):
                     await self._cleanup()
                     raise
 
+    async def restart(self) -> None:
+        """Stop Triton (if it still runs) and start it again on the same ports with the
+        starting configuration (a live change does not survive a restart)."""
+        await self.stop()
+        await self.start()
+
     async def _start_once(self) -> None:
         assert self.install is not None
         assert self._root is not None
-        self.http_port, self.grpc_port, self.metrics_port = _three_ports(self.host)
         self.returncode = None
         # A file rather than a pipe: nobody reads the log while Triton runs.
         self._log = tempfile.TemporaryFile()  # noqa: SIM115 - lives as long as the server
@@ -118,7 +129,7 @@ class TritonProcess(ChildProcess):
             stdin=asyncio.subprocess.DEVNULL,
             stdout=self._log,
             stderr=asyncio.subprocess.STDOUT,
-            env=self.install.environment(dict(os.environ)),
+            env=self._environment(),
             cwd=self._root,
             # its own process group: stop() ends the stub processes with it
             start_new_session=True,
@@ -137,10 +148,19 @@ class TritonProcess(ChildProcess):
                 if exc.returncode is not None
                 else f"was not ready within {self._ready_timeout_s:g} s"
             )
-            raise TritonStartError(f"Triton {what}; its log:\n{self.log_tail()}") from None
+            raise TritonStartError(f"Triton {what}; its log:\n{self.stderr_tail()}") from None
         except BaseException:
             await self._stop_process()
             raise
+
+    def _environment(self) -> dict[str, str]:
+        assert self.install is not None
+        env = self.install.environment(dict(os.environ))
+        if self._threads is not None:
+            # the bundled model's matrix product runs on numpy's BLAS threads
+            for name in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+                env[name] = str(self._threads)
+        return env
 
     async def stop(self) -> None:
         """SIGTERM to the process group (Triton unloads its models and exits), SIGKILL to
@@ -186,7 +206,7 @@ class TritonProcess(ChildProcess):
                 await asyncio.wait_for(proc.wait(), grace_s)
         return proc.returncode
 
-    def log_tail(self, limit: int = LOG_TAIL_BYTES) -> str:
+    def stderr_tail(self, limit: int = LOG_TAIL_BYTES) -> str:
         """The end of Triton's log (stdout and stderr), also after it exited."""
         if self._log is None:
             return self._final_log[-limit:]
