@@ -78,6 +78,13 @@ def test_quick_tune_recommends_a_feasible_config_no_worse_than_the_baseline(
     assert out["recommended"] == verdict["chosen"] == expected
     if not verdict["significant"]:
         assert "NoSignificantGain" in out["recommendation"]
+    # the reference server is the default runtime; its native knobs are the canonical ones
+    runtime = out["runtime"]
+    assert runtime["name"] == "reference"
+    assert runtime["baseline"] == {"max_batch_size": 8, "max_queue_time_ms": 5.0}
+    assert runtime["verified_by"] == "read-back"
+    assert runtime["persist_kind"] == "env"
+    assert f'value: "{out["recommended"]["max_batch_size"]}"' in runtime["persist_snippet"]
 
 
 def test_ctrl_c_keeps_the_best_so_far_and_storage_resumes(tmp_path: Path) -> None:

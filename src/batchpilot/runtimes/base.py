@@ -192,8 +192,12 @@ class Runtime(ABC):
         """The requests the runtime serves, for `model` (default: the bundled one)."""
 
     @abstractmethod
-    def control(self, url: str, *, model: str | None = None) -> RuntimeControl:
-        """A control for the server at base URL `url` serving `model`."""
+    def control(
+        self, url: str, *, model: str | None = None, server: LocalServer | None = None
+    ) -> RuntimeControl:
+        """A control for the server at base URL `url` serving `model`. `server` is the
+        local server BatchPilot started from `launcher` (it gives access to what lives on
+        this machine, such as a model repository); None for one running elsewhere."""
 
     @abstractmethod
     def launcher(

@@ -119,7 +119,9 @@ class ReferenceRuntime(Runtime):
     def protocol(self, model: str | None = None) -> RequestProtocol:
         return REFERENCE
 
-    def control(self, url: str, *, model: str | None = None) -> ReferenceControl:
+    def control(
+        self, url: str, *, model: str | None = None, server: LocalServer | None = None
+    ) -> ReferenceControl:
         return ReferenceControl(url)
 
     def launcher(

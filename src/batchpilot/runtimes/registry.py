@@ -10,6 +10,7 @@ from batchpilot.runtimes.base import Runtime
 # name -> "module:class"; the class is a `Runtime` subclass with a no-argument constructor
 _ADAPTERS: dict[str, str] = {
     "reference": "batchpilot.runtimes.reference:ReferenceRuntime",
+    "mlserver": "batchpilot.runtimes.mlserver:MLServerRuntime",
     "triton": "batchpilot.runtimes.triton.adapter:TritonRuntime",
 }
 DEFAULT_RUNTIME = "reference"

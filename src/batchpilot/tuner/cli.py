@@ -16,6 +16,7 @@ from batchpilot.clitools import OneLineErrors
 from batchpilot.loadgen.arrival_option import ARRIVAL_HELP
 from batchpilot.loadgen.arrivals import ARRIVAL_SYNTAX, ArrivalKind
 from batchpilot.models import SLA, RequestMix
+from batchpilot.runtimes.registry import DEFAULT_RUNTIME, runtime_names
 from batchpilot.tuner.config import (
     QUICK_FINALISTS,
     QUICK_MEASUREMENT,
@@ -148,7 +149,17 @@ def _storage(spec: str | None) -> str | BaseStorage | None:
 
 @click.command(cls=OneLineErrors)
 @click.option(
-    "--local", "local", is_flag=True, help="Tune the bundled reference server on this machine."
+    "--local",
+    "local",
+    is_flag=True,
+    help="Start a server on this machine (the reference server, or --runtime) and tune it.",
+)
+@click.option(
+    "--runtime",
+    "runtime_name",
+    type=click.Choice(runtime_names(), case_sensitive=False),
+    default=None,
+    help="Inference runtime --local starts with its bundled model [default reference].",
 )
 @click.option(
     "--config",
@@ -245,6 +256,7 @@ def _storage(spec: str | None) -> str | BaseStorage | None:
 )
 def tune(
     local: bool,
+    runtime_name: str | None,
     cost_file: Path | None,
     profile_url: str | None,
     replicas: int | None,
@@ -287,6 +299,8 @@ def tune(
             "--profile-url URL (tune a simulated service); services in a cluster are tuned "
             "by the operator through an InferenceService resource"
         )
+    if simulated and runtime_name is not None:
+        raise TuneError("--runtime applies to --local runs; a simulated service has no runtime")
     if not simulated:
         if replicas is not None:
             raise TuneError("--replicas applies to simulated runs (--simulator, --profile-url)")
@@ -311,6 +325,12 @@ def tune(
         process = resolve_arrival(config)
     except (ConfigError, ValueError) as exc:
         raise TuneError(str(exc)) from None
+    runtime = (runtime_name or DEFAULT_RUNTIME).lower()
+    if runtime != DEFAULT_RUNTIME and "model" in config.server.model_fields_set:
+        raise TuneError(
+            f"server.model picks the reference server's model; the {runtime} runtime serves "
+            "its own bundled model (leave server.model out)"
+        )
     if report_dir is not None and report_dir.exists() and not report_dir.is_dir():
         raise TuneError(f"--report {report_dir}: exists and is not a directory")
 
@@ -331,6 +351,8 @@ def tune(
             report_dir=report_dir,
         )
         return
+    from batchpilot.runtimes.base import LaunchError
+    from batchpilot.runtimes.registry import get_runtime
     from batchpilot.server.process import ServerStartError
     from batchpilot.tuner.interfaces import TargetError
     from batchpilot.tuner.localmode import LocalRun, tune_local
@@ -338,19 +360,23 @@ def tune(
 
     # soft_wrap: progress lines stay whole in logs and pipes instead of breaking at 80
     console = Console(stderr=True, soft_wrap=True)
+    what = "the reference server" if runtime == DEFAULT_RUNTIME else get_runtime(runtime).title
     run = LocalRun(
-        config=config, space=space, mix=request_mix, storage=_storage(storage), arrival=process
+        config=config,
+        space=space,
+        mix=request_mix,
+        storage=_storage(storage),
+        arrival=process,
+        runtime=runtime,
     )
     try:
         summary = asyncio.run(tune_local(run, console))
-    except ServerStartError as exc:
-        raise click.ClickException(
-            "the reference server did not start: " + str(exc).splitlines()[0]
-        ) from None
+    except (ServerStartError, LaunchError) as exc:
+        raise click.ClickException(f"{what} did not start: " + str(exc).splitlines()[0]) from None
     except TargetError as exc:
-        raise click.ClickException(f"the reference server misbehaved: {exc}") from None
+        raise click.ClickException(f"{what} misbehaved: {exc}") from None
     except ConnectionError as exc:  # the load generator found the server gone
-        raise click.ClickException(f"the reference server stopped answering: {exc}") from None
+        raise click.ClickException(f"{what} stopped answering: {exc}") from None
     except ValueError as exc:  # a stored study that does not fit this run
         raise TuneError(str(exc).splitlines()[0]) from None
     render_summary(console, summary)

@@ -24,6 +24,7 @@ from rich.console import Console
 from batchpilot.loadgen.arrivals import ArrivalKind, Poisson
 from batchpilot.models import SLA, BatchingConfig, CapacityResult, RequestMix
 from batchpilot.runtimes.base import Profiled
+from batchpilot.runtimes.figures import runtime_figures
 from batchpilot.runtimes.registry import DEFAULT_RUNTIME, get_runtime
 from batchpilot.tuner.config import TuneConfig
 from batchpilot.tuner.interfaces import Target
@@ -176,7 +177,7 @@ async def tune_local(run: LocalRun, console: Console) -> TuneSummary:
     async with runtime.launcher(
         start, threads=cfg.server.threads, workload=cfg.server.model if reference else None
     ) as server:
-        target = runtime.control(server.url, model=runtime.default_model)
+        target = runtime.control(server.url, model=runtime.default_model, server=server)
         baseline = await target.current()
         tuner = Tuner(
             run.space,
@@ -247,9 +248,11 @@ async def tune_local(run: LocalRun, console: Console) -> TuneSummary:
         )
         progress.stop()
         summary = _summary(tuner, run, rules, interrupted, started)
-        if interrupted or not cfg.tuning.confirm:
-            return summary
-        return await _confirm(summary, tuner, cfg, target, probe, console, started)
+        if not interrupted and cfg.tuning.confirm:
+            summary = await _confirm(summary, tuner, cfg, target, probe, console, started)
+        return summary.model_copy(
+            update={"runtime": runtime_figures(runtime, summary, target.last_verification)}
+        )
 
 
 # Round r offers every configuration the schedule of seed + ROUND_SEED_STRIDE * (r + 1):

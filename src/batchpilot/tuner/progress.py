@@ -163,5 +163,13 @@ def render_summary(console: Console, summary: TuneSummary) -> None:
             f"max_queue_time_ms={c.max_queue_time_ms:g}: {summary.recommendation}",
             highlight=False,
         )
+    runtime = summary.runtime
+    if runtime is not None and runtime.recommended is not None and runtime.persist_snippet:
+        native = " ".join(f"{k}={v:g}" for k, v in runtime.recommended.items())
+        console.print(
+            f"In {runtime.name}'s terms: {native}; to keep it ({runtime.persist_where}):",
+            highlight=False,
+        )
+        console.print(runtime.persist_snippet, highlight=False, markup=False)
     if summary.interrupted:
         console.print("[yellow]Interrupted: this is the best so far.[/]")

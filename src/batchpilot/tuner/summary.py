@@ -28,6 +28,22 @@ class ConfigFigures(BaseModel):
     state: str
 
 
+class RuntimeFigures(BaseModel):
+    """The run's configurations in the tuned runtime's own knob names and units, and how
+    to keep the recommendation (filled in by local mode from the runtime's adapter)."""
+
+    name: str
+    knobs: dict[str, str]  # canonical name -> native name and unit, e.g. "max_batch_time (s)"
+    how_applied: str  # live, reload or rollout
+    baseline: dict[str, float] | None = None
+    best: dict[str, float] | None = None
+    recommended: dict[str, float] | None = None
+    persist_kind: str | None = None  # env, configmap, ... for the recommendation
+    persist_where: str | None = None
+    persist_snippet: str | None = None
+    verified_by: str | None = None  # how the last applied configuration was proven live
+
+
 class LabelledTrial(TrialRecord):
     label: Label
 
@@ -52,6 +68,7 @@ class TuneSummary(BaseModel):
     verdict: Verdict | None = None
     recommended: BatchingConfig | None = None  # what to run: the verdict's choice
     recommendation: str = ""  # why, in a sentence with the figures
+    runtime: RuntimeFigures | None = None  # local runs: the knobs in the runtime's terms
 
 
 def finalists(
