@@ -6,17 +6,23 @@ the change happens."""
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import re
 import shutil
 import subprocess
+import sys
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import aiohttp
 import pytest
 
+from batchpilot.models import SLA, BatchingConfig, RequestMix
+from batchpilot.runtimes.base import RuntimeControl, representable
+from batchpilot.runtimes.registry import get_runtime
 from batchpilot.runtimes.triton.control import TritonControl, TritonCounters
 from batchpilot.runtimes.triton.install import default_venv
 from batchpilot.runtimes.triton.process import TritonProcess
@@ -26,6 +32,7 @@ from batchpilot.runtimes.triton.repository import (
     TritonBatching,
 )
 from batchpilot.tuner.interfaces import TargetError
+from batchpilot.tuner.local import LocalProbe
 
 pytestmark = [
     pytest.mark.runtimes,
@@ -224,3 +231,86 @@ async def test_stop_ends_the_stub_processes_too() -> None:
     assert alive.stdout.strip() == ""
     assert server.returncode == 0
     assert "successfully unloaded" in server.stderr_tail()
+
+
+async def test_the_adapter_verifies_each_change_by_the_batches_executed(
+    triton: TritonProcess,
+) -> None:
+    runtime = get_runtime("triton")
+    control = runtime.control(triton.url, model=runtime.default_model, server=triton)
+    assert isinstance(control, RuntimeControl)
+    assert await control.current() == BatchingConfig(max_batch_size=4, max_queue_time_ms=2.0)
+    for config in (
+        BatchingConfig(max_batch_size=16, max_queue_time_ms=5.0004),
+        BatchingConfig(max_batch_size=2, max_queue_time_ms=0.0),
+    ):
+        await control.apply(config)
+        verification = control.last_verification
+        assert verification is not None
+        assert verification.live == representable(runtime.knobs, config)
+        assert verification.native == runtime.native(config)
+        assert verification.batch_sizes is not None
+        assert max(verification.batch_sizes) <= config.max_batch_size
+        # every request of the verification burst (twice the cap) ran in one of them
+        executed = sum(size * n for size, n in verification.batch_sizes.items())
+        assert executed == 2 * config.max_batch_size
+        assert verification.verified_by.startswith("config read-back; executed batch sizes")
+    assert await control.native() == {"max_batch_size": 2, "max_queue_delay_microseconds": 0}
+
+
+async def test_capacity_is_measured_with_the_v2_protocol(triton: TritonProcess) -> None:
+    runtime = get_runtime("triton")
+    counters = TritonControl(triton.url, triton.metrics_url, triton.model)
+    before = await counters.counters()
+    probe = LocalProbe(
+        triton.url,
+        sla=SLA(p99_ms=200.0),
+        mix=RequestMix.default(),
+        precision=0.3,
+        step_duration_s=1.0,
+        warmup_s=0.5,
+        protocol=runtime.protocol(runtime.default_model),
+    )
+    result = await probe.measure(
+        BatchingConfig(max_batch_size=4, max_queue_time_ms=2.0), must_beat=None
+    )
+    served = (await counters.counters()).since(before)
+    assert result.feasible
+    assert result.effective_rps > 0
+    ok_client = sum(round(s.requests * (1 - s.error_rate)) for s in result.steps)
+    # Triton counts every request the client saw answered (and the warm-up's besides)
+    assert served.success >= ok_client
+    assert served.failure == 0
+    assert served.mean_batch <= 4.0
+
+
+def test_tune_local_runtime_triton_gives_the_knobs_in_tritons_terms(tmp_path: Path) -> None:
+    config = tmp_path / "tune.yaml"
+    config.write_text("tuning:\n  confirm: false\n", encoding="utf-8")
+    done = subprocess.run(
+        [
+            sys.executable,
+            *("-m", "batchpilot", "tune", "--local", "--runtime", "triton", "--quick"),
+            *("--trials", "2", "--config", str(config), "--json"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    out = json.loads(done.stdout)
+    assert [t["state"] for t in out["trials"]] == ["Complete", "Complete"]
+    assert out["best"]["effective_rps"] > 0
+    figures = out["runtime"]
+    assert figures["name"] == "triton"
+    assert figures["knobs"]["max_queue_time_ms"] == "max_queue_delay_microseconds (us)"
+    assert figures["baseline"] == {"max_batch_size": 8, "max_queue_delay_microseconds": 5000}
+    best = out["best"]
+    assert figures["best"] == {
+        "max_batch_size": best["max_batch_size"],
+        "max_queue_delay_microseconds": round(best["max_queue_time_ms"] * 1000),
+    }
+    assert figures["persist_kind"] == "recommend"
+    assert "max_queue_delay_microseconds:" in figures["persist_snippet"]
+    assert "executed batch sizes" in figures["verified_by"]

@@ -262,9 +262,8 @@ class TritonRuntime(Runtime):
         return Persistence(
             kind="recommend",
             where=(
-                f"config.pbtxt of model {model or MODEL_NAME!r} (these lines replace its "
-                "max_batch_size and dynamic_batching; a live change is lost when Triton "
-                "restarts, so keep them in the model repository or the ConfigMap holding it)"
+                f"config.pbtxt of model {model or MODEL_NAME!r}, in its model repository or "
+                "the ConfigMap holding it; a live change does not survive a restart"
             ),
             snippet=batching_pbtxt(to_batching(self.native(config))),
         )
