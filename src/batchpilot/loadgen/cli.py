@@ -14,6 +14,8 @@ from batchpilot.loadgen.arrivals import ArrivalKind
 from batchpilot.loadgen.endpoints import UnreachableError, check_reachable, normalise_urls
 from batchpilot.loadgen.generator import MAX_DURATION_S, MAX_RATE, run_load
 from batchpilot.loadgen.mix import parse_mix
+from batchpilot.loadgen.protocol_option import build_protocol, protocol_options
+from batchpilot.loadgen.protocols import RequestProtocol, speaking
 from batchpilot.loadgen.report import render_load
 from batchpilot.loadgen.result import LoadResult
 from batchpilot.models import RequestMix
@@ -51,7 +53,7 @@ INTERRUPTED_EXIT = 130
     help="Seconds a request may take from its scheduled time before it counts as a timeout.",
 )
 @click.option("--seed", type=int, default=0, show_default=True)
-@click.option("--path", default="/v1/predict", show_default=True, help="Request path.")
+@protocol_options()
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 def loadtest(
     urls: tuple[str, ...],
@@ -61,7 +63,13 @@ def loadtest(
     arrival: ArrivalKind,
     timeout: float,
     seed: int,
-    path: str,
+    protocol: str | None,
+    model: str | None,
+    input_name: str | None,
+    features: int | None,
+    body_template: str | None,
+    headers: tuple[str, ...],
+    path: str | None,
     as_json: bool,
 ) -> None:
     """Offer an open-loop load to URL (several URLs share it round-robin) and report
@@ -70,8 +78,15 @@ def loadtest(
     try:
         mix = parse_mix(mix_spec) if mix_spec is not None else RequestMix.default()
         bases = normalise_urls(urls)
-        if not path.startswith("/"):
-            raise ValueError(f"--path must start with '/', got {path!r}")
+        request = build_protocol(
+            protocol=protocol,
+            model=model,
+            input_name=input_name,
+            features=features,
+            body_template=body_template,
+            headers=headers,
+            path=path,
+        )
     except ValueError as e:
         raise fail(str(e)) from None
     try:
@@ -84,7 +99,7 @@ def loadtest(
                 arrival,
                 timeout,
                 seed,
-                path,
+                request,
             )
         )
     except (UnreachableError, ValueError) as e:
@@ -105,19 +120,19 @@ async def _run(
     arrival: ArrivalKind,
     timeout_s: float,
     seed: int,
-    path: str,
+    request: RequestProtocol,
 ) -> LoadResult:
     stop = asyncio.Event()
     on_interrupt(stop.set)
     await check_reachable(urls)
-    return await run_load(
-        urls,
-        rate=rate,
-        duration_s=duration,
-        mix=mix,
-        arrival=arrival,
-        timeout_s=timeout_s,
-        seed=seed,
-        path=path,
-        stop=stop,
-    )
+    with speaking(request):
+        return await run_load(
+            urls,
+            rate=rate,
+            duration_s=duration,
+            mix=mix,
+            arrival=arrival,
+            timeout_s=timeout_s,
+            seed=seed,
+            stop=stop,
+        )

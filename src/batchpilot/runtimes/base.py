@@ -97,6 +97,8 @@ class Metrics(Frozen):
     port_note: str  # where they are served, e.g. ":8002/metrics"
     latency_histogram: str | None  # the histogram's name without _bucket; None: none
     latency_unit: Literal["s", "ms", "us"] = "s"
+    # label matchers that keep the histogram to inference requests, e.g. 'path="/infer"'
+    latency_matchers: str = ""
     ok_requests: str
     total_requests: str
     batch_size: str | None = None  # PromQL for the mean batch size, where there is one

@@ -24,7 +24,7 @@ import signal
 import tempfile
 import time
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from importlib import resources
 from pathlib import Path
 from typing import IO, Any, ClassVar
@@ -138,8 +138,8 @@ class ModelRepository:
 class Observed:
     """What one verification burst saw: the parameters of every answer."""
 
-    def __init__(self, answers: list[Mapping[str, Any]]) -> None:
-        self.answers = answers
+    def __init__(self, answers: Sequence[Mapping[str, Any]]) -> None:
+        self.answers = list(answers)
 
     def one(self, key: str) -> set[Any]:
         return {a.get(key) for a in self.answers}
@@ -316,6 +316,7 @@ class MLServerProcess(ChildProcess):
         self._stderr: IO[bytes] | None = None
         self._final_stderr = ""
         self._workdir: Path | None = None
+        self._env: dict[str, str] = {}
         self.repository: ModelRepository | None = None
 
     @property
@@ -332,7 +333,7 @@ class MLServerProcess(ChildProcess):
             raise RuntimeError("MLServer has not been started")
         return self._proc.pid
 
-    def _prepare(self) -> tuple[Path, dict[str, str]]:
+    def _prepare(self) -> dict[str, str]:
         workdir = Path(tempfile.mkdtemp(prefix="batchpilot-mlserver-"))
         self._workdir = workdir
         code = workdir / "code"
@@ -366,12 +367,19 @@ class MLServerProcess(ChildProcess):
         # MLServer also reads MLSERVER_* variables; ours must not leak settings in
         for name in [k for k in env if k.startswith("MLSERVER_")]:
             del env[name]
-        return models, env
+        return env
 
     async def start(self) -> None:
+        """Start MLServer and wait until the model is ready. A restart keeps the ports
+        and the repository, at the start-up configuration again (a newer version)."""
         program = venv_executable(VENV, "mlserver", runtime="MLServer")
-        models, env = self._prepare()
+        if self._workdir is None or self.repository is None:
+            self._env = self._prepare()
+        else:
+            self.repository.write(self.native_start)
         assert self._workdir is not None
+        assert self.repository is not None
+        models, env = self.repository.root, self._env
         self._stderr = tempfile.TemporaryFile()  # noqa: SIM115 - lives as long as the server
         self._proc = await asyncio.create_subprocess_exec(
             str(program),
@@ -400,6 +408,14 @@ class MLServerProcess(ChildProcess):
             raise
 
     async def stop(self) -> None:
+        """Stop the process group and remove the temporary folder."""
+        await self._terminate()
+        if self._workdir is not None:
+            shutil.rmtree(self._workdir, ignore_errors=True)
+            self._workdir = None
+            self.repository = None
+
+    async def _terminate(self) -> None:
         proc = self._proc
         if proc is not None:
             if proc.returncode is None:
@@ -416,12 +432,9 @@ class MLServerProcess(ChildProcess):
             self._final_stderr = read_tail(self._stderr, _STDERR_TAIL)
             self._stderr.close()
             self._stderr = None
-        if self._workdir is not None:
-            shutil.rmtree(self._workdir, ignore_errors=True)
-            self._workdir = None
 
     async def restart(self) -> None:
-        await self.stop()
+        await self._terminate()
         await self.start()
 
     async def exit_code(self, grace_s: float = 0.0) -> int | None:
@@ -452,8 +465,9 @@ class MLServerRuntime(Runtime):
         port_note="metrics_port (default 8082), /metrics",
         latency_histogram="rest_server_request_duration_seconds",
         latency_unit="s",
-        ok_requests="model_infer_request_success",
-        total_requests="model_infer_request_success + model_infer_request_failure",
+        latency_matchers='path="/v2/models/{model_name}/infer"',
+        ok_requests="model_infer_request_success_total",
+        total_requests='{__name__=~"model_infer_request_(success|failure)_total"}',
     )
     default_model: ClassVar[str | None] = MODEL
 
@@ -494,7 +508,6 @@ class MLServerRuntime(Runtime):
         )
         return Persistence(
             kind="recommend",
-            where=f"model-settings.json of model {name} (merge these keys; the "
-            "MLSERVER_MODEL_MAX_BATCH_SIZE/_TIME variables apply only at start)",
+            where=f"write model-settings.json of model {name} with these keys",
             snippet=snippet,
         )

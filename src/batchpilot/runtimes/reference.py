@@ -149,7 +149,7 @@ class ReferenceRuntime(Runtime):
         wait_text = str(int(wait)) if float(wait).is_integer() else f"{wait:g}"
         return Persistence(
             kind="env",
-            where="the serving container's environment",
+            where="set the serving container's environment",
             snippet=(
                 f'env:\n- name: {ENV_MAX_BATCH_SIZE}\n  value: "{config.max_batch_size}"\n'
                 f'- name: {ENV_MAX_QUEUE_TIME_MS}\n  value: "{wait_text}"\n'

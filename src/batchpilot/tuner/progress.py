@@ -167,7 +167,7 @@ def render_summary(console: Console, summary: TuneSummary) -> None:
     if runtime is not None and runtime.recommended is not None and runtime.persist_snippet:
         native = " ".join(f"{k}={v:g}" for k, v in runtime.recommended.items())
         console.print(
-            f"In {runtime.name}'s terms: {native}; to keep it ({runtime.persist_where}):",
+            f"In {runtime.name}'s terms: {native}. To keep it, {runtime.persist_where}:",
             highlight=False,
         )
         console.print(runtime.persist_snippet, highlight=False, markup=False)

@@ -1,0 +1,121 @@
+"""The request-protocol options shared by commands that send load: --protocol, --model,
+--input-name, --features, --body-template, --header, and the --path they may replace."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
+
+import click
+
+from batchpilot.loadgen.protocols import (
+    REFERENCE,
+    REFERENCE_PATH,
+    RequestProtocol,
+    kserve_v2,
+    parse_headers,
+    template_protocol,
+)
+
+PROTOCOLS = ("reference", "v2", "template")
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def protocol_options() -> Callable[[F], F]:
+    """The options; the command receives protocol, model, input_name, features,
+    body_template, headers and path, and builds the protocol with `build_protocol`."""
+    options = [
+        click.option(
+            "--protocol",
+            type=click.Choice(PROTOCOLS, case_sensitive=False),
+            default=None,
+            help="Request protocol: reference (the reference server's synthetic body), v2 "
+            "(KServe v2 / Triton HTTP inference: one FP32 tensor [size, features]) or "
+            "template (--body-template) [default reference, template with --body-template].",
+        ),
+        click.option("--model", default=None, help="v2: the model name in the path."),
+        click.option(
+            "--input-name", default=None, help="v2: the input tensor's name [default INPUT]."
+        ),
+        click.option(
+            "--features",
+            type=click.IntRange(1, 65_536),
+            default=None,
+            help="v2: values per item (the tensor is [size, features]) [default 1].",
+        ),
+        click.option(
+            "--body-template",
+            default=None,
+            help="Raw JSON body with {size} for each request's size, e.g. "
+            "'{\"instances\": [[{size}]]}' (sent to --path).",
+        ),
+        click.option(
+            "--header",
+            "headers",
+            multiple=True,
+            help="Extra request header NAME:VALUE (repeatable).",
+        ),
+        click.option(
+            "--path",
+            default=None,
+            help=f"Request path [default {REFERENCE_PATH}; v2: /v2/models/MODEL/infer].",
+        ),
+    ]
+
+    def decorate(command: F) -> F:
+        for option in reversed(options):
+            command = option(command)
+        return command
+
+    return decorate
+
+
+def build_protocol(
+    *,
+    protocol: str | None,
+    model: str | None,
+    input_name: str | None,
+    features: int | None,
+    body_template: str | None,
+    headers: Sequence[str],
+    path: str | None,
+) -> RequestProtocol:
+    """The protocol the options describe. ValueError names the option that is wrong and
+    what is allowed."""
+    kind = (protocol or ("template" if body_template is not None else "reference")).lower()
+    v2_only = [
+        flag
+        for flag, value in (
+            ("--model", model),
+            ("--input-name", input_name),
+            ("--features", features),
+        )
+        if value is not None
+    ]
+    if kind != "v2" and v2_only:
+        raise ValueError(f"{', '.join(v2_only)} apply to --protocol v2")
+    if kind != "template" and body_template is not None:
+        raise ValueError(f"--body-template applies to --protocol template, not {kind}")
+    if path is not None and not path.startswith("/"):
+        raise ValueError(f"--path must start with '/', got {path!r}")
+    extra = parse_headers(headers)
+    if kind == "v2":
+        if model is None:
+            raise ValueError("--protocol v2 needs --model (the model name in the path)")
+        if path is not None:
+            raise ValueError("--path is set by --protocol v2 (/v2/models/MODEL/infer)")
+        return kserve_v2(
+            model, input_name=input_name or "INPUT", features=features or 1, headers=extra
+        )
+    if kind == "template":
+        if body_template is None:
+            raise ValueError("--protocol template needs --body-template with {size} in it")
+        return template_protocol(body_template, path=path or REFERENCE_PATH, headers=extra)
+    if path is None and not extra:
+        return REFERENCE
+    return RequestProtocol(
+        "reference",
+        path or REFERENCE_PATH,
+        REFERENCE.body,
+        {**REFERENCE.headers, **extra},
+    )
