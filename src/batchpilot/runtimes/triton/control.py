@@ -173,6 +173,9 @@ class TritonControl:
     def __init__(self, url: str, metrics_url: str, model: str, *, timeout_s: float = 120.0) -> None:
         # A load builds the new instance before it answers: a generous timeout.
         self._client = ControlClient(url, timeout_s=timeout_s)
+        # Triton answers 500 to a configuration it cannot load: final, and a load that
+        # timed out may still be under way, so a load is never retried.
+        self._loader = ControlClient(url, timeout_s=timeout_s, attempts=1)
         self.url = self._client.url
         self.metrics_url = metrics_url
         self.model = model
@@ -193,7 +196,12 @@ class TritonControl:
         serving. A configuration Triton refuses leaves the running one in place."""
         path = f"/v2/repository/models/{self.model}/load"
         body = {"parameters": {"config": json.dumps(config)}}
-        await self._client.call("POST", path, body, empty_ok=True)
+        try:
+            await self._loader.call("POST", path, body, empty_ok=True)
+        except TargetError as exc:
+            raise TritonError(
+                f"Triton did not load {self.model!r} with the new configuration: {exc}"
+            ) from None
 
     async def apply(self, batching: TritonBatching) -> Change:
         """Change the knobs live and read them back; raises TritonError when Triton runs

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import re
 import shutil
 import subprocess
@@ -24,7 +23,7 @@ from batchpilot.models import SLA, BatchingConfig, RequestMix
 from batchpilot.runtimes.base import RuntimeControl, representable
 from batchpilot.runtimes.registry import get_runtime
 from batchpilot.runtimes.triton.control import TritonControl, TritonCounters
-from batchpilot.runtimes.triton.install import default_venv
+from batchpilot.runtimes.triton.install import VENV_NAME
 from batchpilot.runtimes.triton.process import TritonProcess
 from batchpilot.runtimes.triton.repository import (
     BATCH_SIZE_OUTPUT,
@@ -34,13 +33,14 @@ from batchpilot.runtimes.triton.repository import (
 from batchpilot.tuner.interfaces import TargetError
 from batchpilot.tuner.local import LocalProbe
 
-pytestmark = [
-    pytest.mark.runtimes,
-    pytest.mark.skipif(
-        not (default_venv() / "bin" / "python").exists() and not os.environ.get("CI"),
-        reason="Triton is not installed (scripts/runtimes triton); under CI it must be",
-    ),
-]
+from .support import is_loopback, listening_addresses, require_runtime
+
+pytestmark = [pytest.mark.runtimes, pytest.mark.timeout(300)]
+
+
+@pytest.fixture(autouse=True)
+def installed() -> None:
+    require_runtime(VENV_NAME, "python")
 
 
 @pytest.fixture
@@ -163,7 +163,7 @@ async def test_a_refused_configuration_leaves_the_running_one(triton: TritonProc
     control = TritonControl(triton.url, triton.metrics_url, triton.model)
     config = await control.config()
     config["input"][0]["data_type"] = "TYPE_NOT_A_TYPE"
-    with pytest.raises(TargetError, match=r"refused POST .*/load with HTTP 400"):
+    with pytest.raises(TargetError, match=r"did not load 'batchpilot' .*HTTP 500.*failed to load"):
         await control.load(config)
     assert await control.batching() == TritonBatching(4, 2000)
     async with (
@@ -176,7 +176,6 @@ async def test_a_refused_configuration_leaves_the_running_one(triton: TritonProc
 _SOCKET = re.compile(
     r"^(?P<state>\S+)\s+\S+\s+\S+\s+(?P<local>\S+)\s+(?P<peer>\S+)\s+(?P<users>.*)$"
 )
-_LOOPBACK = ("127.0.0.1", "::ffff:127.0.0.1", "::1")
 
 
 async def group_sockets(pgid: int) -> list[tuple[str, str, str]]:
@@ -204,20 +203,26 @@ def host_of(address: str) -> str:
     return address.rsplit(":", 1)[0].strip("[]")
 
 
+async def test_triton_listens_on_loopback_only(triton: TritonProcess) -> None:
+    listening = listening_addresses(triton.pid)
+    assert {port for _, port in listening} == {
+        triton.http_port,
+        triton.grpc_port,
+        triton.metrics_port,
+    }
+    assert all(is_loopback(address) for address, _ in listening), listening
+
+
 @pytest.mark.skipif(shutil.which("ss") is None, reason="needs ss (iproute2)")
-async def test_triton_listens_and_talks_on_loopback_only(triton: TritonProcess) -> None:
+async def test_every_connection_of_triton_stays_on_loopback(triton: TritonProcess) -> None:
     async with ClosedLoop(infer_url(triton), clients=4):
         await asyncio.sleep(0.5)
         sockets = await group_sockets(triton.pid)
-    listening = [local for state, local, _ in sockets if state == "LISTEN"]
-    ports = {triton.http_port, triton.grpc_port, triton.metrics_port}
-    assert {int(a.rsplit(":", 1)[1]) for a in listening} == ports
-    assert {host_of(a) for a in listening} <= {"127.0.0.1", "::ffff:127.0.0.1"}
     connected = [(local, peer) for state, local, peer in sockets if state != "LISTEN"]
     assert connected, "the clients' connections show up"
     for local, peer in connected:
-        assert host_of(local) in _LOOPBACK, f"Triton holds a socket on {local}"
-        assert host_of(peer) in _LOOPBACK, f"Triton talks to {peer}"
+        assert is_loopback(host_of(local)), f"Triton holds a socket on {local}"
+        assert is_loopback(host_of(peer)), f"Triton talks to {peer}"
 
 
 async def test_stop_ends_the_stub_processes_too() -> None:
