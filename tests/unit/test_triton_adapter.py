@@ -105,7 +105,7 @@ def test_persistence_is_the_exact_config_pbtxt_lines() -> None:
         BatchingConfig(max_batch_size=32, max_queue_time_ms=1.5), model="resnet"
     )
     assert kept.kind == "recommend"
-    assert "config.pbtxt of model 'resnet'" in kept.where
+    assert kept.where.startswith("replace these lines in config.pbtxt of model 'resnet'")
     assert kept.snippet == (
         "max_batch_size: 32\n"
         "dynamic_batching {\n"

@@ -262,8 +262,9 @@ class TritonRuntime(Runtime):
         return Persistence(
             kind="recommend",
             where=(
-                f"config.pbtxt of model {model or MODEL_NAME!r}, in its model repository or "
-                "the ConfigMap holding it; a live change does not survive a restart"
+                f"replace these lines in config.pbtxt of model {model or MODEL_NAME!r} (in "
+                "its model repository or the ConfigMap holding it; a live change does not "
+                "survive a restart)"
             ),
             snippet=batching_pbtxt(to_batching(self.native(config))),
         )
