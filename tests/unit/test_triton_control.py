@@ -4,6 +4,7 @@ from its metrics text, the config.pbtxt snippets and the runtime environment."""
 from __future__ import annotations
 
 import math
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +17,7 @@ from batchpilot.runtimes.triton.control import (
     parse_counters,
     with_batching,
 )
-from batchpilot.runtimes.triton.install import TritonInstall
+from batchpilot.runtimes.triton.install import RuntimeMissing, TritonInstall, find_install
 from batchpilot.runtimes.triton.repository import TritonBatching, batching_pbtxt, model_pbtxt
 
 
@@ -182,3 +183,17 @@ def test_the_environment_puts_the_interpreters_own_libpython_and_venv_first(
     assert env["PATH"].split(":") == [str(tmp_path / "v" / "bin"), "/usr/bin"]
     assert "PYTHONPATH" not in env, "the project's modules must not shadow the stub's"
     assert install.stub.parts[-2:] == ("3.11", "triton_python_backend_stub")
+
+
+async def test_a_missing_environment_says_how_to_install_it(tmp_path: Path) -> None:
+    with pytest.raises(RuntimeMissing, match=r"not installed: install it with `scripts/runtimes"):
+        await find_install(tmp_path / "absent")
+
+
+async def test_an_incomplete_environment_names_what_is_missing(tmp_path: Path) -> None:
+    venv = tmp_path / "v"
+    (venv / "bin").mkdir(parents=True)
+    # any working interpreter will do: the check asks it for its version and libdir
+    (venv / "bin" / "python").symlink_to(sys.executable)
+    with pytest.raises(RuntimeMissing, match=r"incomplete \(.*tritonserver.*\)"):
+        await find_install(venv)
