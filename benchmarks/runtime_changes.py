@@ -49,8 +49,11 @@ class Row(BaseModel):
     changes: int
     change_s: float  # median of the changes, verification included
     change_s_max: float
-    requests_during_change: int
+    requests_during_change: int  # in flight at some point during a change
     errors_during_change: int
+    # how long the slowest of those took, and the median: a change may hold requests up
+    slowest_during_change_s: float
+    median_during_change_s: float
     errors_by_kind: dict[str, int]
     verified_by: str
     baseline: dict[str, float]  # the starting configuration in the runtime's own terms
@@ -68,14 +71,15 @@ class Report(BaseModel):
 
 class ClosedLoop:
     """Clients that each keep one request in flight until the block ends, recording
-    (time answered, outcome) for every request: "ok", an HTTP status or an error name."""
+    (time sent, time answered, outcome) for every request; the outcome is "ok", an HTTP
+    status or an error name."""
 
     def __init__(self, base_url: str, protocol: RequestProtocol, clients: int) -> None:
         self.url = base_url + protocol.path
         self.body = protocol.body(1)
         self.headers = dict(protocol.headers)
         self.clients = clients
-        self.answers: list[tuple[float, str]] = []
+        self.answers: list[tuple[float, float, str]] = []
         self._stop = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
 
@@ -96,6 +100,7 @@ class ClosedLoop:
 
     async def _client(self) -> None:
         while not self._stop.is_set():
+            sent = time.monotonic()
             try:
                 async with self._session.post(
                     self.url, data=self.body, headers=self.headers
@@ -104,10 +109,11 @@ class ClosedLoop:
                     outcome = "ok" if 200 <= response.status < 300 else str(response.status)
             except (aiohttp.ClientError, TimeoutError) as exc:
                 outcome = type(exc).__name__
-            self.answers.append((time.monotonic(), outcome))
+            self.answers.append((sent, time.monotonic(), outcome))
 
-    def between(self, windows: list[tuple[float, float]]) -> list[str]:
-        return [o for t, o in self.answers if any(a <= t <= b for a, b in windows)]
+    def across(self, windows: list[tuple[float, float]]) -> list[tuple[float, float, str]]:
+        """The requests in flight at some point of one of the windows."""
+        return [r for r in self.answers if any(r[0] <= b and r[1] >= a for a, b in windows)]
 
 
 async def measure_runtime(runtime: Runtime, changes: int, clients: int) -> Row:
@@ -139,8 +145,9 @@ async def measure_runtime(runtime: Runtime, changes: int, clients: int) -> Row:
                     seconds.append(verification.change_s)
                     verified_by = verification.verified_by
                 await asyncio.sleep(0.3)
-        during = load.between(windows)
-        errors = [o for o in during if o != "ok"]
+        during = load.across(windows)
+        errors = [outcome for _, _, outcome in during if outcome != "ok"]
+        took = [answered - sent for sent, answered, _ in during]
         tuned = await probe.measure(TUNED, must_beat=None)
     return Row(
         runtime=runtime.name,
@@ -150,6 +157,8 @@ async def measure_runtime(runtime: Runtime, changes: int, clients: int) -> Row:
         requests_during_change=len(during),
         errors_during_change=len(errors),
         errors_by_kind={kind: errors.count(kind) for kind in sorted(set(errors))},
+        slowest_during_change_s=max(took, default=float("nan")),
+        median_during_change_s=statistics.median(took) if took else float("nan"),
         verified_by=verified_by,
         baseline={k: float(v) for k, v in runtime.native(START).items()},
         tuned={k: float(v) for k, v in runtime.native(TUNED).items()},
@@ -179,6 +188,7 @@ def table(report: Report) -> Table:
         "changes",
         "change s (median / max)",
         "failed / requests during changes",
+        "their time s (median / max)",
         "verified by",
         f"baseline req/s (p99 <= {report.sla_p99_ms:g} ms)",
         "changed req/s",
@@ -190,6 +200,7 @@ def table(report: Report) -> Table:
             str(row.changes),
             f"{row.change_s:.2f} / {row.change_s_max:.2f}",
             f"{row.errors_during_change} / {row.requests_during_change}",
+            f"{row.median_during_change_s:.3f} / {row.slowest_during_change_s:.2f}",
             row.verified_by,
             f"{row.baseline_rps:.0f} at {_native(row.baseline)}",
             f"{row.tuned_rps:.0f} at {_native(row.tuned)}",

@@ -4,6 +4,7 @@ the batches executed after a change prove, how a winner is kept."""
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import pytest
 
@@ -24,6 +25,7 @@ from batchpilot.runtimes.triton.control import (
 )
 from batchpilot.runtimes.triton.process import TritonProcess
 from batchpilot.runtimes.triton.repository import TritonBatching
+from batchpilot.tuner.interfaces import TargetError
 
 
 def test_triton_is_registered() -> None:
@@ -147,3 +149,49 @@ def test_a_wait_beyond_the_limit_is_refused_in_native_terms() -> None:
     runtime = TritonRuntime()
     with pytest.raises(ValueError, match="max_queue_delay_microseconds"):
         runtime.knobs[1].to_native(60_000.5)
+
+
+class FakeMetrics:
+    """Triton's metrics text as a sequence of readings of the model's batch record."""
+
+    def __init__(self, readings: list[dict[int, int]]) -> None:
+        self.model = "batchpilot"
+        self.readings = readings
+
+    async def metrics_text(self) -> str:
+        sizes = self.readings.pop(0)
+        return "".join(
+            f'batchpilot_model_batches_total{{batch_size="{size}",model="batchpilot"}} {n}\n'
+            for size, n in sizes.items()
+        )
+
+
+def control_with(readings: list[dict[int, int]], failed: list[str] | None = None) -> Any:
+    control = TritonRuntime().control("http://127.0.0.1:1")
+    control.control = FakeMetrics(readings)  # type: ignore[assignment]
+
+    async def burst(n: int) -> list[str]:
+        return failed or []
+
+    control._burst = burst  # type: ignore[method-assign]
+    return control
+
+
+async def test_a_batch_the_old_instance_finished_is_looked_at_again() -> None:
+    # first burst: the old instance's batch of 16 is still seen; second: only the new cap
+    control = control_with([{16: 1}, {16: 2, 4: 1}, {16: 2, 4: 1}, {16: 2, 4: 3}])
+    batches, how = await control._executed(4)
+    assert batches == {4: 2}
+    assert how == "executed batch sizes {4: 2} (the model's record)"
+
+
+async def test_batches_above_the_cap_twice_fail_the_change() -> None:
+    control = control_with([{}, {16: 1}, {16: 1}, {16: 2}])
+    with pytest.raises(TargetError, match="batches of 16 requests above the new cap 4"):
+        await control._executed(4)
+
+
+async def test_requests_failing_after_a_change_fail_it() -> None:
+    control = control_with([{}], failed=["HTTP 400: bad input", "HTTP 400: bad input"])
+    with pytest.raises(TargetError, match="2 requests failed right after the change: HTTP 400"):
+        await control._executed(4)
