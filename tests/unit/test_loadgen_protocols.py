@@ -17,6 +17,7 @@ from batchpilot.loadgen.protocols import (
     REFERENCE,
     in_force,
     kserve_v2,
+    openai,
     parse_headers,
     speaking,
     template_protocol,
@@ -54,6 +55,25 @@ def test_v2_protocol_path_and_headers() -> None:
 def test_bad_protocol_arguments_say_what_is_wrong(call: Callable[[], object], message: str) -> None:
     with pytest.raises(ValueError, match=message.replace("{", r"\{").replace("}", r"\}")):
         call()
+
+
+def test_openai_prompts_are_size_words_and_max_tokens_caps_the_answer() -> None:
+    completions = openai("llama", max_tokens=32)
+    assert completions.path == "/v1/completions"
+    assert json.loads(completions.body(3)) == {
+        "model": "llama",
+        "max_tokens": 32,
+        "prompt": "hello hello hello",
+    }
+    chat = openai("llama", chat=True)
+    assert chat.path == "/v1/chat/completions"
+    assert json.loads(chat.body(2)) == {
+        "model": "llama",
+        "max_tokens": 16,
+        "messages": [{"role": "user", "content": "hello hello"}],
+    }
+    with pytest.raises(ValueError, match="max_tokens must be >= 1"):
+        openai("llama", max_tokens=0)
 
 
 def test_template_puts_the_size_in() -> None:
@@ -181,7 +201,10 @@ async def test_warmup_counts_errors_after_a_success_as_load(
     ("args", "message"),
     [
         (["--protocol", "v2"], "--protocol v2 needs --model"),
-        (["--model", "m"], "--model apply to --protocol v2"),
+        (["--model", "m"], "--model applies to --protocol v2 or openai or openai-chat, not"),
+        (["--protocol", "v2", "--model", "m", "--max-tokens", "4"], "--max-tokens applies to"),
+        (["--protocol", "openai", "--model", "m", "--features", "2"], "--features applies to"),
+        (["--protocol", "openai-chat"], "--protocol openai-chat needs --model"),
         (["--protocol", "v2", "--model", "m", "--path", "/x"], "--path is set by --protocol v2"),
         (
             ["--protocol", "v2", "--model", "m", "--body-template", '{"n": {size}}'],
@@ -211,6 +234,7 @@ def test_protocol_options_build_each_protocol() -> None:
     none: dict[str, object] = {
         "protocol": None,
         "model": None,
+        "max_tokens": None,
         "input_name": None,
         "features": None,
         "body_template": None,
@@ -223,6 +247,9 @@ def test_protocol_options_build_each_protocol() -> None:
     assert json.loads(v2.body(2))["inputs"][0]["shape"] == [2, 4]
     template = build_protocol(**{**none, "body_template": '{"n": {size}}', "path": "/p"})  # type: ignore[arg-type]
     assert (template.name, template.path, template.body(5)) == ("template", "/p", b'{"n": 5}')
+    chat = build_protocol(**{**none, "protocol": "openai-chat", "model": "m", "max_tokens": 3})  # type: ignore[arg-type]
+    assert chat.path == "/v1/chat/completions"
+    assert json.loads(chat.body(2))["max_tokens"] == 3
     reference = build_protocol(**{**none, "headers": ("X-A: 1",)})  # type: ignore[arg-type]
     assert reference.path == "/v1/predict"
     assert reference.headers["X-A"] == "1"

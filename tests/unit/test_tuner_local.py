@@ -4,6 +4,7 @@ rule, and the tune CLI's configuration handling (no server is started)."""
 from __future__ import annotations
 
 import random
+import re
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -11,7 +12,8 @@ import pytest
 from aiohttp import web
 from click.testing import CliRunner
 
-from batchpilot.models import BatchingConfig
+from batchpilot.loadgen.warmup import RejectedError
+from batchpilot.models import SLA, BatchingConfig, RequestMix
 from batchpilot.runtimes.reference import ReferenceControl as LocalTarget
 from batchpilot.tuner.cli import build_config, resolve, tune
 from batchpilot.tuner.config import (
@@ -24,7 +26,7 @@ from batchpilot.tuner.config import (
     load_config,
 )
 from batchpilot.tuner.interfaces import TargetError
-from batchpilot.tuner.local import start_rate
+from batchpilot.tuner.local import LocalProbe, start_rate
 
 
 class Admin:
@@ -220,6 +222,8 @@ def test_a_missing_config_file() -> None:
         (["--local", "--finalists", "0"], "--finalists"),
         (["--local", "--min-gain-percent", "-1"], "--min-gain-percent"),
         (["--local", "--config", "no-such.yaml", "--rounds", "21"], "--rounds"),
+        (["--local", "--runtime", "tritonn"], "'tritonn' is not one of"),
+        (["--simulator", "c.json", "--runtime", "mlserver"], "--runtime applies to --local"),
     ],
 )
 def test_cli_rejects_bad_input_in_one_line(args: list[str], message: str) -> None:
@@ -228,3 +232,57 @@ def test_cli_rejects_bad_input_in_one_line(args: list[str], message: str) -> Non
     assert message in result.output
     assert "Traceback" not in result.output
     assert len(result.output.strip().splitlines()) == 1
+
+
+def test_a_runtime_with_its_own_model_refuses_server_model(tmp_path: Path) -> None:
+    config = tmp_path / "tune.yaml"
+    config.write_text("server:\n  model: encoder\n")
+    result = CliRunner().invoke(tune, ["--local", "--runtime", "mlserver", "--config", str(config)])
+    assert result.exit_code == 2
+    assert "the mlserver runtime serves its own bundled model" in result.output
+
+
+@pytest.fixture
+async def refusing() -> AsyncIterator[str]:
+    """An endpoint that answers every request 500 with a two-line body."""
+
+    async def handle(request: web.Request) -> web.Response:
+        return web.Response(status=500, text="model exploded\nTraceback ...")
+
+    app = web.Application()
+    app.router.add_route("*", "/{tail:.*}", handle)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = runner.addresses[0][1]
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        await runner.cleanup()
+
+
+def _probe(url: str) -> LocalProbe:
+    return LocalProbe(
+        url,
+        sla=SLA(p99_ms=100),
+        mix=RequestMix.uniform(1),
+        precision=0.2,
+        step_duration_s=0.2,
+        warmup_s=0.2,
+    )
+
+
+async def test_a_target_refusing_the_first_measurement_stops_the_run(refusing: str) -> None:
+    with pytest.raises(RejectedError, match=r"HTTP 500 to POST .*/v1/predict: model exploded$"):
+        await _probe(refusing).measure(CONFIG, must_beat=None)
+
+
+async def test_a_refusal_after_accepted_measurements_fails_only_that_trial(
+    refusing: str,
+) -> None:
+    probe = _probe(refusing)
+    probe.accepted = True  # as after an earlier measurement got past its warm-up
+    expected = rf"^at {re.escape(CONFIG.label())} the target answered HTTP 500"
+    with pytest.raises(TargetError, match=expected):
+        await probe.measure(CONFIG, must_beat=None)

@@ -65,6 +65,7 @@ def loadtest(
     seed: int,
     protocol: str | None,
     model: str | None,
+    max_tokens: int | None,
     input_name: str | None,
     features: int | None,
     body_template: str | None,
@@ -81,6 +82,7 @@ def loadtest(
         request = build_protocol(
             protocol=protocol,
             model=model,
+            max_tokens=max_tokens,
             input_name=input_name,
             features=features,
             body_template=body_template,

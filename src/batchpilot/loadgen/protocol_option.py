@@ -13,27 +13,46 @@ from batchpilot.loadgen.protocols import (
     REFERENCE_PATH,
     RequestProtocol,
     kserve_v2,
+    openai,
     parse_headers,
     template_protocol,
 )
 
-PROTOCOLS = ("reference", "v2", "template")
+PROTOCOLS = ("reference", "v2", "openai", "openai-chat", "template")
+# which protocols each protocol-specific option belongs to
+_APPLIES_TO = {
+    "--model": ("v2", "openai", "openai-chat"),
+    "--input-name": ("v2",),
+    "--features": ("v2",),
+    "--max-tokens": ("openai", "openai-chat"),
+    "--body-template": ("template",),
+}
 F = TypeVar("F", bound=Callable[..., Any])
 
 
 def protocol_options() -> Callable[[F], F]:
-    """The options; the command receives protocol, model, input_name, features,
-    body_template, headers and path, and builds the protocol with `build_protocol`."""
+    """The options; the command receives protocol, model, max_tokens, input_name,
+    features, body_template, headers and path, and builds the protocol with
+    `build_protocol`."""
     options = [
         click.option(
             "--protocol",
             type=click.Choice(PROTOCOLS, case_sensitive=False),
             default=None,
             help="Request protocol: reference (the reference server's synthetic body), v2 "
-            "(KServe v2 / Triton HTTP inference: one FP32 tensor [size, features]) or "
-            "template (--body-template) [default reference, template with --body-template].",
+            "(KServe v2 / Triton HTTP inference: one FP32 tensor [size, features]), openai "
+            "or openai-chat (completions with a prompt of size words) or template "
+            "(--body-template) [default reference, template with --body-template].",
         ),
-        click.option("--model", default=None, help="v2: the model name in the path."),
+        click.option(
+            "--model", default=None, help="v2: the model in the path; openai: the model field."
+        ),
+        click.option(
+            "--max-tokens",
+            type=click.IntRange(1, 1_000_000),
+            default=None,
+            help="openai, openai-chat: max_tokens of every request [default 16].",
+        ),
         click.option(
             "--input-name", default=None, help="v2: the input tensor's name [default INPUT]."
         ),
@@ -74,6 +93,7 @@ def build_protocol(
     *,
     protocol: str | None,
     model: str | None,
+    max_tokens: int | None,
     input_name: str | None,
     features: int | None,
     body_template: str | None,
@@ -83,19 +103,17 @@ def build_protocol(
     """The protocol the options describe. ValueError names the option that is wrong and
     what is allowed."""
     kind = (protocol or ("template" if body_template is not None else "reference")).lower()
-    v2_only = [
-        flag
-        for flag, value in (
-            ("--model", model),
-            ("--input-name", input_name),
-            ("--features", features),
-        )
-        if value is not None
-    ]
-    if kind != "v2" and v2_only:
-        raise ValueError(f"{', '.join(v2_only)} apply to --protocol v2")
-    if kind != "template" and body_template is not None:
-        raise ValueError(f"--body-template applies to --protocol template, not {kind}")
+    given = {
+        "--model": model,
+        "--input-name": input_name,
+        "--features": features,
+        "--max-tokens": max_tokens,
+        "--body-template": body_template,
+    }
+    for flag, value in given.items():
+        allowed = _APPLIES_TO[flag]
+        if value is not None and kind not in allowed:
+            raise ValueError(f"{flag} applies to --protocol {' or '.join(allowed)}, not {kind}")
     if path is not None and not path.startswith("/"):
         raise ValueError(f"--path must start with '/', got {path!r}")
     extra = parse_headers(headers)
@@ -107,6 +125,13 @@ def build_protocol(
         return kserve_v2(
             model, input_name=input_name or "INPUT", features=features or 1, headers=extra
         )
+    if kind in ("openai", "openai-chat"):
+        if model is None:
+            raise ValueError(f"--protocol {kind} needs --model (the request's model field)")
+        if path is not None:
+            raise ValueError(f"--path is set by --protocol {kind}")
+        chat = kind == "openai-chat"
+        return openai(model, max_tokens=max_tokens or 16, chat=chat, headers=extra)
     if kind == "template":
         if body_template is None:
             raise ValueError("--protocol template needs --body-template with {size} in it")

@@ -117,6 +117,50 @@ def kserve_v2(
     return RequestProtocol("v2", v2_path(model, version), body, _with_json(headers or {}))
 
 
+# One word of the generated prompts: a common word that most tokenizers keep as one token.
+PROMPT_WORD = "hello"
+OPENAI_COMPLETIONS_PATH = "/v1/completions"
+OPENAI_CHAT_PATH = "/v1/chat/completions"
+
+
+def openai_body(size: int, *, model: str, max_tokens: int, chat: bool) -> bytes:
+    """An OpenAI-style completion (or chat completion) request whose prompt is `size`
+    words, about `size` tokens, asking for at most `max_tokens` tokens back."""
+    if size < 1 or max_tokens < 1:
+        raise ValueError(f"size and max_tokens must be >= 1, got {size} and {max_tokens}")
+    prompt = " ".join([PROMPT_WORD] * size)
+    body: dict[str, object] = {"model": model, "max_tokens": max_tokens}
+    if chat:
+        body["messages"] = [{"role": "user", "content": prompt}]
+    else:
+        body["prompt"] = prompt
+    return json.dumps(body).encode()
+
+
+def openai(
+    model: str,
+    *,
+    max_tokens: int = 16,
+    chat: bool = False,
+    headers: Mapping[str, str] | None = None,
+) -> RequestProtocol:
+    """OpenAI-style completions (`chat`: chat completions), as vLLM-like servers serve
+    them: the mix's sizes are prompt lengths in words, `max_tokens` caps every answer."""
+    if not model.strip():
+        raise ValueError("the model name must not be empty")
+    openai_body(1, model=model, max_tokens=max_tokens, chat=chat)  # validates
+
+    def body(size: int) -> bytes:
+        return openai_body(size, model=model, max_tokens=max_tokens, chat=chat)
+
+    return RequestProtocol(
+        "openai-chat" if chat else "openai",
+        OPENAI_CHAT_PATH if chat else OPENAI_COMPLETIONS_PATH,
+        body,
+        _with_json(headers or {}),
+    )
+
+
 def template_protocol(
     template: str, *, path: str, headers: Mapping[str, str] | None = None
 ) -> RequestProtocol:

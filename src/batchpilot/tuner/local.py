@@ -7,7 +7,9 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from batchpilot.loadgen.protocols import RequestProtocol, speaking
+from batchpilot.loadgen.warmup import RejectedError
 from batchpilot.models import SLA, BatchingConfig, CapacityResult, RequestMix
+from batchpilot.tuner.interfaces import TargetError
 
 if TYPE_CHECKING:
     from batchpilot.loadgen.arrivals import ArrivalKind
@@ -26,7 +28,9 @@ def start_rate(must_beat: float | None) -> float | None:
 class LocalProbe:
     """Effective throughput of what the server at `url` runs now, by the open-loop
     load generator and the capacity search, sending `protocol`'s requests (default: the
-    reference server's synthetic ones)."""
+    reference server's synthetic ones). A target that refuses the warm-up's first
+    requests stops the run (RejectedError) unless it accepted those of an earlier
+    measurement: then only this configuration fails (TargetError)."""
 
     def __init__(
         self,
@@ -44,6 +48,8 @@ class LocalProbe:
     ) -> None:
         self.url = url.rstrip("/")
         self.protocol = protocol
+        # set once a measurement got past the warm-up: the target accepts our requests
+        self.accepted = False
         self.arrival = arrival
         self.sla = sla
         self.mix = mix
@@ -61,16 +67,24 @@ class LocalProbe:
         from batchpilot.capacity.http import measure_capacity
 
         with speaking(self.protocol):
-            return await measure_capacity(
-                [self.url],
-                sla=self.sla,
-                mix=self.mix,
-                precision=self.precision,
-                step_duration_s=self.step_duration_s,
-                warmup_s=self.warmup_s,
-                start_rps=start_rps if start_rps is not None else start_rate(must_beat),
-                must_beat=must_beat,
-                timeout_s=self.timeout_s,
-                seed=self.seed,
-                arrival=self.arrival,
-            )
+            try:
+                result = await measure_capacity(
+                    [self.url],
+                    sla=self.sla,
+                    mix=self.mix,
+                    precision=self.precision,
+                    step_duration_s=self.step_duration_s,
+                    warmup_s=self.warmup_s,
+                    start_rps=start_rps if start_rps is not None else start_rate(must_beat),
+                    must_beat=must_beat,
+                    timeout_s=self.timeout_s,
+                    seed=self.seed,
+                    arrival=self.arrival,
+                )
+            except RejectedError as exc:
+                if not self.accepted:
+                    raise  # it never took a request: a wrong URL, path or body
+                # it served earlier configurations: this one makes it fail
+                raise TargetError(f"at {config.label()} {exc}") from None
+        self.accepted = True
+        return result
