@@ -11,6 +11,7 @@ from batchpilot.runtimes.base import Runtime
 _ADAPTERS: dict[str, str] = {
     "reference": "batchpilot.runtimes.reference:ReferenceRuntime",
     "mlserver": "batchpilot.runtimes.mlserver:MLServerRuntime",
+    "triton": "batchpilot.runtimes.triton.adapter:TritonRuntime",
 }
 DEFAULT_RUNTIME = "reference"
 

@@ -1,0 +1,280 @@
+"""Triton Inference Server as a BatchPilot runtime: `max_batch_size` and
+`dynamic_batching.max_queue_delay_microseconds` (whole µs) changed live through explicit
+model control, verified by reading the configuration back and by the batch sizes Triton
+executes right after the change; kept by the exact `config.pbtxt` lines (recommend-only)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import math
+import time
+from typing import ClassVar
+from urllib.parse import urlsplit
+
+import aiohttp
+
+from batchpilot.loadgen.protocols import JSON_HEADERS, RequestProtocol, v2_path
+from batchpilot.models import MAX_BATCH_SIZE_LIMIT, MAX_QUEUE_TIME_MS_LIMIT, BatchingConfig
+from batchpilot.runtimes.base import (
+    HowApplied,
+    Knob,
+    LaunchError,
+    LocalServer,
+    Metrics,
+    NativeValues,
+    Persistence,
+    Runtime,
+    Verification,
+    representable,
+)
+from batchpilot.runtimes.triton.control import (
+    TritonControl,
+    TritonCounters,
+    TritonError,
+    batches_since,
+    parse_batch_sizes,
+    parse_counters,
+)
+from batchpilot.runtimes.triton.install import TRITON_VERSION
+from batchpilot.runtimes.triton.process import TritonProcess
+from batchpilot.runtimes.triton.repository import (
+    INPUT_NAME,
+    MODEL_NAME,
+    TritonBatching,
+    batching_pbtxt,
+)
+
+log = logging.getLogger(__name__)
+
+# Triton's default metrics port, for a server BatchPilot did not start.
+DEFAULT_METRICS_PORT = 8002
+# Requests sent at once right after a change to see the batches Triton forms: twice
+# the cap fills at least one batch to the cap when Triton can; bounded so a large cap
+# does not turn verification into a load test.
+_VERIFY_MAX_REQUESTS = 64
+_VERIFY_TIMEOUT_S = 30.0
+_VERIFY_BURSTS = 2
+
+BATCH_KNOB = Knob(
+    canonical="max_batch_size",
+    native="max_batch_size",
+    unit="requests",
+    integer=True,
+    minimum=1,
+    maximum=MAX_BATCH_SIZE_LIMIT,
+)
+DELAY_KNOB = Knob(
+    canonical="max_queue_time_ms",
+    native="max_queue_delay_microseconds",
+    unit="us",
+    integer=True,
+    minimum=0,
+    maximum=MAX_QUEUE_TIME_MS_LIMIT * 1000,
+)
+
+
+def row_body(size: int, input_name: str = INPUT_NAME) -> bytes:
+    """A v2 inference request holding one FP32 row of `size` values (shape [1, size]).
+    One row per request keeps Triton's `max_batch_size`, which counts rows along the
+    batch dimension, a count of requests as BatchPilot's knob is."""
+    if size < 1:
+        raise ValueError(f"size must be >= 1, got {size}")
+    tensor = {"name": input_name, "shape": [1, size], "datatype": "FP32", "data": [1.0] * size}
+    return json.dumps({"inputs": [tensor]}).encode()
+
+
+def triton_protocol(model: str, input_name: str = INPUT_NAME) -> RequestProtocol:
+    """The KServe v2 / Triton HTTP inference protocol, one row per request."""
+    row_body(1, input_name)
+
+    def body(size: int) -> bytes:
+        return row_body(size, input_name)
+
+    return RequestProtocol("v2", v2_path(model), body, JSON_HEADERS)
+
+
+def to_batching(values: NativeValues) -> TritonBatching:
+    return TritonBatching(
+        max_batch_size=int(values[BATCH_KNOB.native]),
+        max_queue_delay_microseconds=int(values[DELAY_KNOB.native]),
+    )
+
+
+def native_of(batching: TritonBatching) -> NativeValues:
+    return {
+        BATCH_KNOB.native: batching.max_batch_size,
+        DELAY_KNOB.native: batching.max_queue_delay_microseconds,
+    }
+
+
+def check_batches(
+    cap: int, batches: dict[int, int], counters: TritonCounters
+) -> tuple[str, str | None]:
+    """What the batches executed after a change say: (how it was verified, the reason it
+    failed or None). Triton never forms a batch above its cap, so one above the new cap
+    means the old configuration still serves."""
+    if batches:
+        largest = max(batches)
+        if largest > cap:
+            return "", f"Triton executed batches of {largest} requests above the new cap {cap}"
+        return f"executed batch sizes {batches} (the model's record)", None
+    mean = counters.mean_batch
+    if math.isnan(mean):
+        return "", "Triton executed no batch after the change"
+    if mean > cap:
+        return "", f"Triton's mean executed batch {mean:.2f} is above the new cap {cap}"
+    return f"mean executed batch {mean:.2f} (nv_inference_count/exec_count)", None
+
+
+class TritonRuntimeControl:
+    """The tuner's Target for one model on one Triton: live change by explicit model
+    control, verified by read-back and by the batches executed after the change."""
+
+    def __init__(
+        self, url: str, *, model: str, metrics_url: str, protocol: RequestProtocol
+    ) -> None:
+        self.control = TritonControl(url, metrics_url, model)
+        self.url = self.control.url
+        self.protocol = protocol
+        self.last_verification: Verification | None = None
+
+    async def native(self) -> NativeValues:
+        return native_of(await self.control.batching())
+
+    async def current(self) -> BatchingConfig:
+        return TritonRuntime().canonical(await self.native())
+
+    async def apply(self, config: BatchingConfig) -> None:
+        runtime = TritonRuntime()
+        try:
+            wanted = to_batching(runtime.native(config))
+        except ValueError as exc:
+            raise TritonError(str(exc)) from None
+        started = time.monotonic()
+        change = await self.control.apply(wanted)
+        live = runtime.canonical(native_of(change.live))
+        if live != representable(runtime.knobs, config):
+            raise TritonError(f"asked for {config.label()}, Triton runs {live.label()}")
+        batches, how = await self._executed(wanted.max_batch_size)
+        self.last_verification = Verification(
+            requested=config,
+            live=live,
+            native=native_of(change.live),
+            batch_sizes=batches or None,
+            verified_by=f"config read-back; {how}",
+            change_s=time.monotonic() - started,
+        )
+
+    async def _executed(self, cap: int) -> tuple[dict[int, int], str]:
+        """Send a burst of requests and read the batches Triton executed meanwhile. The
+        old instance may still finish a batch it held when the load returned: a batch
+        above the cap is looked at again with a second burst before the change fails."""
+        problem = ""
+        for _ in range(_VERIFY_BURSTS):
+            before = await self.control.metrics_text()
+            failed = await self._burst(min(2 * cap, _VERIFY_MAX_REQUESTS))
+            if failed:
+                raise TritonError(
+                    f"{len(failed)} requests failed right after the change: {failed[0]}"
+                )
+            after = await self.control.metrics_text()
+            model = self.control.model
+            batches = batches_since(
+                parse_batch_sizes(after, model), parse_batch_sizes(before, model)
+            )
+            counters = parse_counters(after, model).since(parse_counters(before, model))
+            how, found = check_batches(cap, batches, counters)
+            if found is None:
+                return batches, how
+            problem = found
+        raise TritonError(problem)
+
+    async def _burst(self, n: int) -> list[str]:
+        """`n` requests at once; what went wrong with those that did not answer 2xx."""
+        url = self.url + self.protocol.path
+        body = self.protocol.body(1)
+        timeout = aiohttp.ClientTimeout(total=_VERIFY_TIMEOUT_S)
+        async with aiohttp.ClientSession(timeout=timeout) as session:
+
+            async def one() -> str | None:
+                try:
+                    async with session.post(
+                        url, data=body, headers=dict(self.protocol.headers)
+                    ) as response:
+                        text = await response.text()
+                        if 200 <= response.status < 300:
+                            return None
+                        return f"HTTP {response.status}: {text[:200]}"
+                except (aiohttp.ClientError, TimeoutError) as exc:
+                    return f"{type(exc).__name__}: {exc}"
+
+            results = await asyncio.gather(*(one() for _ in range(n)))
+        return [r for r in results if r is not None]
+
+
+class TritonRuntime(Runtime):
+    name: ClassVar[str] = "triton"
+    title: ClassVar[str] = f"Triton Inference Server {TRITON_VERSION}"
+    knobs: ClassVar[tuple[Knob, Knob]] = (BATCH_KNOB, DELAY_KNOB)
+    how_applied: ClassVar[HowApplied] = "live"
+    metrics: ClassVar[Metrics] = Metrics(
+        port_note=f":{DEFAULT_METRICS_PORT}/metrics (--metrics-port)",
+        # duration counters only: no histogram for a non-decoupled model
+        latency_histogram=None,
+        latency_unit="us",
+        ok_requests="nv_inference_request_success",
+        total_requests='{__name__=~"nv_inference_request_success|nv_inference_request_failure"}',
+        batch_size="sum(rate(nv_inference_count[1m])) / sum(rate(nv_inference_exec_count[1m]))",
+    )
+    default_model: ClassVar[str | None] = MODEL_NAME
+
+    def protocol(self, model: str | None = None) -> RequestProtocol:
+        return triton_protocol(model or MODEL_NAME)
+
+    def control(
+        self,
+        url: str,
+        *,
+        model: str | None = None,
+        server: LocalServer | None = None,
+        metrics_url: str | None = None,
+    ) -> TritonRuntimeControl:
+        """`metrics_url` defaults to the local server's, else port 8002 on the URL's
+        host."""
+        if metrics_url is None:
+            if isinstance(server, TritonProcess):
+                metrics_url = server.metrics_url
+            else:
+                host = urlsplit(url).hostname or "127.0.0.1"
+                metrics_url = f"http://{host}:{DEFAULT_METRICS_PORT}/metrics"
+        name = model or MODEL_NAME
+        return TritonRuntimeControl(
+            url, model=name, metrics_url=metrics_url, protocol=self.protocol(name)
+        )
+
+    def launcher(
+        self,
+        start: BatchingConfig,
+        *,
+        threads: int | None = None,
+        workload: str | None = None,
+    ) -> TritonProcess:
+        if workload is not None:
+            raise LaunchError(
+                f"Triton serves one bundled model ({MODEL_NAME}); there is no workload "
+                f"{workload!r} to choose"
+            )
+        return TritonProcess(to_batching(self.native(start)), threads=threads)
+
+    def persistence(self, config: BatchingConfig, *, model: str | None = None) -> Persistence:
+        return Persistence(
+            kind="recommend",
+            where=(
+                f"replace these lines in config.pbtxt of model {model or MODEL_NAME!r} (in "
+                "its model repository or the ConfigMap holding it; a live change does not "
+                "survive a restart)"
+            ),
+            snippet=batching_pbtxt(to_batching(self.native(config))),
+        )

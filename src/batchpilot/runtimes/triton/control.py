@@ -1,0 +1,236 @@
+"""Triton's batching knobs changed live, and what Triton reports it did.
+
+The change goes through explicit model control: read the model's configuration, edit the
+two knobs, and load the model again with the edited configuration as a JSON string.
+Triton loads the new instance beside the old one and switches over when it is ready, so
+requests keep being served. A change is verified twice: by reading the configuration
+back, and by the batch sizes Triton executes afterwards (its inference and execution
+counters)."""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import aiohttp
+
+from batchpilot.runtimes.http import ControlClient
+from batchpilot.runtimes.triton.repository import TritonBatching
+from batchpilot.tuner.interfaces import TargetError
+
+
+class TritonError(TargetError):
+    """Triton answered something unexpected or runs another configuration than asked."""
+
+
+def with_batching(config: dict[str, Any], batching: TritonBatching) -> dict[str, Any]:
+    """A copy of a model configuration (Triton's JSON form) with the batching knobs
+    replaced. Preferred batch sizes above the new maximum are dropped (Triton refuses
+    them); with none left the maximum is preferred, as Triton's python backend fills it
+    in. Everything else in the configuration is kept as it is."""
+    edited: dict[str, Any] = json.loads(json.dumps(config))
+    edited["max_batch_size"] = batching.max_batch_size
+    dynamic = dict(edited.get("dynamic_batching") or {})
+    dynamic["max_queue_delay_microseconds"] = batching.max_queue_delay_microseconds
+    preferred = [
+        int(size)
+        for size in dynamic.get("preferred_batch_size", [])
+        if int(size) <= batching.max_batch_size
+    ]
+    dynamic["preferred_batch_size"] = preferred or [batching.max_batch_size]
+    edited["dynamic_batching"] = dynamic
+    return edited
+
+
+def batching_of(config: dict[str, Any]) -> TritonBatching:
+    """The batching knobs in a model configuration. Raises TritonError when the model
+    does not batch dynamically (no `dynamic_batching`, or `max_batch_size` 0)."""
+    size = config.get("max_batch_size")
+    dynamic = config.get("dynamic_batching")
+    if not isinstance(size, int) or size < 1 or not isinstance(dynamic, dict):
+        raise TritonError(
+            f"model {config.get('name')!r} does not batch dynamically "
+            f"(max_batch_size={size!r}, dynamic_batching "
+            f"{'set' if isinstance(dynamic, dict) else 'absent'}): set max_batch_size >= 1 "
+            "and a dynamic_batching block in its config.pbtxt"
+        )
+    # The JSON form carries 64-bit integers as strings or numbers depending on the field.
+    delay = int(dynamic.get("max_queue_delay_microseconds", 0) or 0)
+    return TritonBatching(max_batch_size=size, max_queue_delay_microseconds=delay)
+
+
+@dataclass(frozen=True)
+class TritonCounters:
+    """Triton's cumulative counters for one model (all versions summed)."""
+
+    success: float = 0.0
+    failure: float = 0.0
+    inferences: float = 0.0  # nv_inference_count: batch-dimension items inferred
+    executions: float = 0.0  # nv_inference_exec_count: model executions (batches)
+    request_us: float = 0.0
+    queue_us: float = 0.0
+    compute_us: float = 0.0
+
+    def since(self, before: TritonCounters) -> TritonCounters:
+        """The increase since `before`. A counter that went down was reset (the model
+        was unloaded in between): its whole value is the increase."""
+
+        def delta(now: float, then: float) -> float:
+            return now - then if now >= then else now
+
+        return TritonCounters(
+            success=delta(self.success, before.success),
+            failure=delta(self.failure, before.failure),
+            inferences=delta(self.inferences, before.inferences),
+            executions=delta(self.executions, before.executions),
+            request_us=delta(self.request_us, before.request_us),
+            queue_us=delta(self.queue_us, before.queue_us),
+            compute_us=delta(self.compute_us, before.compute_us),
+        )
+
+    @property
+    def mean_batch(self) -> float:
+        """Mean executed batch size (rate(count) / rate(exec_count) on a delta); NaN
+        when nothing executed."""
+        return self.inferences / self.executions if self.executions else math.nan
+
+    @property
+    def mean_queue_ms(self) -> float:
+        total = self.success + self.failure
+        return self.queue_us / total / 1000.0 if total else math.nan
+
+
+_FIELDS = {
+    "nv_inference_request_success": "success",
+    "nv_inference_request_failure": "failure",
+    "nv_inference_count": "inferences",
+    "nv_inference_exec_count": "executions",
+    "nv_inference_request_duration_us": "request_us",
+    "nv_inference_queue_duration_us": "queue_us",
+    "nv_inference_compute_infer_duration_us": "compute_us",
+}
+_SAMPLE = re.compile(r"^(?P<name>[a-z_]+)\{(?P<labels>[^}]*)\}\s+(?P<value>\S+)")
+_LABEL = re.compile(r'(?P<key>[a-zA-Z_]+)="(?P<value>[^"]*)"')
+
+
+def parse_counters(text: str, model: str) -> TritonCounters:
+    """Triton's counters for `model` from its Prometheus text (:8002/metrics)."""
+    sums = dict.fromkeys(_FIELDS.values(), 0.0)
+    for line in text.splitlines():
+        match = _SAMPLE.match(line)
+        if match is None or match["name"] not in _FIELDS:
+            continue
+        labels = {m["key"]: m["value"] for m in _LABEL.finditer(match["labels"])}
+        if labels.get("model") != model:
+            continue
+        sums[_FIELDS[match["name"]]] += float(match["value"])
+    return TritonCounters(**sums)
+
+
+# The bundled model's own record (runtimes/triton/model.py): batches executed, by size.
+MODEL_BATCHES_METRIC = "batchpilot_model_batches_total"
+
+
+def parse_batch_sizes(text: str, model: str) -> dict[int, float]:
+    """The bundled model's batches by size (requests) from Triton's metrics text; empty
+    for a model that does not record them."""
+    sizes: dict[int, float] = {}
+    for line in text.splitlines():
+        match = _SAMPLE.match(line)
+        if match is None or match["name"] != MODEL_BATCHES_METRIC:
+            continue
+        labels = {m["key"]: m["value"] for m in _LABEL.finditer(match["labels"])}
+        if labels.get("model") != model or not labels.get("batch_size", "").isdigit():
+            continue
+        size = int(labels["batch_size"])
+        sizes[size] = sizes.get(size, 0.0) + float(match["value"])
+    return sizes
+
+
+def batches_since(now: dict[int, float], before: dict[int, float]) -> dict[int, int]:
+    """Batches per size executed between two readings (sizes with none left out)."""
+    delta = {size: round(count - before.get(size, 0.0)) for size, count in now.items()}
+    return {size: n for size, n in sorted(delta.items()) if n > 0}
+
+
+@dataclass(frozen=True)
+class Change:
+    """One live change: what was asked, what Triton reads back, how long it took."""
+
+    asked: TritonBatching
+    live: TritonBatching
+    seconds: float
+
+
+class TritonControl:
+    """The HTTP endpoints of one Triton for one model: configuration, load, metrics.
+    Connection errors and 5xx are retried; a 4xx (Triton refusing) raises TargetError."""
+
+    def __init__(self, url: str, metrics_url: str, model: str, *, timeout_s: float = 120.0) -> None:
+        # A load builds the new instance before it answers: a generous timeout.
+        self._client = ControlClient(url, timeout_s=timeout_s)
+        # Triton answers 500 to a configuration it cannot load: final, and a load that
+        # timed out may still be under way, so a load is never retried.
+        self._loader = ControlClient(url, timeout_s=timeout_s, attempts=1)
+        self.url = self._client.url
+        self.metrics_url = metrics_url
+        self.model = model
+        self._timeout = aiohttp.ClientTimeout(total=30.0)
+
+    async def config(self) -> dict[str, Any]:
+        path = f"/v2/models/{self.model}/config"
+        data = await self._client.call("GET", path)
+        if not isinstance(data, dict):
+            raise TritonError(f"GET {path} did not answer a JSON object: {str(data)[:200]}")
+        return data
+
+    async def batching(self) -> TritonBatching:
+        return batching_of(await self.config())
+
+    async def load(self, config: dict[str, Any]) -> None:
+        """Load the model with `config` (Triton's JSON form); returns once Triton has it
+        serving. A configuration Triton refuses leaves the running one in place."""
+        path = f"/v2/repository/models/{self.model}/load"
+        body = {"parameters": {"config": json.dumps(config)}}
+        try:
+            await self._loader.call("POST", path, body, empty_ok=True)
+        except TargetError as exc:
+            raise TritonError(
+                f"Triton did not load {self.model!r} with the new configuration: {exc}"
+            ) from None
+
+    async def apply(self, batching: TritonBatching) -> Change:
+        """Change the knobs live and read them back; raises TritonError when Triton runs
+        something else afterwards."""
+        started = time.monotonic()
+        await self.load(with_batching(await self.config(), batching))
+        live = await self.batching()
+        seconds = time.monotonic() - started
+        if live != batching:
+            raise TritonError(
+                f"asked Triton for max_batch_size={batching.max_batch_size} "
+                f"max_queue_delay_microseconds={batching.max_queue_delay_microseconds}, "
+                f"it runs max_batch_size={live.max_batch_size} "
+                f"max_queue_delay_microseconds={live.max_queue_delay_microseconds}"
+            )
+        return Change(asked=batching, live=live, seconds=seconds)
+
+    async def metrics_text(self) -> str:
+        try:
+            async with (
+                aiohttp.ClientSession(timeout=self._timeout) as session,
+                session.get(self.metrics_url) as response,
+            ):
+                text = await response.text()
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            raise TritonError(f"GET {self.metrics_url} failed: {exc!r}") from exc
+        if response.status != 200:
+            raise TritonError(f"GET {self.metrics_url} answered HTTP {response.status}")
+        return text
+
+    async def counters(self) -> TritonCounters:
+        return parse_counters(await self.metrics_text(), self.model)
