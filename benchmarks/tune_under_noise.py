@@ -37,7 +37,8 @@ errors), and its workers also stop on their own when the benchmark process is go
 or the longest possible benchmark has passed.
 
     python benchmarks/tune_under_noise.py [--json] [--runs 3] [--seed 0] [--burst-threads N]
-        [--rounds 4] [--step-s 2] [--precision 0.1] [--tune-timeout-s 900]
+        [--rounds 3] [--step-s 2] [--warmup-s 0.5] [--precision 0.1]
+        [--tune-timeout-s 1200] [--remeasure-timeout-s 1800]
 """
 
 from __future__ import annotations
@@ -613,12 +614,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         default=os.cpu_count() or 1,
         help="most processes a burst spins (default: the cores)",
     )
-    parser.add_argument("--rounds", type=int, default=4, help="re-measured rounds (3-20)")
+    parser.add_argument("--rounds", type=int, default=3, help="re-measured rounds (3-20)")
     parser.add_argument("--step-s", type=float, default=2.0, help="re-measurement step seconds")
     parser.add_argument("--warmup-s", type=float, default=0.5)
     parser.add_argument("--precision", type=float, default=0.1)
-    parser.add_argument("--tune-timeout-s", type=float, default=900.0)
-    parser.add_argument("--remeasure-timeout-s", type=float, default=600.0)
+    parser.add_argument("--tune-timeout-s", type=float, default=1200.0)
+    parser.add_argument("--remeasure-timeout-s", type=float, default=1800.0)
     args = parser.parse_args(argv)
     problems = [
         text
