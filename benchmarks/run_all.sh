@@ -16,6 +16,7 @@ run server_efficiency $py benchmarks/server_efficiency.py --json
 run capacity_spread $py benchmarks/capacity_spread.py --json --runs 3
 run loadgen_accuracy $py benchmarks/loadgen_accuracy.py --json
 run tune_local .venv/bin/batchpilot tune --local --json --report "$OUT/tune_local_report"
+run tune_under_noise $py benchmarks/tune_under_noise.py --json  # adds its own CPU bursts
 run simulator_validation $py benchmarks/simulator_validation.py --json
 run simulator_speed $py benchmarks/simulator_speed.py --json
 run tuner_efficiency $py benchmarks/tuner_efficiency.py --json
