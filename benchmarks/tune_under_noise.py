@@ -62,8 +62,9 @@ from pydantic import BaseModel
 
 from batchpilot.models import BatchingConfig, CapacityResult, RequestMix
 from batchpilot.processes import stop_process
+from batchpilot.runtimes.reference import ReferenceControl
 from batchpilot.server.process import ServerProcess
-from batchpilot.tuner.local import LocalProbe, LocalTarget
+from batchpilot.tuner.local import LocalProbe
 from batchpilot.tuner.localmode import BRACKET_START, ROUND_SEED_STRIDE
 from batchpilot.tuner.runner import RoundDone, remeasure_interleaved
 from batchpilot.tuner.summary import TuneSummary
@@ -474,7 +475,7 @@ async def remeasure(
     async with ServerProcess(
         max_batch_size=baseline.max_batch_size, max_queue_time_ms=baseline.max_queue_time_ms
     ) as server:
-        target = LocalTarget(server.url)
+        target = ReferenceControl(server.url)
         probe = LocalProbe(
             server.url,
             sla=summary.sla,
