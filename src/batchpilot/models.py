@@ -103,12 +103,59 @@ class LatencySummary(Frozen):
     max_ms: float
 
 
+# Measured requests a step holds at least, so its p99 is an estimate rather than its
+# largest value (a step is stretched for them up to a cap; see capacity.http).
+DEFAULT_MIN_REQUESTS = 2000
+
+# A step is invalid (the client, not the server, set its figures) when any of these holds:
+# the p99 lag of sends behind their schedule exceeds this share of the SLA p99 ...
+CLIENT_MAX_LAG_SHARE = 0.05
+# ... or the client process used this share of one core or more over the window ...
+CLIENT_MAX_CPU = 0.90
+# ... or the p99 wait for a free connection exceeds this share of the SLA p99.
+CLIENT_MAX_CONN_WAIT_SHARE = 0.05
+
+
+class ClientHealth(Frozen):
+    """How well the load generator kept its own schedule during one window: without it a
+    slow client reads as a slow server."""
+
+    lag_p99_ms: float  # p99 of how late each send left against its scheduled time
+    lag_max_ms: float
+    conn_wait_p99_ms: float  # p99 of the time a request waited for a free connection
+    conn_wait_max_ms: float
+    loop_delay_max_ms: float  # worst oversleep of a sampler task: the event loop's stalls
+    loop_delay_p99_ms: float
+    cpu: float  # client CPU seconds per wall second (1.0 = one core busy)
+    workers: int = 1
+
+    def limit_reason(self, sla: SLA) -> str:
+        """Why the client could not keep its schedule at this SLA (empty when it could):
+        the validity rule, with the bounds named in the message."""
+        reasons: list[str] = []
+        if self.lag_p99_ms > CLIENT_MAX_LAG_SHARE * sla.p99_ms:
+            reasons.append(
+                f"client send lag p99 {self.lag_p99_ms:.1f} ms > "
+                f"{CLIENT_MAX_LAG_SHARE:.0%} of SLA p99 ({CLIENT_MAX_LAG_SHARE * sla.p99_ms:g} ms)"
+            )
+        if self.cpu >= CLIENT_MAX_CPU * self.workers:
+            reasons.append(f"client CPU {self.cpu:.0%} of a core ≥ {CLIENT_MAX_CPU:.0%} per worker")
+        if self.conn_wait_p99_ms > CLIENT_MAX_CONN_WAIT_SHARE * sla.p99_ms:
+            reasons.append(
+                f"client connection wait p99 {self.conn_wait_p99_ms:.1f} ms > "
+                f"{CLIENT_MAX_CONN_WAIT_SHARE:.0%} of SLA p99"
+            )
+        return "; ".join(reasons)
+
+
 class StepResult(Frozen):
     """One fixed window of the capacity search at one offered rate."""
 
     offered_rps: float
-    achieved_rps: float
+    achieved_rps: float  # goodput: successful responses per second
     p50_ms: float
+    # The SLA percentile: every non-OK request (error, timeout, give-up, not sent) counts
+    # as infinitely slow, so shedding load cannot buy a better p99.
     p99_ms: float
     error_rate: float
     requests: int
@@ -116,6 +163,11 @@ class StepResult(Frozen):
     reason: str = ""  # why the step failed, empty when it passed
     duration_s: float
     source: str = "client"  # client | prometheus | simulator
+    # False when the client could not keep its schedule: the step says nothing about the
+    # server, so it is neither a pass nor a failure.
+    valid: bool = True
+    ok_p99_ms: float | None = None  # p99 of successful requests only
+    client: ClientHealth | None = None
 
 
 class CapacityResult(Frozen):
@@ -128,6 +180,14 @@ class CapacityResult(Frozen):
     pruned: bool = False  # the search stopped early because it could not win
     precision: float
     steps: list[StepResult]
+    # The client could not drive a higher rate: the capacity is at least effective_rps.
+    client_bound: bool = False
+    client_ceiling_rps: float | None = None  # highest offered rate the client kept up with
+
+    def capacity_label(self) -> str:
+        if self.client_bound:
+            return f"≥ {self.effective_rps:.1f} req/s, client-bound"
+        return f"{self.effective_rps:.1f} req/s"
 
     @model_validator(mode="after")
     def _consistent(self) -> Self:

@@ -20,7 +20,7 @@ from batchpilot.loadgen.arrivals import ARRIVALS
 from batchpilot.loadgen.endpoints import UnreachableError, check_reachable, normalise_urls
 from batchpilot.loadgen.mix import parse_mix
 from batchpilot.loadgen.result import LoadResult
-from batchpilot.models import SLA, CapacityResult, RequestMix, StepResult
+from batchpilot.models import DEFAULT_MIN_REQUESTS, SLA, CapacityResult, RequestMix, StepResult
 
 INTERRUPTED_EXIT = 130
 _POSITIVE = click.FloatRange(0, min_open=True)
@@ -43,8 +43,9 @@ _POSITIVE = click.FloatRange(0, min_open=True)
 )  # fmt: skip
 @click.option("--step-seconds", type=_POSITIVE, default=5.0, show_default=True)
 @click.option(
-    "--min-requests", type=click.IntRange(0), default=500, show_default=True,
-    help="Stretch a step (up to 6x) until it holds this many requests.",
+    "--min-requests", type=click.IntRange(0), default=DEFAULT_MIN_REQUESTS, show_default=True,
+    help="Stretch a step (up to 6x) until it holds this many requests; a step still "
+    "short is judged on the upper 95 % bound of its p99.",
 )  # fmt: skip
 @click.option("--warmup-seconds", type=click.FloatRange(0), default=2.0, show_default=True)
 @click.option("--start-rps", type=_POSITIVE, default=None, help="Default: from the warm-up.")

@@ -16,7 +16,13 @@ from batchpilot.loadgen.endpoints import check_reachable, normalise_urls
 from batchpilot.loadgen.generator import run_load
 from batchpilot.loadgen.result import LoadResult
 from batchpilot.loadgen.warmup import closed_loop_rate
-from batchpilot.models import SLA, CapacityResult, RequestMix, StepResult
+from batchpilot.models import (
+    DEFAULT_MIN_REQUESTS,
+    SLA,
+    CapacityResult,
+    RequestMix,
+    StepResult,
+)
 
 # The warm-up keeps this many requests in flight per target; its rate, halved, is where
 # the search starts when no start rate is given (the ramp doubles from there).
@@ -36,12 +42,16 @@ class StepSource(Protocol):
 
 
 def step_window_s(rate: float, step_duration_s: float, min_requests: int) -> float:
-    """How long a step at `rate` runs: `step_duration_s`, stretched (at most six-fold) to
-    collect `min_requests` requests so its p99 rests on enough samples."""
-    return max(step_duration_s, min(min_requests / rate, _MAX_STRETCH * step_duration_s))
+    """How long a step at `rate` runs: `step_duration_s`, stretched (at most
+    `MAX_STRETCH`-fold) to collect `min_requests` requests so its p99 rests on enough
+    samples. Where the cap comes first, the step is judged on its p99's upper
+    confidence bound (see step_from_load)."""
+    return max(step_duration_s, min(min_requests / rate, MAX_STRETCH * step_duration_s))
 
 
-_MAX_STRETCH = 6.0
+# Caps a step at 6 x its duration (30 s at the default 5 s): 2,000 requests then need
+# at least ~67 req/s; slower services are judged on the bound rather than waited for.
+MAX_STRETCH = 6.0
 
 
 def default_timeout_s(sla: SLA) -> float:
@@ -61,6 +71,7 @@ async def measure_step(
     arrival: Literal["poisson", "constant"] = "poisson",
     source: StepSource | None = None,
     path: str = "/v1/predict",
+    min_requests: int = 0,
 ) -> tuple[StepResult, LoadResult]:
     """One window at `rate`: the step decision and the client's full measurement."""
     start_unix = time.time()
@@ -76,7 +87,7 @@ async def measure_step(
     )
     end_unix = time.time()
     if source is None:
-        return step_from_load(load, sla), load
+        return step_from_load(load, sla, min_requests=min_requests), load
     step = await source.step_result(load=load, start_unix=start_unix, end_unix=end_unix, sla=sla)
     return step, load
 
@@ -99,7 +110,7 @@ async def measure_capacity(
     path: str = "/v1/predict",
     on_step: Callable[[StepResult, LoadResult], None] | None = None,
     cooldown_s: float | None = None,
-    min_requests: int = 500,
+    min_requests: int = DEFAULT_MIN_REQUESTS,
     confirm_failures: bool = True,
 ) -> CapacityResult:
     """Warm up, then search for the effective throughput (see search_capacity).
@@ -107,7 +118,8 @@ async def measure_capacity(
     After a failing step the search pauses `cooldown_s` (default: the request timeout)
     so the backlog that step left in the server does not spill into the next window.
     A step lasts long enough for `min_requests` requests (up to 6 x `step_duration_s`):
-    a p99 from a hundred samples is little more than the second-largest one.
+    a p99 from a hundred samples is little more than the second-largest one; a step
+    that still falls short is judged on the upper 95 % bound of its p99.
     With `confirm_failures` (the default) a failing step that would end the ramp or
     prune is measured again after the cool-down and only a second failure counts: on a
     shared machine one noisy window otherwise decides the whole search.
@@ -152,6 +164,7 @@ async def measure_capacity(
             arrival=arrival,
             source=source,
             path=path,
+            min_requests=min_requests,
         )
         if on_step is not None:
             on_step(step, load)

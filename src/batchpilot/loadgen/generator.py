@@ -16,8 +16,10 @@ import gc
 import json
 import math
 import resource
+import time
 from collections import deque
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from types import SimpleNamespace
 from typing import Literal
 
 import aiohttp
@@ -47,6 +49,8 @@ _MAX_SLEEP_S = 0.1
 # How often the reaper looks for requests past their deadline (bounded by timeout/10).
 _REAP_INTERVAL_S = 0.01
 _HEADERS = {"Content-Type": "application/json"}
+# The loop-delay sampler's period: its oversleep past this is how long the loop stalled.
+_LOOP_SAMPLE_S = 0.01
 
 
 def synthetic_body(size: int) -> bytes:
@@ -95,15 +99,18 @@ async def run_load(
     connector = aiohttp.TCPConnector(
         limit=max_connections or default_max_connections(), limit_per_host=0
     )
+    health = _HealthProbe()
     async with aiohttp.ClientSession(
         connector=connector,
         cookie_jar=aiohttp.DummyCookieJar(),
         auto_decompress=False,
         # Deadlines run from each request's scheduled time; the run's reaper enforces them.
         timeout=aiohttp.ClientTimeout(total=None),
+        trace_configs=[health.trace_config()],
     ) as session:
         with _rare_gc():
-            window_s = await run.execute(session, duration_s)
+            async with health.sampling():
+                window_s = await run.execute(session, duration_s)
     return summarise(
         urls=bases,
         arrival=arrival,
@@ -117,7 +124,56 @@ async def run_load(
         done_at=run.done_at,
         elapsed_s=run.elapsed_s,
         interrupted=run.interrupted,
+        conn_waits_ms=health.conn_waits_ms,
+        loop_delays_ms=health.loop_delays_ms,
+        cpu=health.cpu,
     )
+
+
+class _HealthProbe:
+    """The client's own health during a run: time requests wait for a free connection
+    (from aiohttp's connection-queue trace), the event loop's stalls (a task that sleeps
+    a fixed period and records how late it wakes) and the process's CPU share."""
+
+    def __init__(self) -> None:
+        self.conn_waits_ms: list[float] = []
+        self.loop_delays_ms: list[float] = []
+        self.cpu = 0.0
+
+    def trace_config(self) -> aiohttp.TraceConfig:
+        trace = aiohttp.TraceConfig()
+        waits = self.conn_waits_ms
+
+        async def queued(_: object, ctx: SimpleNamespace, __: object) -> None:
+            ctx.queued_at = time.monotonic()
+
+        async def dequeued(_: object, ctx: SimpleNamespace, __: object) -> None:
+            waits.append((time.monotonic() - ctx.queued_at) * 1000.0)
+
+        trace.on_connection_queued_start.append(queued)
+        trace.on_connection_queued_end.append(dequeued)
+        return trace
+
+    @contextlib.asynccontextmanager
+    async def sampling(self) -> AsyncIterator[None]:
+        loop = asyncio.get_running_loop()
+        sampler = loop.create_task(self._sample(loop))
+        wall0, cpu0 = time.monotonic(), time.process_time()
+        try:
+            yield
+        finally:
+            wall = time.monotonic() - wall0
+            self.cpu = (time.process_time() - cpu0) / wall if wall > 0 else 0.0
+            sampler.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await sampler
+
+    async def _sample(self, loop: asyncio.AbstractEventLoop) -> None:
+        delays = self.loop_delays_ms
+        while True:
+            before = loop.time()
+            await asyncio.sleep(_LOOP_SAMPLE_S)
+            delays.append(max(loop.time() - before - _LOOP_SAMPLE_S, 0.0) * 1000.0)
 
 
 @contextlib.contextmanager

@@ -11,8 +11,8 @@ from collections.abc import Sequence
 
 from pydantic import BaseModel, ConfigDict
 
-from batchpilot.loadgen.histogram import LatencyHistogram, merge_encoded
-from batchpilot.models import LatencySummary
+from batchpilot.loadgen.histogram import TOP_MS, LatencyHistogram, merge_encoded
+from batchpilot.models import ClientHealth, LatencySummary
 
 OK = "ok"
 TIMEOUT = "timeout"
@@ -36,9 +36,10 @@ class TimelineSecond(BaseModel):
 
 
 class LoadResult(BaseModel):
-    """Everything one run measured. Latency covers successful responses and timeouts (a
+    """Everything one run measured. `latency` covers successful responses and timeouts (a
     timeout counts as at least the timeout); other errors are counted, not timed, since a
-    fast rejection would flatter the percentiles."""
+    fast rejection would flatter the percentiles. `sla_p99_ms` goes further and counts
+    every non-OK attempt as infinitely slow."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
@@ -64,6 +65,11 @@ class LoadResult(BaseModel):
     interrupted: bool = False
     timeline: list[TimelineSecond]
     histogram: str  # encoded HDR histogram of the latencies, for exact merging
+    # p99 of every attempt with each non-OK one (error, timeout, give-up, not sent)
+    # recorded at the histogram's top (an hour): the percentile the SLA is judged on.
+    sla_p99_ms: float
+    sla_histogram: str
+    client: ClientHealth
 
     def latency_histogram(self) -> LatencyHistogram:
         return LatencyHistogram.decode(self.histogram)
@@ -95,11 +101,15 @@ def summarise(
     done_at: Sequence[float],
     elapsed_s: float,
     interrupted: bool,
+    conn_waits_ms: Sequence[float] = (),
+    loop_delays_ms: Sequence[float] = (),
+    cpu: float = 0.0,
 ) -> LoadResult:
     """Reduce per-request records (index i = i-th scheduled request; outcome None = never
     sent) to a LoadResult. `done_at` is the completion time relative to the start."""
     histogram = LatencyHistogram()
     from_send = LatencyHistogram()
+    sla_histogram = LatencyHistogram()
     kinds: Counter[str] = Counter()
     ok_done: list[float] = []
     lags: list[float] = []
@@ -119,8 +129,10 @@ def summarise(
         if outcome == OK:
             ok_done.append(done_at[i])
             second.ok += 1
+            sla_histogram.record_ms(latencies_ms[i])
         else:
             second.errors += 1
+            sla_histogram.record_ms(TOP_MS)
         if outcome in (OK, TIMEOUT):
             histogram.record_ms(latencies_ms[i])
             from_send.record_ms(max(latencies_ms[i] - lags_ms[i], 0.0))
@@ -148,6 +160,17 @@ def summarise(
         interrupted=interrupted,
         timeline=[per_second[t].freeze(t) for t in sorted(per_second)],
         histogram=histogram.encode(),
+        sla_p99_ms=sla_histogram.percentile_ms(99),
+        sla_histogram=sla_histogram.encode(),
+        client=ClientHealth(
+            lag_p99_ms=_nearest_rank(sorted(lags), 0.99),
+            lag_max_ms=max(lags, default=0.0),
+            conn_wait_p99_ms=_nearest_rank(sorted(conn_waits_ms), 0.99),
+            conn_wait_max_ms=max(conn_waits_ms, default=0.0),
+            loop_delay_p99_ms=_nearest_rank(sorted(loop_delays_ms), 0.99),
+            loop_delay_max_ms=max(loop_delays_ms, default=0.0),
+            cpu=cpu,
+        ),
     )
 
 
@@ -186,6 +209,7 @@ def merge_results(results: Sequence[LoadResult]) -> LoadResult:
     if not results:
         raise ValueError("merge_results needs at least one result")
     histogram = merge_encoded(r.histogram for r in results)
+    sla_histogram = merge_encoded(r.sla_histogram for r in results)
     errors: Counter[str] = Counter()
     for r in results:
         errors.update(r.errors)
@@ -223,6 +247,25 @@ def merge_results(results: Sequence[LoadResult]) -> LoadResult:
         interrupted=any(r.interrupted for r in results),
         timeline=[_merge_second(t, seconds[t]) for t in sorted(seconds)],
         histogram=histogram.encode(),
+        sla_p99_ms=sla_histogram.percentile_ms(99),
+        sla_histogram=sla_histogram.encode(),
+        client=merge_health([r.client for r in results]),
+    )
+
+
+def merge_health(parts: Sequence[ClientHealth]) -> ClientHealth:
+    """Client health of generators that ran side by side: CPU and workers add; lag,
+    connection wait and loop delay take the worst part, since one lagging generator is
+    enough to make a step invalid."""
+    return ClientHealth(
+        lag_p99_ms=max(p.lag_p99_ms for p in parts),
+        lag_max_ms=max(p.lag_max_ms for p in parts),
+        conn_wait_p99_ms=max(p.conn_wait_p99_ms for p in parts),
+        conn_wait_max_ms=max(p.conn_wait_max_ms for p in parts),
+        loop_delay_p99_ms=max(p.loop_delay_p99_ms for p in parts),
+        loop_delay_max_ms=max(p.loop_delay_max_ms for p in parts),
+        cpu=sum(p.cpu for p in parts),
+        workers=sum(p.workers for p in parts),
     )
 
 

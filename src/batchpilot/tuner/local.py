@@ -11,7 +11,13 @@ from typing import Any
 
 import aiohttp
 
-from batchpilot.models import SLA, BatchingConfig, CapacityResult, RequestMix
+from batchpilot.models import (
+    DEFAULT_MIN_REQUESTS,
+    SLA,
+    BatchingConfig,
+    CapacityResult,
+    RequestMix,
+)
 from batchpilot.retry import backoff_delay, retry
 from batchpilot.tuner.interfaces import TargetError
 
@@ -152,8 +158,10 @@ class LocalProbe:
         warmup_s: float,
         timeout_s: float | None = None,
         seed: int = 0,
+        min_requests: int = DEFAULT_MIN_REQUESTS,
     ) -> None:
         self.url = url.rstrip("/")
+        self.min_requests = min_requests
         self.sla = sla
         self.mix = mix
         self.precision = precision
@@ -176,4 +184,5 @@ class LocalProbe:
             must_beat=must_beat,
             timeout_s=self.timeout_s,
             seed=self.seed,
+            min_requests=self.min_requests,
         )
