@@ -10,9 +10,22 @@ import random
 import pytest
 
 from batchpilot.capacity.search import search_capacity, summarise_steps
-from batchpilot.capacity.steps import p99_upper_bound_ms, quantile_upper_rank, step_from_load
+from batchpilot.capacity.steps import (
+    p99_upper_bound_ms,
+    quantile_upper_rank,
+    rising_trend,
+    step_from_load,
+    theil_sen,
+)
 from batchpilot.loadgen.histogram import TOP_MS, LatencyHistogram
-from batchpilot.loadgen.result import OK, TIMEOUT, LoadResult, merge_results, summarise
+from batchpilot.loadgen.result import (
+    OK,
+    TIMEOUT,
+    LoadResult,
+    TimelineSecond,
+    merge_results,
+    summarise,
+)
 from batchpilot.models import SLA, CapacityResult, ClientHealth, StepResult
 from batchpilot.tuner.outcome import CLIENT_BOUND, client_bound_reason, client_figures
 
@@ -338,3 +351,65 @@ def test_a_client_bound_capacity_gets_the_client_bound_reason() -> None:
     assert reason.startswith(f"{CLIENT_BOUND}: capacity ≥ 39.0 req/s, client-bound")
     assert "client CPU 95%" in reason
     assert client_figures(result) == (7.25, 0.95)
+
+
+# --- sustained, not survived ----------------------------------------------------------------
+
+
+def _second(t: int, p50: float) -> TimelineSecond:
+    return TimelineSecond(
+        t_s=t, scheduled=100, ok=100, errors=0, p50_ms=p50, p99_ms=p50 * 2, max_lag_ms=0.0
+    )
+
+
+def test_theil_sen_ignores_an_outlier() -> None:
+    points = [(0.0, 1.0), (1.0, 2.0), (2.0, 30.0), (3.0, 4.0), (4.0, 5.0)]
+    slope, intercept = theil_sen(points)
+    assert slope == pytest.approx(1.0)
+    assert intercept == pytest.approx(1.0)
+
+
+def test_a_flat_window_is_sustained() -> None:
+    timeline = [_second(t, 20.0 + (t % 2)) for t in range(10)]
+    assert rising_trend(timeline, 10.0, 100.0) == ""
+
+
+def test_a_climbing_median_fails_before_it_breaches() -> None:
+    # 10 ms/s in the second half, 60 ms at the end: one more 10 s window reaches ~165 ms.
+    timeline = [_second(t, 20.0 if t < 5 else 20.0 + 10.0 * (t - 5)) for t in range(10)]
+    reason = rising_trend(timeline, 10.0, 100.0)
+    assert reason.startswith("not sustained: median latency rising 10.0 ms/s")
+    assert rising_trend(timeline, 10.0, 200.0) == ""  # a slow climb far below the SLA
+
+
+def test_too_few_seconds_cannot_show_a_trend() -> None:
+    timeline = [_second(t, 10.0 * t) for t in range(3)]  # two seconds in the second half
+    assert rising_trend(timeline, 3.0, 1.0) == ""
+    assert rising_trend([*timeline, _second(3, 30.0)], 4.0, 1.0) == ""  # seconds 2 and 3
+    five = [_second(t, 10.0 * t) for t in range(5)]  # seconds 2, 3, 4 of a 5 s window
+    assert rising_trend(five, 5.0, 1.0).startswith("not sustained")
+
+
+def test_a_climbing_step_fails_with_the_trend_as_reason() -> None:
+    n = 1000
+    offsets = [i / 100 for i in range(n)]  # 10 s at 100 req/s
+    latencies = [20.0 if o < 5 else 20.0 + 10.0 * (o - 5) for o in offsets]
+    load = summarise(
+        urls=["http://127.0.0.1:1"],
+        arrival="constant",
+        seed=0,
+        target_rps=100.0,
+        window_s=10.0,
+        offsets=offsets,
+        outcomes=[OK] * n,
+        latencies_ms=latencies,
+        lags_ms=[0.0] * n,
+        done_at=[o + 0.02 for o in offsets],
+        elapsed_s=10.0,
+        interrupted=False,
+    )
+    step = step_from_load(load, SLA(p99_ms=100.0))
+    assert load.sla_p99_ms < 100.0  # the window itself kept the SLA
+    assert not step.passed
+    assert step.valid
+    assert "not sustained" in step.reason

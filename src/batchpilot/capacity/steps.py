@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import math
+import statistics
+from collections.abc import Sequence
 
 from batchpilot.loadgen.histogram import TOP_MS, LatencyHistogram
-from batchpilot.loadgen.result import LoadResult
+from batchpilot.loadgen.result import LoadResult, TimelineSecond
 from batchpilot.models import SLA, StepResult, step_passes
 
 # A step with fewer measured requests than it asked for is judged on this one-sided
@@ -45,12 +47,59 @@ def p99_upper_bound_ms(histogram: LatencyHistogram, level: float = P99_UCB_LEVEL
     return histogram.percentile_ms(100.0 * rank / n)
 
 
+# The trend test needs at least this many one-second points in a window's second half.
+TREND_MIN_POINTS = 3
+
+
+def theil_sen(points: Sequence[tuple[float, float]]) -> tuple[float, float]:
+    """(slope, intercept) of the Theil-Sen line: the median of pairwise slopes, robust to
+    a few outlying seconds that a least-squares fit would follow."""
+    slopes = [
+        (y2 - y1) / (x2 - x1)
+        for i, (x1, y1) in enumerate(points)
+        for x2, y2 in points[i + 1 :]
+        if x2 != x1
+    ]
+    if not slopes:
+        raise ValueError("a trend needs at least two points at different times")
+    slope = statistics.median(slopes)
+    intercept = statistics.median(y - slope * x for x, y in points)
+    return slope, intercept
+
+
+def rising_trend(timeline: Sequence[TimelineSecond], window_s: float, sla_p99_ms: float) -> str:
+    """Why the window's latency is still climbing at its end (empty when it is not).
+
+    The rule: over the seconds that reach into the window's second half (at least
+    TREND_MIN_POINTS of them with answered requests), fit the Theil-Sen line to each
+    second's median latency; the step is not sustained when the slope is positive and
+    the line, carried one more window past the end, exceeds the SLA p99. A median still
+    rising that fast means the queue is growing: the next window would breach even if
+    this one did not."""
+    half = window_s / 2.0
+    # seconds that reach into the second half: 2, 3 and 4 of a 5 s window
+    points = [
+        (s.t_s + 0.5, s.p50_ms) for s in timeline if s.t_s + 1 > half and s.t_s < window_s and s.ok
+    ]
+    if len(points) < TREND_MIN_POINTS:
+        return ""
+    slope, intercept = theil_sen(points)
+    projected = intercept + slope * 2.0 * window_s
+    if slope <= 0 or projected <= sla_p99_ms:
+        return ""
+    return (
+        f"not sustained: median latency rising {slope:.1f} ms/s over the second half, "
+        f"{projected:.0f} ms one window on > SLA {sla_p99_ms:g} ms"
+    )
+
+
 def step_from_load(load: LoadResult, sla: SLA, *, min_requests: int = 0) -> StepResult:
     """The step rule applied to the client's own measurement of a window.
 
     A window whose client could not keep its schedule is invalid: neither a pass nor a
     failure. The SLA p99 counts every non-OK request as infinitely slow; with fewer than
-    `min_requests` requests it is the p99's upper confidence bound instead."""
+    `min_requests` requests it is the p99's upper confidence bound instead. A window whose
+    latency still climbs at its end fails (see rising_trend)."""
     p99 = load.sla_p99_ms
     short = 0 < load.requests < min_requests
     if short:
@@ -66,7 +115,10 @@ def step_from_load(load: LoadResult, sla: SLA, *, min_requests: int = 0) -> Step
             achieved_rps=load.achieved_rps,
             sla=sla,
         )
-        if short and not passed and load.sla_p99_ms <= sla.p99_ms:
+        trend = rising_trend(load.timeline, load.duration_s, sla.p99_ms)
+        if trend:
+            passed, reason = False, "; ".join(r for r in (reason, trend) if r)
+        if short and not passed and load.sla_p99_ms <= sla.p99_ms and not trend:
             reason += (
                 f" (upper {P99_UCB_LEVEL:.0%} bound of p99 from {load.requests} requests, "
                 f"fewer than {min_requests})"
