@@ -413,3 +413,24 @@ def test_a_climbing_step_fails_with_the_trend_as_reason() -> None:
     assert not step.passed
     assert step.valid
     assert "not sustained" in step.reason
+
+
+async def test_an_invalid_confirmation_leaves_the_valid_failure_standing() -> None:
+    # The server fails at 80 req/s; repeating that failure, the client lags (a loaded
+    # host at overload): the confirmation cannot tell, so the failure counts and the
+    # result is not client-bound.
+    class Flaky(Target):
+        async def __call__(self, rate: float) -> StepResult:
+            step = await super().__call__(rate)
+            if rate == 80.0 and self.rates.count(80.0) == 2:
+                return step.model_copy(update={"valid": False, "reason": "invalid, client"})
+            return step
+
+    target = Flaky(capacity=50.0, client_limit=1e9, goodput_share=1.0)
+    result = await search_capacity(
+        target, sla=SLA_100, start_rps=10.0, precision=0.05, confirm_failures=True
+    )
+    assert target.rates[:5] == [10.0, 20.0, 40.0, 80.0, 80.0]
+    assert not result.client_bound
+    assert 40.0 <= result.effective_rps <= 50.0
+    assert not summarise_steps(result.steps, sla=SLA_100, precision=0.05).client_bound

@@ -61,11 +61,9 @@ async def search_capacity(
         return must_beat is not None and failed_at <= must_beat
 
     async def once(rate: float) -> bool | None:
-        nonlocal client_bound
         step = await measure_step(rate)
         steps.append(step)
         if not step.valid:
-            client_bound = True
             return None
         if step.passed:
             passed[rate] = step
@@ -77,12 +75,16 @@ async def search_capacity(
             return verdict
         if not (confirm_failures and decisive) or len(steps) >= max_steps:
             return False
-        return await once(rate)  # the confirmation: its verdict is the step's
+        # The confirmation's verdict is the step's, unless it is invalid: then it could
+        # not tell, and the valid failure stands.
+        confirmed = await once(rate)
+        return False if confirmed is None else confirmed
 
     rate = min(start_rps, max_rps)
     lo = 0.0
     hi = math.inf
     first = await measure(rate, decisive=True)
+    client_bound = first is None
     if first:
         lo = rate
     else:
@@ -95,6 +97,7 @@ async def search_capacity(
                 return result(0.0)
             rate /= growth
             verdict = await measure(rate, decisive=cannot_win(rate))
+            client_bound = client_bound or verdict is None
             if verdict:
                 lo = rate
                 if client_bound:  # nothing above the client's ceiling can be measured
@@ -112,7 +115,8 @@ async def search_capacity(
         rate = min(lo * growth, max_rps)
         verdict = await measure(rate, decisive=True)
         if verdict is None:
-            return result(lo)  # the client's ceiling: nothing above it can be measured
+            client_bound = True  # the client's ceiling: nothing above it can be measured
+            return result(lo)
         if verdict:
             lo = rate
         else:
@@ -128,6 +132,7 @@ async def search_capacity(
         rate = (lo + hi) / 2.0
         verdict = await measure(rate, decisive=cannot_win(rate))
         if verdict is None:
+            client_bound = True
             return result(lo)
         if verdict:
             lo = rate
@@ -176,7 +181,8 @@ def summarise_steps(steps: Sequence[StepResult], *, sla: SLA, precision: float) 
         key=lambda s: s.offered_rps,
         default=None,
     )
-    client_bound = any(not s.valid for s in steps)
+    # Client-bound when an invalid step, not a failure, is what stopped the search.
+    client_bound = any(not s.valid and s.offered_rps < lowest_fail for s in steps)
     return _capacity(best, steps, sla, precision, False, client_bound)
 
 
