@@ -108,12 +108,15 @@ class LatencySummary(Frozen):
 DEFAULT_MIN_REQUESTS = 2000
 
 # A step is invalid (the client, not the server, set its figures) when any of these holds:
-# the p99 lag of sends behind their schedule exceeds this share of the SLA p99 ...
-CLIENT_MAX_LAG_SHARE = 0.05
+# the p99 lag of sends behind their schedule exceeds this share of the SLA p99 ... (lag
+# adds to latency measured from the schedule, so up to this share it can only make a
+# server within 10 % of its SLA fail, never pass; 5 % made every step invalid on a
+# shared 2-core machine whose scheduler alone delays sends by 4-6 ms at p99)
+CLIENT_MAX_LAG_SHARE = 0.10
 # ... or the client process used this share of one core or more over the window ...
 CLIENT_MAX_CPU = 0.90
 # ... or the p99 wait for a free connection exceeds this share of the SLA p99.
-CLIENT_MAX_CONN_WAIT_SHARE = 0.05
+CLIENT_MAX_CONN_WAIT_SHARE = 0.10
 
 
 class ClientHealth(Frozen):

@@ -81,9 +81,9 @@ def test_a_healthy_client_has_no_limit() -> None:
 @pytest.mark.parametrize(
     ("update", "phrase"),
     [
-        ({"lag_p99_ms": 5.1}, "send lag p99 5.1 ms > 5% of SLA p99 (5 ms)"),
+        ({"lag_p99_ms": 10.1}, "send lag p99 10.1 ms > 10% of SLA p99 (10 ms)"),
         ({"cpu": 0.9}, "client CPU 90% of a core ≥ 90% per worker"),
-        ({"conn_wait_p99_ms": 6.0}, "connection wait p99 6.0 ms"),
+        ({"conn_wait_p99_ms": 11.0}, "connection wait p99 11.0 ms"),
     ],
 )
 def test_each_client_limit_is_named(update: dict[str, float], phrase: str) -> None:
@@ -91,7 +91,7 @@ def test_each_client_limit_is_named(update: dict[str, float], phrase: str) -> No
 
 
 def test_lag_just_inside_the_bound_is_valid() -> None:
-    assert _health(lag_p99_ms=5.0, cpu=0.89).limit_reason(SLA_100) == ""
+    assert _health(lag_p99_ms=10.0, conn_wait_p99_ms=10.0, cpu=0.89).limit_reason(SLA_100) == ""
 
 
 def test_cpu_bound_scales_with_workers() -> None:
@@ -101,7 +101,7 @@ def test_cpu_bound_scales_with_workers() -> None:
 
 def test_a_lagging_client_makes_the_step_invalid_not_failed() -> None:
     n = 200
-    lags = [0.0] * 190 + [50.0] * 10  # p99 lag 50 ms > 5 ms
+    lags = [0.0] * 190 + [50.0] * 10  # p99 lag 50 ms > 10 ms
     step = step_from_load(_load([OK] * n, [10.0] * n, lags_ms=lags), SLA_100)
     assert not step.valid
     assert not step.passed
