@@ -9,6 +9,7 @@ import asyncio
 
 import pytest
 
+from batchpilot.loadgen.arrivals import MMPP
 from batchpilot.loadgen.generator import run_load
 from batchpilot.loadgen.stub_server import StubServerProcess
 from batchpilot.models import RequestMix
@@ -100,3 +101,16 @@ async def test_stopping_early_returns_the_partial_result() -> None:
     assert result.duration_s < 30.0
     assert 20 <= result.ok < 3000
     assert result.errors == {}
+
+
+async def test_mmpp_arrivals_reach_the_server_in_bursts() -> None:
+    # Bursts of 8x the quiet rate, 3 s long on average, a third of the time, over 12 s:
+    # the seconds of the run carry very different numbers of scheduled requests, and the
+    # whole run exactly rate x duration.
+    process = MMPP(burst_factor=8.0, high_fraction=0.3, mean_burst_s=3.0)
+    async with StubServerProcess(delay_ms=1) as stub:
+        result = await run_load(stub.url, rate=50, duration_s=12.0, mix=MIX, arrival=process)
+    assert result.requests == 600
+    assert result.arrival == "mmpp:factor=8,fraction=0.3,burst_s=3"
+    per_second = [s.scheduled for s in result.timeline]
+    assert max(per_second) > 3 * min(per_second)

@@ -12,6 +12,7 @@ import pytest
 from batchpilot.capacity.http import measure_step
 from batchpilot.capacity.prometheus import PrometheusQueryError, PrometheusStepSource
 from batchpilot.capacity.prometheus_process import PrometheusProcess
+from batchpilot.capacity.scrape import ScrapeWindowError
 from batchpilot.capacity.steps import step_from_load
 from batchpilot.models import SLA, RequestMix
 from batchpilot.server.process import ServerProcess, free_port
@@ -66,3 +67,14 @@ async def test_an_unreachable_prometheus_is_a_clear_error() -> None:
     source = PrometheusStepSource(f"http://127.0.0.1:{free_port()}", query_timeout_s=2.0)
     with pytest.raises(PrometheusQueryError, match=r"Prometheus at http://127\.0\.0\.1"):
         await source.query_scalar("up", at_unix=0.0)
+
+
+async def test_scrape_interval_is_read_from_prometheus_and_short_steps_refused() -> None:
+    server = ServerProcess(max_batch_size=8, max_queue_time_ms=5.0, threads=1)
+    async with server, PrometheusProcess([server.url], scrape_interval_s=0.5) as prometheus:
+        source = PrometheusStepSource(prometheus.url, selector=f'job="{prometheus.job}"')
+        assert await source.check_step(2.0) == pytest.approx(0.5)
+        with pytest.raises(ScrapeWindowError, match="shorter than 4 scrape intervals"):
+            await source.check_step(1.5)
+    with pytest.raises(PrometheusQueryError, match="give the interval explicitly"):
+        await PrometheusStepSource(f"http://127.0.0.1:{free_port()}").check_step(5.0)

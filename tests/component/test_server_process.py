@@ -270,3 +270,21 @@ def test_free_port_is_bindable() -> None:
     port = free_port()
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", port))
+
+
+async def test_a_killed_server_reports_its_exit_code_and_restarts() -> None:
+    # what local tuning does when a trial kills the server (see tuner.watch)
+    async with ServerProcess(max_batch_size=4) as server:
+        assert await server.exit_code() is None
+        first_pid = server.pid
+        server.send_signal(signal.SIGKILL)
+        assert await server.exit_code(grace_s=10.0) == -signal.SIGKILL
+        await server.restart()
+        assert server.pid != first_pid
+        assert await server.exit_code() is None
+        async with (
+            aiohttp.ClientSession(timeout=TIMEOUT) as session,
+            session.get(f"{server.url}/admin/batching") as response,
+        ):
+            assert response.status == 200
+            assert (await response.json())["max_batch_size"] == 4

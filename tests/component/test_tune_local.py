@@ -41,7 +41,9 @@ def test_quick_tune_recommends_a_feasible_config_no_worse_than_the_baseline(
     tmp_path: Path,
 ) -> None:
     report = tmp_path / "report"
-    done = _tune(["--trials", "3", "--json", "--report", str(report), "--seed", "3"])
+    done = _tune(
+        ["--trials", "3", "--finalists", "1", "--json", "--report", str(report), "--seed", "3"]
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     out = json.loads(done.stdout)
     _check_recommendation(out)
@@ -63,6 +65,19 @@ def test_quick_tune_recommends_a_feasible_config_no_worse_than_the_baseline(
     }
     assert json.loads((report / "report.json").read_text())["best"] == out["best"]
     assert "Recommendation: max_batch_size=" in done.stderr
+    # the best finalist and the baseline re-measured interleaved, and the rule applied
+    verdict = out["verdict"]
+    assert len(verdict["ranking"]) == 2
+    assert verdict["incumbent"]["config"] == {"max_batch_size": 8, "max_queue_time_ms": 5.0}
+    assert all(len(e["rounds"]) == 3 for e in verdict["ranking"])
+    assert "Re-measured interleaved, 3 rounds" in done.stderr
+    assert verdict["significant"] == (verdict["gain_low_percent"] >= 5.0)
+    expected = (
+        verdict["winner"]["config"] if verdict["significant"] else verdict["incumbent"]["config"]
+    )
+    assert out["recommended"] == verdict["chosen"] == expected
+    if not verdict["significant"]:
+        assert "NoSignificantGain" in out["recommendation"]
 
 
 def test_ctrl_c_keeps_the_best_so_far_and_storage_resumes(tmp_path: Path) -> None:

@@ -134,6 +134,16 @@ CEL_CASES = [
     ),
     Case("Prometheus without URL", _set("load.source", "prometheus"), cel_key="(url) is required"),
     Case(
+        "MMPP fields on Poisson",
+        _set("load.arrival", {"process": "Poisson", "burstFactor": 3}),
+        cel_key="apply to process MMPP only",
+    ),
+    Case(
+        "Trace without timestamps",
+        _set("load.arrival", {"process": "Trace"}),
+        cel_key="timestamps is required for process Trace",
+    ),
+    Case(
         "Env extra without variable",
         _extra({"name": "max_num_seqs", "min": 1, "max": 3}),
         cel_key="needs env",

@@ -81,9 +81,12 @@ def inference_service(
     deadline_s: int = 120,
     max_failures: int = 3,
     batch_range: tuple[int, int] = (1, 16),
+    finalists: int = 0,
 ) -> dict[str, Any]:
     """An InferenceService tuned for test speed: one-second steps, coarse precision and
-    a handful of trials over a small search space."""
+    a handful of trials over a small search space. No confirmation phase by default
+    (`finalists` 0): the scenarios about rollouts, write-back and faults need the
+    study's best written back; test_verdict covers the confirmation."""
     apply: dict[str, Any] = {"method": method}
     if method == "Live":
         apply["live"] = {"port": SERVER_PORT, "path": "/admin/batching"}
@@ -115,6 +118,7 @@ def inference_service(
                 "writeBack": write_back,
                 "trialDeadlineSeconds": deadline_s,
                 "maxFailures": max_failures,
+                "finalists": finalists,
             },
         },
     }

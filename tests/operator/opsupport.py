@@ -83,10 +83,16 @@ class FakeWorld:
             await self.cluster.gate.wait()
 
     async def measure(
-        self, config: BatchingConfig, *, must_beat: float | None, since: datetime
+        self,
+        config: BatchingConfig,
+        *,
+        must_beat: float | None,
+        since: datetime,
+        seed: int | None = None,
     ) -> CapacityResult:
         params = self.cluster.applied[-1]
-        rps = score(params)
+        self.cluster.seeds.append(seed)
+        rps = self.cluster.score(params)
         sla = self.spec.sla.to_sla()
         step = StepResult(
             offered_rps=rps,
@@ -128,6 +134,8 @@ class FakeCluster:
         self.written_back: list[Params] = []
         self.canaries: set[str] = set()
         self.restored = 0
+        self.seeds: list[int | None] = []  # the load seed of every measurement
+        self.score: Callable[[Mapping[str, float | int]], float] = score
         self.missing_target = False
         self.lookups = 0
         # applies after the first `hold_after` ones wait until `gate` is set

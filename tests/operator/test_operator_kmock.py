@@ -7,6 +7,7 @@ between Kopf and the API server is real: watches, finalizers, status patches, ev
 from __future__ import annotations
 
 import itertools
+import math
 from typing import Any
 
 import kmock
@@ -283,3 +284,77 @@ async def test_one_trial_is_measured_at_a_time_and_waiting_is_visible(
             what="both converged",
         )
     assert len(cluster.applied) == 2
+
+
+def _confirmation_seeds(cluster: FakeCluster, configs: int, rounds: int) -> list[int | None]:
+    """The load seeds of the confirmation's measurements: the last configs x rounds."""
+    return cluster.seeds[-configs * rounds :]
+
+
+async def test_an_incumbent_that_is_already_best_stays_with_no_significant_gain(
+    kmock: kmock.KubernetesEmulator, operator: Operator, cluster: FakeCluster
+) -> None:
+    # the target's own configuration (batch 32, wait 50 ms) is the peak of the surface
+    cluster.score = lambda p: (
+        700.0
+        - 40.0 * abs(math.log2(float(p["max_batch_size"]) / 32.0))
+        - 2.0 * abs(float(p["max_queue_time_ms"]) - 50.0)
+    )
+    tuning = {"strategy": "InPlace", "maxTrials": 4, "writeBack": "Apply", "finalists": 2}
+    kmock.objects[ISVC, NAMESPACE, "resnet"] = isvc(tuning=tuning)
+    async with operator():
+        await eventually(lambda: phase_is(kmock, "Converged"), what="convergence")
+        await eventually(lambda: "NoSignificantGain" in reasons_of(kmock), what="the event")
+    status = status_of(kmock)
+    # the target is untouched: nothing written back, the original put back in place
+    assert cluster.written_back == []
+    assert cluster.target == ORIGINAL
+    assert cluster.restored == 1
+    assert status["applied"] is False
+    assert status["restored"] is True
+    ready = condition(status, "Ready")
+    assert (ready["status"], ready["reason"]) == ("True", "NoSignificantGain")
+    assert (
+        "the incumbent stays. NoSignificantGain: the incumbent batch=32 wait=50ms"
+        in (status["message"])
+    )
+    assert ready["message"] == status["message"]
+    assert reasons_of(kmock).count("NoSignificantGain") == 1
+    assert "Applied" not in reasons_of(kmock)
+    confirmation = status["confirmation"]
+    assert confirmation["incumbent"] == ORIGINAL
+    assert len(confirmation["finalists"]) == 2
+    measured = confirmation["measurements"]
+    order = [*confirmation["finalists"], ORIGINAL]
+    assert [m["params"] for m in measured] == order * 3  # A B I, A B I, A B I
+    assert [m["round"] for m in measured] == [0, 0, 0, 1, 1, 1, 2, 2, 2]
+    assert "two-sided 95% intervals" in confirmation["method"]
+    seeds = _confirmation_seeds(cluster, 3, 3)
+    assert seeds == [7919] * 3 + [2 * 7919] * 3 + [3 * 7919] * 3  # one schedule a round
+    baseline = status["baseline"]
+    assert baseline["maxBatchSize"] == 32
+    assert baseline["effectiveRps"] == pytest.approx(700.0)
+    assert baseline["effectiveRpsLow"] <= 700.0 <= baseline["effectiveRpsHigh"]
+    assert status["best"]["gainPercent"] == 0.0  # the winner is the incumbent
+
+
+async def test_a_real_gain_is_confirmed_and_written_back(
+    kmock: kmock.KubernetesEmulator, operator: Operator, cluster: FakeCluster
+) -> None:
+    kmock.objects[ISVC, NAMESPACE, "resnet"] = isvc()
+    async with operator():
+        await eventually(lambda: phase_is(kmock, "Converged"), what="convergence")
+        await eventually(lambda: "Applied" in reasons_of(kmock), what="write-back")
+    status = status_of(kmock)
+    best = status["best"]
+    assert best["gainLowPercent"] >= 5.0
+    assert best["gainPercent"] == pytest.approx(
+        100.0 * (best["effectiveRps"] / status["baseline"]["effectiveRps"] - 1.0), abs=0.2
+    )
+    assert cluster.written_back == [best["params"]]
+    assert condition(status, "Ready")["reason"] == "Converged"
+    assert "over the incumbent (lower bound" in status["message"]
+    reasons = reasons_of(kmock)
+    assert reasons.count("Confirming") == 1
+    assert reasons.count("Confirmation") == len(status["confirmation"]["measurements"])
+    assert reasons.index("Confirming") < reasons.index("Applied")

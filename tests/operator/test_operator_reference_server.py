@@ -66,7 +66,9 @@ def cluster_objects(k: kmock.KubernetesEmulator) -> None:
     }
 
 
-def live_world(kube: Kube, admin_port: int, serve_port: int) -> KubeWorld:
+def live_world(
+    kube: Kube, admin_port: int, serve_port: int, load: dict[str, Any] | None = None
+) -> KubeWorld:
     spec = parse_spec(
         {
             "target": {"name": "mlp", "container": "server"},
@@ -78,6 +80,7 @@ def live_world(kube: Kube, admin_port: int, serve_port: int) -> KubeWorld:
                 "stepSeconds": 1,
                 "warmupSeconds": 0.5,
                 "precision": 0.25,
+                **(load or {}),
             },
             "tuning": {"strategy": "InPlace"},
         }
@@ -143,3 +146,31 @@ async def test_measure_runs_the_capacity_search_against_the_pod_ips(
     assert result.sla.p99_ms == 500
     assert result.feasible
     assert result.effective_rps > 0
+
+
+async def test_measure_refuses_steps_shorter_than_four_scrape_intervals(
+    server: ServerProcess, kube: Kube
+) -> None:
+    # Nothing listens on the Prometheus port: the configured interval alone decides, and
+    # the trial fails before any load is sent.
+    prometheus = {"url": f"http://127.0.0.1:{free_port()}", "scrapeIntervalSeconds": 15}
+    world = live_world(
+        kube, server.port, server.port, {"source": "prometheus", "prometheus": prometheus}
+    )
+    config = batching_config({"max_batch_size": 4, "max_queue_time_ms": 2.0})
+    with pytest.raises(TargetProblem) as caught:
+        await world.measure(config, must_beat=None, since=datetime.now(UTC))
+    assert caught.value.reason == "StepShorterThanScrapes"
+    assert "load.stepSeconds: a step of 1 s is shorter than 4 scrape intervals" in str(
+        caught.value.message
+    )
+    assert "at least 60 s" in caught.value.message
+
+
+async def test_measure_offers_the_load_arrival_process(server: ServerProcess, kube: Kube) -> None:
+    world = live_world(
+        kube, server.port, server.port, {"arrival": {"process": "MMPP", "burstFactor": 3}}
+    )
+    config = batching_config({"max_batch_size": 4, "max_queue_time_ms": 2.0})
+    result = await world.measure(config, must_beat=None, since=datetime.now(UTC))
+    assert result.feasible

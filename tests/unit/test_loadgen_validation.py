@@ -21,7 +21,7 @@ MIX = RequestMix.default()
         ({"rate": float("nan")}, "rate must be > 0"),
         ({"duration_s": -1.0}, "duration must be > 0"),
         ({"timeout_s": 0.0}, "timeout must be a positive"),
-        ({"arrival": "bursty"}, "arrival must be one of"),
+        ({"arrival": "bursty"}, "arrival .bursty. is not one of"),
         ({"rate": 1e6, "duration_s": 3600.0}, "split it into shorter runs"),
         ({"urls": "ftp://127.0.0.1"}, "is not valid"),
         ({"urls": []}, "no target URL"),

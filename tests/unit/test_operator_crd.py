@@ -64,6 +64,8 @@ def test_names_status_and_columns() -> None:
         "Best-batch": ".status.best.maxBatchSize",
         "Best-wait-ms": ".status.best.maxQueueTimeMs",
         "Req/s": ".status.best.effectiveRps",
+        "Gain-%": ".status.best.gainPercent",
+        "Gain-low-%": ".status.best.gainLowPercent",
         "Phase": ".status.phase",
         "Age": ".metadata.creationTimestamp",
     }

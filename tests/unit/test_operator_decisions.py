@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import random
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, ClassVar
 
 import pytest
 from pydantic import ValidationError
@@ -14,8 +14,10 @@ from batchpilot.operator import decisions
 from batchpilot.operator.spec import InferenceServiceSpec, explain_validation_error, parse_spec
 from batchpilot.operator.status import (
     TRIALS_KEPT,
+    Confirmation,
     InferenceServiceStatus,
     OriginalConfig,
+    RoundMeasurement,
     TrialEntry,
 )
 
@@ -466,3 +468,108 @@ def test_crashes_during_a_trial_are_named() -> None:
     assert decisions.crashed_since([pod("2026-01-01T12:00:05Z")], start) == (
         "container server of pod p exited (OOMKilled)"
     )
+
+
+def at(number: int, batch: int, wait: float, rps: float, state: str = "Complete") -> TrialEntry:
+    return trial(number, state, rps).model_copy(
+        update={"params": {"max_batch_size": batch, "max_queue_time_ms": wait}}
+    )
+
+
+class TestConfirmation:
+    BASE: ClassVar[dict[str, float | int]] = {"max_batch_size": 32, "max_queue_time_ms": 50.0}
+    TRIALS = (
+        at(0, 32, 50.0, 500.0),
+        at(1, 16, 20.0, 600.0),
+        at(2, 16, 20.0, 610.0),  # the same configuration again: one finalist
+        at(3, 32, 50.0, 700.0),  # the incumbent measured again: never a finalist
+        at(4, 8, 5.0, 550.0),
+        at(5, 4, 5.0, 900.0, "Pruned"),  # pruned trials are not finalists
+        at(6, 2, 1.0, 520.0),
+    )
+
+    def test_the_trials_end_in_a_confirmation_of_the_top_distinct_finalists(self) -> None:
+        s = status(*self.TRIALS)
+        plan = decisions.plan(spec(maxTrials=7), s, 1)
+        assert (plan.kind, plan.reason) == ("confirm", "all 7 trials done")
+        conf = decisions.start_confirmation(spec(maxTrials=7, finalists=2), s.trials, "done")
+        assert conf is not None
+        assert conf.finalists == [
+            {"max_batch_size": 16, "max_queue_time_ms": 20.0},
+            {"max_batch_size": 8, "max_queue_time_ms": 5.0},
+        ]
+        assert conf.incumbent == self.BASE
+        assert (conf.rounds, conf.reason) == (3, "done")
+
+    def test_nothing_to_confirm_finishes_at_once(self) -> None:
+        switched_off = status(*self.TRIALS)
+        assert decisions.plan(spec(maxTrials=7, finalists=0), switched_off, 1).kind == "finish"
+        only_baseline = status(*(at(i, 32, 50.0, 500.0) for i in range(4)))
+        assert decisions.plan(spec(), only_baseline, 1).kind == "finish"
+        no_baseline = status(at(0, 32, 50.0, 0.0, "Failed"), *self.TRIALS[1:4])
+        assert decisions.start_confirmation(spec(), no_baseline.trials, "x") is None
+
+    def test_measurements_go_round_by_round_and_resume_from_status(self) -> None:
+        conf = decisions.start_confirmation(spec(finalists=2), list(self.TRIALS), "done")
+        assert conf is not None
+        order = [*conf.finalists, conf.incumbent]
+        taken: list[tuple[int, dict[str, float | int]]] = []
+        while (upcoming := decisions.next_measurement(conf)) is not None:
+            taken.append(upcoming)
+            r, params = upcoming
+            measured = RoundMeasurement(round=r, params=params, effective_rps=100.0 + r)
+            # what a restarted operator sees: the status, through JSON
+            conf = Confirmation.model_validate_json(
+                conf.model_copy(
+                    update={"measurements": [*conf.measurements, measured]}
+                ).model_dump_json(by_alias=True)
+            )
+            s = status(*self.TRIALS, confirmation=conf)
+            expected = "finish" if len(taken) == 9 else "confirm"
+            assert decisions.plan(spec(finalists=2), s, 1).kind == expected
+        assert taken == [(r, p) for r in range(3) for p in order]
+
+    def test_the_verdict_and_the_results_in_status(self) -> None:
+        conf = decisions.start_confirmation(spec(finalists=1), list(self.TRIALS), "done")
+        assert conf is not None
+        figures = {16: [600.0, 500.0, 620.0], 32: [500.0, 410.0, 515.0]}
+        conf = conf.model_copy(
+            update={
+                "measurements": [
+                    RoundMeasurement(
+                        round=r, params=p, effective_rps=figures[int(p["max_batch_size"])][r]
+                    )
+                    for r, p in [
+                        (r, p) for r in range(3) for p in (*conf.finalists, conf.incumbent)
+                    ]
+                ]
+            }
+        )
+        verdict = decisions.verdict_of(conf, spec(minGainPercent=5))
+        assert verdict.significant
+        assert verdict.chosen.max_batch_size == 16
+        assert decisions.params_of(conf, verdict.chosen) == conf.finalists[0]
+        best = decisions.estimate_result(verdict, verdict.winner, conf.finalists[0], 1, 1)
+        assert best.effective_rps_low is not None
+        assert best.effective_rps_high is not None
+        assert best.effective_rps_low < (best.effective_rps or 0) < best.effective_rps_high
+        assert best.gain_low_percent == pytest.approx(verdict.gain_low_percent, abs=0.05)
+        assert decisions.trial_of(self.TRIALS, conf.finalists[0]) == 1
+        strict = decisions.verdict_of(conf, spec(minGainPercent=50))
+        assert not strict.significant
+        assert strict.reason.startswith("NoSignificantGain")
+
+
+@pytest.mark.parametrize(
+    ("tuning", "field"),
+    [
+        ({"finalists": -1}, "tuning.finalists"),
+        ({"finalists": 11}, "tuning.finalists"),
+        ({"confirmRounds": 2}, "tuning.confirmRounds"),
+        ({"minGainPercent": -1}, "tuning.minGainPercent"),
+    ],
+)
+def test_confirmation_settings_are_validated(tuning: dict[str, Any], field: str) -> None:
+    with pytest.raises(ValidationError) as info:
+        spec(**tuning)
+    assert field in explain_validation_error(info.value)

@@ -80,6 +80,17 @@ def test_grid_ranks_configurations_best_first(cost_file: Path) -> None:
     assert data["scenario"]["arrival"]["kind"] == "mmpp"
 
 
+def test_server_options_reach_the_scenario(cost_file: Path) -> None:
+    code, out, _ = _run(
+        "--p99-ms", "100", "--max-batch-size", "4", "--max-queue-time-ms", "2",
+        "--cost-model", str(cost_file), "--requests", "1000", "--ahead", "1",
+        "--jitter", "0.2", "--queue-limit", "64", "--json",
+    )  # fmt: skip
+    assert code == 0
+    scenario = json.loads(out)["scenario"]
+    assert (scenario["ahead"], scenario["jitter"], scenario["queue_limit"]) == (1, 0.2, 64)
+
+
 def test_human_output_has_a_verdict(cost_file: Path) -> None:
     code, out, _ = _run(
         "--p99-ms", "100", "--max-batch-size", "4", "--max-queue-time-ms", "2",
@@ -96,9 +107,12 @@ def test_human_output_has_a_verdict(cost_file: Path) -> None:
         (["--p99-ms", "x", "--grid"], "not a valid float"),
         (["--p99-ms", "100"], "--grid"),
         (["--p99-ms", "100", "--max-batch-size", "4", "--grid"], "--grid"),
-        (["--p99-ms", "100", "--grid", "--arrival", "weird"], "poisson, mmpp"),
+        (["--p99-ms", "100", "--grid", "--arrival", "weird"], "poisson, constant, mmpp"),
         (["--p99-ms", "100", "--grid", "--mix", "1:x"], "--mix"),
         (["--p99-ms", "100", "--grid", "--replicas", "0"], "--replicas"),
+        (["--p99-ms", "100", "--grid", "--ahead", "-1"], "--ahead"),
+        (["--p99-ms", "100", "--grid", "--queue-limit", "0"], "--queue-limit"),
+        (["--p99-ms", "100", "--grid", "--jitter", "-0.5"], "--jitter"),
         (["--p99-ms", "100", "--grid", "--batch-bounds", "9:2"], "LOW:HIGH"),
         (["--p99-ms", "100", "--grid", "--precision", "2"], "--precision"),
         (["--p99-ms", "100", "--grid", "--no-such-flag"], "No such option"),

@@ -15,6 +15,7 @@ from batchpilot.models import BatchingConfig
 from batchpilot.tuner.cli import build_config, resolve, tune
 from batchpilot.tuner.config import (
     DEFAULT_SLA_P99_MS,
+    QUICK_FINALISTS,
     QUICK_MEASUREMENT,
     QUICK_TRIALS,
     ConfigError,
@@ -137,6 +138,24 @@ def test_defaults_and_quick() -> None:
     )
     assert quick.tuning.trials == QUICK_TRIALS
     assert quick.measurement == QUICK_MEASUREMENT
+    # the smoke run still proves its recommendation, against fewer finalists
+    assert quick.tuning.confirm
+    assert (quick.tuning.finalists, quick.tuning.rounds) == (QUICK_FINALISTS, 3)
+    assert quick.tuning.min_gain_percent == 5.0
+    verdict_flags = build_config(
+        config,
+        trials=None,
+        sla_p99_ms=None,
+        seed=None,
+        sampler=None,
+        mix=None,
+        quick=True,
+        finalists=4,
+        rounds=5,
+        min_gain_percent=2.5,
+    )
+    assert (verdict_flags.tuning.finalists, verdict_flags.tuning.rounds) == (4, 5)
+    assert verdict_flags.tuning.min_gain_percent == 2.5
     # an explicit flag wins over --quick
     flagged = build_config(
         config, trials=3, sla_p99_ms=40, seed=9, sampler="Random", mix="1:1", quick=True
@@ -166,6 +185,8 @@ def test_config_file(tmp_path: Path) -> None:
     [
         ("sla: {p99_ms: 0}", "sla.p99_ms: Input should be greater than 0"),
         ("tuning: {trails: 3}", "tuning.trails: Extra inputs are not permitted"),
+        ("tuning: {rounds: 2}", "tuning.rounds: Input should be greater than or equal to 3"),
+        ("tuning: {min_gain_percent: -1}", "tuning.min_gain_percent: Input should be greater"),
         ("parameters: {max_batch_size: {min: 8, max: 2}}", "min 8 must be <= max 2"),
         ("parameters: {max_batch_size: {min: 1.5, max: 2}}", "max_batch_size.min"),
         ("[1, 2]", "must be a mapping of sections"),
@@ -187,13 +208,17 @@ def test_a_missing_config_file() -> None:
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        ([], "tune needs --local"),
+        ([], "give one of --local"),
         (["--local", "--mix", "a:b"], "weight in mix item 'a:b' must be a number"),
         (["--local", "--config", "no-such.yaml"], "cannot read config file"),
         (["--local", "--sla-p99-ms", "0"], "--sla-p99-ms"),
         (["--local", "--sampler", "anneal"], "--sampler"),
         (["--local", "--storage", "foo://bar"], "--storage foo://bar: Can't load plugin"),
         (["--local", "--storage", "no-such-dir/j.journal"], "cannot open the journal file"),
+        (["--local", "--rounds", "2"], "--rounds"),
+        (["--local", "--finalists", "0"], "--finalists"),
+        (["--local", "--min-gain-percent", "-1"], "--min-gain-percent"),
+        (["--local", "--config", "no-such.yaml", "--rounds", "21"], "--rounds"),
     ],
 )
 def test_cli_rejects_bad_input_in_one_line(args: list[str], message: str) -> None:

@@ -9,18 +9,26 @@ import pytest
 
 from batchpilot.models import SLA, BatchingConfig, CapacityResult, StepResult
 from batchpilot.tuner.interfaces import TargetError
-from batchpilot.tuner.progress import outdone_by
 from batchpilot.tuner.rules import rule_of_thumb, rules_of_thumb, short_request_rule
-from batchpilot.tuner.runner import TrialDone, TrialStart, remeasure, run_trial, run_trials
+from batchpilot.tuner.runner import (
+    RoundDone,
+    TrialDone,
+    TrialStart,
+    interleaved_order,
+    remeasure_interleaved,
+    run_trial,
+    run_trials,
+)
 from batchpilot.tuner.study import SearchSpace, Tuner
 from batchpilot.tuner.summary import (
     TuneSummary,
+    finalists,
     gain,
     label_of,
-    roles_to_confirm,
     summarize,
-    with_confirmation,
+    with_verdict,
 )
+from batchpilot.tuner.verdict import decide
 
 SLA_ = SLA(p99_ms=100.0)
 SPACE = SearchSpace.from_bounds(max_batch_size=(1, 64), max_queue_time_ms=(0, 100))
@@ -199,7 +207,11 @@ async def test_summary_quotes_gains_measured_in_the_same_run() -> None:
     assert summary.gain_over_baseline > 0  # the made-up server rewards bigger batches
     assert set(summary.measurements) == {"best", "baseline", "rule_of_thumb"}
     assert [tr.label for tr in summary.trials[:3]] == ["baseline", "rule of thumb", "rule of thumb"]
-    assert {tr.label for tr in summary.trials[3:]} == {"sampler"}
+    # the label follows the record's source (refinement takes over once the sampler stalls)
+    assert [tr.label for tr in summary.trials[3:]] == [
+        "refine" if r.source == "refine" else "sampler" for r in t.records()[3:]
+    ]
+    assert {tr.label for tr in summary.trials[3:]} <= {"sampler", "refine"}
     dumped = summary.model_dump(mode="json")
     for key in ("max_batch_size", "max_queue_time_ms", "effective_rps", "p99_ms"):
         assert key in dumped["best"]
@@ -253,46 +265,100 @@ def _summary_of(t: Tuner, rules: list[BatchingConfig]) -> TuneSummary:
     )
 
 
-async def test_back_to_back_remeasurement_requotes_the_gains() -> None:
-    rules = [rule_of_thumb(SPACE, SLA_)]
-    t = tuner(rules)
-    for _ in range(3):
-        number, asked, _ = t.ask()
-        t.tell(number, capacity(asked, None))
-    number, _, _ = t.ask()
-    t.tell(number, capacity(BASELINE, None).model_copy(update={"effective_rps": 900.0}))
-    summary = _summary_of(t, rules)
-    assert summary.best is not None
-    assert summary.best.trial == 3
-    roles = roles_to_confirm(summary)
-    assert [r for r, _ in roles] == ["best", "baseline", "rule_of_thumb"]
-    target = FakeTarget(refuse=frozenset({BASELINE.max_batch_size}))
-    probe = FakeProbe(target)
-    remeasured = await remeasure(target, probe, [c for _, c in roles])
-    assert all(must_beat is None for _, must_beat in probe.calls)  # never pruned
-    assert BASELINE not in remeasured  # refused: left out, the rest still measured
-    confirmed = with_confirmation(summary, remeasured)
-    assert set(confirmed.confirmed) == {"best", "rule_of_thumb"}
-    assert confirmed.confirmed_gain_over_baseline is None
-    best, rule = confirmed.confirmed["best"], confirmed.confirmed["rule_of_thumb"]
-    assert best.effective_rps is not None
-    assert rule.effective_rps is not None
-    assert confirmed.confirmed_gain_over_rule_of_thumb == pytest.approx(
-        best.effective_rps / rule.effective_rps - 1
+A = BatchingConfig(max_batch_size=32, max_queue_time_ms=10.0)
+B = BatchingConfig(max_batch_size=16, max_queue_time_ms=2.0)
+C = BatchingConfig(max_batch_size=64, max_queue_time_ms=0.0)
+
+
+def test_the_interleaved_order_is_finalists_then_incumbent_round_after_round() -> None:
+    order = interleaved_order([A, B, BASELINE, A, C], BASELINE, 3)
+    assert order == [(r, c) for r in range(3) for c in (A, B, C, BASELINE)]
+    with pytest.raises(ValueError, match="rounds must be >= 1"):
+        interleaved_order([A], BASELINE, 0)
+
+
+async def test_rounds_are_applied_then_measured_interleaved_with_one_seed_per_round() -> None:
+    target = FakeTarget()
+    measured: list[tuple[BatchingConfig, int, BatchingConfig]] = []
+    seen: list[RoundDone] = []
+
+    async def measure(config: BatchingConfig, round_index: int) -> CapacityResult:
+        measured.append((config, round_index, target.live))
+        # the same offered schedule for all of a round: the seed is the round's
+        return capacity(config, None).model_copy(
+            update={"effective_rps": capacity(config, None).effective_rps + round_index}
+        )
+
+    out = await remeasure_interleaved(
+        target, measure, [A, B, C], BASELINE, rounds=3, on_done=seen.append
     )
-    # the study's own figures are kept as they were
-    assert confirmed.best == summary.best
+    assert [(c, r) for c, r, _ in measured] == [
+        (c, r) for r in range(3) for c in (A, B, C, BASELINE)
+    ]
+    assert all(config == live for config, _, live in measured)  # applied before measured
+    assert target.applied == [c for c, _, _ in measured]
+    assert [(e.round, e.config) for e in seen] == [(r, c) for c, r, _ in measured]
+    rounds = out.rounds()
+    assert list(rounds) == [A, B, C, BASELINE]
+    base = capacity(A, None).effective_rps
+    assert rounds[A] == [base, base + 1, base + 2]
+    assert out.refused == {}
 
 
-def test_a_configuration_in_two_roles_is_remeasured_once() -> None:
+async def test_a_refused_finalist_is_dropped_from_every_round() -> None:
+    target = FakeTarget(refuse=frozenset({16}))
+    calls: list[tuple[BatchingConfig, int]] = []
+
+    async def measure(config: BatchingConfig, round_index: int) -> CapacityResult:
+        calls.append((config, round_index))
+        return capacity(config, None)
+
+    out = await remeasure_interleaved(target, measure, [A, B], BASELINE, rounds=3)
+    assert out.refused == {B: "refused batch 16"}
+    assert set(out.rounds()) == {A, BASELINE}
+    assert [c for c, _ in calls] == [A, BASELINE] * 3
+
+
+async def test_a_refused_incumbent_is_the_targets_fault() -> None:
+    target = FakeTarget(refuse=frozenset({BASELINE.max_batch_size}))
+
+    async def measure(config: BatchingConfig, round_index: int) -> CapacityResult:
+        return capacity(config, None)
+
+    with pytest.raises(TargetError, match="refused batch 8"):
+        await remeasure_interleaved(target, measure, [A], BASELINE, rounds=3)
+
+
+def test_finalists_are_the_top_distinct_complete_configurations_but_the_incumbent() -> None:
+    t = tuner([])
+    figures = {BASELINE: 900.0, A: 500.0, B: 700.0, C: 300.0}
+    for config in (BASELINE, A, B, C, A):
+        t.add_warm_starts([config])
+    while t.measured_count() < 4:
+        number, asked, _ = t.ask()
+        t.tell(number, capacity(asked, None).model_copy(update={"effective_rps": figures[asked]}))
+    assert finalists(t.records(), BASELINE, 2) == [B, A]
+    assert finalists(t.records(), BASELINE, 5) == [B, A, C]
+
+
+def test_the_summary_recommends_by_the_verdict() -> None:
     t = tuner([])
     n, _, _ = t.ask()
     t.tell(n, capacity(BASELINE, None))
     summary = _summary_of(t, [])
-    assert roles_to_confirm(summary) == [("best", BASELINE)]
-    again = with_confirmation(summary, {BASELINE: capacity(BASELINE, None)})
-    assert set(again.confirmed) == {"best", "baseline"}
-    assert again.confirmed_gain_over_baseline == 0.0
+    assert summary.recommended == BASELINE
+    assert "not re-measured" in summary.recommendation
+    clear = decide({A: [130.0, 131.0, 129.0], BASELINE: [100.0, 101.0, 99.0]}, BASELINE)
+    proven = with_verdict(summary, clear)
+    assert proven.recommended == A
+    assert proven.verdict == clear
+    assert "lower bound" in proven.recommendation
+    unclear = decide({A: [104.0, 90.0, 115.0], BASELINE: [100.0, 101.0, 99.0]}, BASELINE)
+    kept = with_verdict(summary, unclear)
+    assert kept.recommended == BASELINE
+    assert kept.recommendation.startswith("keep the incumbent. NoSignificantGain: ")
+    assert "NoSignificantGain" in kept.recommendation
+    assert TuneSummary.model_validate_json(kept.model_dump_json()) == kept
 
 
 async def test_no_trial_starts_once_the_time_budget_is_spent() -> None:
@@ -303,14 +369,28 @@ async def test_no_trial_starts_once_the_time_budget_is_spent() -> None:
     assert t.measured_count() == 2
 
 
-def test_a_reference_that_beats_the_best_when_remeasured_is_flagged() -> None:
+def test_the_table_shows_estimates_intervals_gains_and_the_choice() -> None:
+    from rich.console import Console
+
+    from batchpilot.tuner.progress import render_summary
+
     t = tuner([])
     n, _, _ = t.ask()
     t.tell(n, capacity(BASELINE, None))
-    n, config, _ = t.ask()
-    t.tell(n, capacity(BASELINE, None).model_copy(update={"effective_rps": 900.0}))
     summary = _summary_of(t, [])
-    assert outdone_by(summary) == []
-    slower = capacity(BASELINE, None).model_copy(update={"effective_rps": 10.0})
-    again = with_confirmation(summary, {config: slower, BASELINE: capacity(BASELINE, None)})
-    assert outdone_by(again) == ["baseline"]
+    verdict = decide(
+        {A: [104.0, 90.0, 115.0], B: [60.0, 0.0, 61.0], BASELINE: [100.0, 101.0, 99.0]},
+        BASELINE,
+    )
+    console = Console(record=True, width=200)
+    render_summary(console, with_verdict(summary, verdict))
+    text = console.export_text()
+    assert "Re-measured interleaved, 3 rounds" in text
+    assert "req/s [95%]" in text
+    assert "104 90 115" in text
+    assert "8/5ms now" in text
+    assert "kept" in text
+    assert "low < 5%" in text
+    assert "missed SLA" in text
+    assert "Recommendation: max_batch_size=8 max_queue_time_ms=5: keep the incumbent." in text
+    assert "NoSignificantGain" in text

@@ -92,7 +92,8 @@ def run(tuner: Tuner, n: int) -> list[dict[str, float | int]]:
 
 
 def test_baseline_first_then_warm_starts_then_the_sampler() -> None:
-    tuner = make(warm_start=[*RULES, BASELINE, RULES[0]])  # duplicates are dropped
+    # duplicates are dropped; refinement off, which would take trial 4 (see below)
+    tuner = make(warm_start=[*RULES, BASELINE, RULES[0]], refine=False)
     run(tuner, 5)
     records = tuner.records()
     assert [r.source for r in records] == [
@@ -198,7 +199,9 @@ def test_records_round_trip_through_json() -> None:
     ("sampler", "cut", "total"),
     # GP refits its model every trial (about a second each here): one short run for it,
     # long enough that its model, not its start-up sampling, makes the last suggestions
-    [*((s, c, 14) for s in ("TPE", "Random") for c in (1, 4, 10)), ("GP", 6, 9)],
+    # long enough for refinement trials (4, 5, ...) and an infeasible one on both sides
+    # of some cut
+    [*((s, c, 20) for s in ("TPE", "Random") for c in (1, 4, 5, 10, 17)), ("GP", 6, 9)],
 )
 def test_rebuilt_study_suggests_what_an_uninterrupted_one_would(
     sampler: str, cut: int, total: int
@@ -213,11 +216,14 @@ def test_rebuilt_study_suggests_what_an_uninterrupted_one_would(
     assert [r.state for r in rebuilt.records()] == [r.state for r in uninterrupted.records()]
 
 
-def test_the_landscape_produces_every_outcome() -> None:
-    # guards the rebuild test above: it only proves something if every state occurs
-    tuner = make()
-    run(tuner, 14)
+@pytest.mark.parametrize("sampler", ["TPE", "Random"])
+def test_the_landscape_produces_every_outcome(sampler: str) -> None:
+    # guards the rebuild test above: it only proves something if every state and every
+    # source occurs, refinement included
+    tuner = make(sampler=sampler)
+    run(tuner, 20)
     assert {"Complete", "Pruned", "Infeasible"} <= {r.state for r in tuner.records()}
+    assert {"baseline", "warm-start", "sampler", "refine"} <= {r.source for r in tuner.records()}
 
 
 def test_rebuild_with_a_failed_trial_in_history() -> None:
@@ -256,7 +262,8 @@ def test_interrupted_trial_is_failed_and_retried_once() -> None:
     again = make(resumed.records())
     assert again.pending_fixed() == 0
     number, _, _ = again.ask()
-    assert again.records()[number].source == "sampler"
+    assert again.records()[number].source in ("sampler", "refine")
+    assert number == retry_number + 1
 
 
 def test_an_interrupted_warm_start_is_retried_before_the_rest_of_the_queue() -> None:

@@ -133,3 +133,28 @@ async def test_tune_local_warm_start_proposes_from_the_calibrated_model(
     expected = propose_configs(expected_cost, MIX, SLA_100, space, 2, seed=0)
     assert proposed == [c for c in expected if c != BASELINE]
     assert await warm.maybe() == []  # once only
+
+
+def test_more_configurations_calibrate_the_reference_batcher_both_ways() -> None:
+    # The reference server hands full batches over ahead and hides 1 ms of each batch's
+    # round trip, yet spends per-request work the profile cannot see.
+    truth = LinearCost(fixed_ms=2.0, per_row_ms=0.1, per_request_ms=0.3, handover_ms=1.0)
+    profiled = LinearCost(fixed_ms=2.0, per_row_ms=0.1)
+    rule = BatchingConfig(max_batch_size=2, max_queue_time_ms=0.0)
+    pruned_config = BatchingConfig(max_batch_size=40, max_queue_time_ms=1.0)
+
+    def measure(config: BatchingConfig) -> CapacityResult:
+        world = Scenario(cost=truth, mix=MIX, requests=2000, seed=7, ahead=1)
+        return simulate_capacity(world, config, SLA_100, precision=0.02)
+
+    big = BatchingConfig(max_batch_size=32, max_queue_time_ms=10.0)
+    cut = measure(pruned_config).model_copy(update={"pruned": True})
+    cost, note = calibrated_cost(
+        profiled, mix=MIX, sla=SLA_100, baseline=big, measured=measure(big),
+        more=[(rule, measure(rule)), (pruned_config, cut)], ahead=1,
+    )  # fmt: skip
+    assert isinstance(cost, LinearCost)
+    assert "b=2" in note or rule.label() in note
+    assert pruned_config.label() not in note  # a pruned figure is only a lower bound
+    assert cost.handover_ms > 0.3
+    assert cost.per_request_ms > 0.1

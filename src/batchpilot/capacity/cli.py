@@ -6,7 +6,7 @@ import asyncio
 import json
 import sys
 from pathlib import Path
-from typing import Any, Literal, cast
+from typing import Any
 
 import click
 from rich.console import Console
@@ -16,7 +16,8 @@ from batchpilot.capacity.prometheus import PrometheusQueryError, PrometheusStepS
 from batchpilot.capacity.report import capacity_json, render_capacity, step_line
 from batchpilot.capacity.search import summarise_steps
 from batchpilot.clitools import SeeHelpErrors, fail, on_interrupt
-from batchpilot.loadgen.arrivals import ARRIVALS
+from batchpilot.loadgen.arrival_option import arrival_option
+from batchpilot.loadgen.arrivals import ArrivalKind
 from batchpilot.loadgen.endpoints import UnreachableError, check_reachable, normalise_urls
 from batchpilot.loadgen.mix import parse_mix
 from batchpilot.loadgen.result import LoadResult
@@ -50,13 +51,18 @@ _POSITIVE = click.FloatRange(0, min_open=True)
 @click.option("--warmup-seconds", type=click.FloatRange(0), default=2.0, show_default=True)
 @click.option("--start-rps", type=_POSITIVE, default=None, help="Default: from the warm-up.")
 @click.option("--timeout", type=_POSITIVE, default=None, help="Default: max(5 x SLA, 1 s).")
-@click.option("--arrival", type=click.Choice(ARRIVALS), default="poisson", show_default=True)
+@arrival_option()
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--path", default="/v1/predict", show_default=True)
 @click.option("--replicas", type=click.IntRange(1), default=1, show_default=True)
 @click.option("--accelerators-per-replica", type=click.IntRange(1), default=1, show_default=True)
 @click.option("--prometheus", "prometheus_url", default=None, help="Decide steps from PromQL.")
 @click.option("--prometheus-selector", default="", help="Label matchers, e.g. 'job=\"x\"'.")
+@click.option(
+    "--prometheus-scrape-interval", type=_POSITIVE, default=None,
+    help="Seconds between scrapes of the target (default: from Prometheus's configuration); "
+    "steps shorter than 4 intervals are refused.",
+)  # fmt: skip
 @click.option("--plot", "plot_path", type=click.Path(dir_okay=False), default=None)
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 def capacity(
@@ -70,13 +76,14 @@ def capacity(
     warmup_seconds: float,
     start_rps: float | None,
     timeout: float | None,
-    arrival: str,
+    arrival: ArrivalKind,
     seed: int,
     path: str,
     replicas: int,
     accelerators_per_replica: int,
     prometheus_url: str | None,
     prometheus_selector: str,
+    prometheus_scrape_interval: float | None,
     plot_path: str | None,
     as_json: bool,
 ) -> None:
@@ -110,11 +117,16 @@ def capacity(
             source = None
             if prometheus_url is not None:
                 await check_reachable([prometheus_url.rstrip("/")])
-                source = PrometheusStepSource(prometheus_url, selector=prometheus_selector)
+                source = PrometheusStepSource(
+                    prometheus_url,
+                    selector=prometheus_selector,
+                    scrape_interval_s=prometheus_scrape_interval,
+                )
+                await source.check_step(step_seconds)
             result = await measure_capacity(
                 bases, sla=sla, mix=mix, precision=precision, step_duration_s=step_seconds,
                 warmup_s=warmup_seconds, start_rps=start_rps, timeout_s=timeout, seed=seed,
-                source=source, arrival=cast(Literal["poisson", "constant"], arrival),
+                source=source, arrival=arrival,
                 path=path, on_step=progress, min_requests=min_requests,
             )  # fmt: skip
             return result, False

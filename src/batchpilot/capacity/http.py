@@ -8,10 +8,11 @@ import itertools
 import math
 import time
 from collections.abc import Callable, Sequence
-from typing import Literal, Protocol
+from typing import Protocol
 
 from batchpilot.capacity.search import search_capacity
 from batchpilot.capacity.steps import step_from_load
+from batchpilot.loadgen.arrivals import ArrivalKind, as_arrival
 from batchpilot.loadgen.endpoints import check_reachable, normalise_urls
 from batchpilot.loadgen.generator import run_load
 from batchpilot.loadgen.result import LoadResult
@@ -68,7 +69,7 @@ async def measure_step(
     duration_s: float,
     timeout_s: float,
     seed: int,
-    arrival: Literal["poisson", "constant"] = "poisson",
+    arrival: ArrivalKind | str = "poisson",
     source: StepSource | None = None,
     path: str = "/v1/predict",
     min_requests: int = 0,
@@ -105,7 +106,7 @@ async def measure_capacity(
     timeout_s: float | None = None,
     seed: int = 0,
     source: StepSource | None = None,
-    arrival: Literal["poisson", "constant"] = "poisson",
+    arrival: ArrivalKind | str = "poisson",
     max_rps: float = 1e6,
     path: str = "/v1/predict",
     on_step: Callable[[StepResult, LoadResult], None] | None = None,
@@ -134,6 +135,8 @@ async def measure_capacity(
         raise ValueError(f"min requests per step must be ≥ 0, got {min_requests}")
     if start_rps is not None and not (math.isfinite(start_rps) and start_rps > 0):
         raise ValueError(f"start rate must be > 0 req/s, got {start_rps:g}")
+    # Parsed once: a trace file is read before the first request, not at every step.
+    process = as_arrival(arrival)
     timeout = timeout_s if timeout_s is not None else default_timeout_s(sla)
     cooldown = timeout if cooldown_s is None else cooldown_s
     await check_reachable(bases)
@@ -161,7 +164,7 @@ async def measure_capacity(
             duration_s=step_window_s(rate, step_duration_s, min_requests),
             timeout_s=timeout,
             seed=next(step_seeds),
-            arrival=arrival,
+            arrival=process,
             source=source,
             path=path,
             min_requests=min_requests,

@@ -7,11 +7,13 @@ import asyncio
 import math
 from typing import Any
 
+import aiohttp
 from prometheus_api_client import PrometheusConnect
 from prometheus_api_client.exceptions import PrometheusApiClientException
 from requests import RequestException
 from urllib3.util.retry import Retry
 
+from batchpilot.capacity.scrape import check_window, scrape_interval_from_config
 from batchpilot.loadgen.result import LoadResult
 from batchpilot.models import SLA, StepResult, step_passes
 
@@ -22,7 +24,11 @@ class PrometheusQueryError(RuntimeError):
 
 class PrometheusStepSource:
     """Decides a step from PromQL over the window the step ran in. `selector` narrows the
-    series to the target's (e.g. `job="resnet",namespace="prod"`)."""
+    series to the target's (e.g. `job="resnet",namespace="prod"`).
+
+    `scrape_interval_s` is how often Prometheus scrapes the target; unset, it is read from
+    Prometheus's configuration (`check_step`). A step shorter than four intervals is
+    refused (`batchpilot.capacity.scrape`)."""
 
     def __init__(
         self,
@@ -34,9 +40,15 @@ class PrometheusStepSource:
         selector: str = "",
         settle_s: float = 2.5,
         query_timeout_s: float = 10.0,
+        scrape_interval_s: float | None = None,
     ) -> None:
         if settle_s < 0 or query_timeout_s <= 0:
             raise ValueError("settle time must be ≥ 0 s and query timeout > 0 s")
+        if scrape_interval_s is not None and not (
+            math.isfinite(scrape_interval_s) and scrape_interval_s > 0
+        ):
+            raise ValueError(f"scrape interval must be > 0 s, got {scrape_interval_s:g}")
+        self.scrape_interval_s = scrape_interval_s
         self.url = url.rstrip("/")
         self._latency = latency_metric
         self._requests = requests_metric
@@ -62,12 +74,46 @@ class PrometheusStepSource:
             "total_rps": f"sum(rate({self._requests}{self._matchers()}[{window}]))",
         }
 
+    async def check_step(self, step_s: float) -> float:
+        """Refuse (ScrapeWindowError) steps of `step_s` seconds if they are shorter than
+        four scrape intervals, reading the interval from Prometheus unless configured.
+        Returns the interval. Call it before the first step: steps only ever lengthen."""
+        if self.scrape_interval_s is None:
+            self.scrape_interval_s = scrape_interval_from_config(
+                await self._config_yaml(), self._selector
+            )
+        check_window(step_s, self.scrape_interval_s)
+        return self.scrape_interval_s
+
+    async def _config_yaml(self) -> str:
+        """Prometheus's loaded configuration (GET /api/v1/status/config)."""
+        url = f"{self.url}/api/v1/status/config"
+        try:
+            timeout = aiohttp.ClientTimeout(total=self._timeout_s)
+            async with (
+                aiohttp.ClientSession(timeout=timeout) as session,
+                session.get(url) as response,
+            ):
+                response.raise_for_status()
+                body: Any = await response.json()
+            return str(body["data"]["yaml"])
+        except TimeoutError:
+            problem = f"no answer within {self._timeout_s:g} s"
+        except (aiohttp.ClientError, ValueError, KeyError, TypeError) as e:
+            problem = str(e) or type(e).__name__
+        raise PrometheusQueryError(
+            f"Prometheus at {self.url}: cannot read its configuration for the scrape "
+            f"interval ({problem}); give the interval explicitly"
+        )
+
     async def step_result(
         self, *, load: LoadResult, start_unix: float, end_unix: float, sla: SLA
     ) -> StepResult:
         # Let Prometheus scrape past the end of the window before asking about it.
         await asyncio.sleep(self._settle_s)
         window_s = max(end_unix - start_unix, 2.0)
+        if self.scrape_interval_s is not None:
+            check_window(window_s, self.scrape_interval_s)
         values = {
             name: await self.query_scalar(query, at_unix=end_unix)
             for name, query in self.queries(window_s).items()

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import sys
-from typing import Literal, cast
 
 import click
 from rich.console import Console
 
 from batchpilot.clitools import SeeHelpErrors, fail, on_interrupt
-from batchpilot.loadgen.arrivals import ARRIVALS
+from batchpilot.loadgen.arrival_option import arrival_option
+from batchpilot.loadgen.arrivals import ArrivalKind
 from batchpilot.loadgen.endpoints import UnreachableError, check_reachable, normalise_urls
 from batchpilot.loadgen.generator import MAX_DURATION_S, MAX_RATE, run_load
 from batchpilot.loadgen.mix import parse_mix
@@ -42,7 +42,7 @@ INTERRUPTED_EXIT = 130
     help="Request sizes as WEIGHT:SIZE pairs ('8:16,2:256') or a YAML/JSON file "
     "(default: mostly 1, some 4, a few 16).",
 )
-@click.option("--arrival", type=click.Choice(ARRIVALS), default="poisson", show_default=True)
+@arrival_option()
 @click.option(
     "--timeout",
     type=click.FloatRange(0, 3600, min_open=True),
@@ -58,7 +58,7 @@ def loadtest(
     rate: float,
     duration: float,
     mix_spec: str | None,
-    arrival: str,
+    arrival: ArrivalKind,
     timeout: float,
     seed: int,
     path: str,
@@ -81,7 +81,7 @@ def loadtest(
                 rate,
                 duration,
                 mix,
-                cast(Literal["poisson", "constant"], arrival),
+                arrival,
                 timeout,
                 seed,
                 path,
@@ -102,7 +102,7 @@ async def _run(
     rate: float,
     duration: float,
     mix: RequestMix,
-    arrival: Literal["poisson", "constant"],
+    arrival: ArrivalKind,
     timeout_s: float,
     seed: int,
     path: str,

@@ -20,12 +20,11 @@ import time
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from types import SimpleNamespace
-from typing import Literal
 
 import aiohttp
 from yarl import URL
 
-from batchpilot.loadgen.arrivals import ARRIVALS, schedule
+from batchpilot.loadgen.arrivals import ArrivalKind, as_arrival, describe_arrival, schedule
 from batchpilot.loadgen.endpoints import endpoint_url, normalise_urls
 from batchpilot.loadgen.result import (
     CANCELLED,
@@ -70,7 +69,7 @@ async def run_load(
     rate: float,
     duration_s: float,
     mix: RequestMix,
-    arrival: Literal["poisson", "constant"] = "poisson",
+    arrival: ArrivalKind | str = "poisson",
     timeout_s: float = 10.0,
     seed: int = 0,
     path: str = "/v1/predict",
@@ -84,8 +83,9 @@ async def run_load(
     the partial result is returned with `interrupted=True`. Raises ValueError for bad
     arguments."""
     bases = normalise_urls(urls)
-    _validate(rate, duration_s, arrival, timeout_s, max_in_flight)
-    offsets = schedule(rate, duration_s, arrival, seed)
+    process = as_arrival(arrival)
+    _validate(rate, duration_s, timeout_s, max_in_flight)
+    offsets = schedule(rate, duration_s, process, seed)
     sizes = mix.sampler(seed).draw(len(offsets))
     bodies = {size: body_for_size(size) for size in set(sizes)}
     targets = [endpoint_url(base, path) for base in bases]
@@ -113,7 +113,7 @@ async def run_load(
                 window_s = await run.execute(session, duration_s)
     return summarise(
         urls=bases,
-        arrival=arrival,
+        arrival=describe_arrival(process),
         seed=seed,
         target_rps=rate,
         window_s=window_s,
@@ -189,9 +189,7 @@ def _rare_gc() -> Iterator[None]:
         gc.set_threshold(*thresholds)
 
 
-def _validate(
-    rate: float, duration_s: float, arrival: str, timeout_s: float, max_in_flight: int
-) -> None:
+def _validate(rate: float, duration_s: float, timeout_s: float, max_in_flight: int) -> None:
     if not (math.isfinite(rate) and 0 < rate <= MAX_RATE):
         raise ValueError(f"rate must be > 0 and ≤ {MAX_RATE:g} req/s, got {rate:g}")
     if not (math.isfinite(duration_s) and 0 < duration_s <= MAX_DURATION_S):
@@ -201,8 +199,6 @@ def _validate(
             f"rate x duration is {rate * duration_s:,.0f} requests, more than one run holds "
             f"({MAX_REQUESTS:,}): split it into shorter runs"
         )
-    if arrival not in ARRIVALS:
-        raise ValueError(f"arrival must be one of {', '.join(ARRIVALS)}, got {arrival!r}")
     if not (math.isfinite(timeout_s) and timeout_s > 0):
         raise ValueError(f"timeout must be a positive number of seconds, got {timeout_s:g}")
     if max_in_flight < 1:

@@ -56,6 +56,18 @@ PRINTER_COLUMNS: list[dict[str, Any]] = [
         "jsonPath": ".status.best.effectiveRps",
         "description": "effective throughput of the best configuration",
     },
+    {
+        "name": "Gain-%",
+        "type": "number",
+        "jsonPath": ".status.best.gainPercent",
+        "description": "gain of the best over the incumbent, re-measured interleaved",
+    },
+    {
+        "name": "Gain-low-%",
+        "type": "number",
+        "jsonPath": ".status.best.gainLowPercent",
+        "description": "lower bound of that gain (written back only when >= minGainPercent)",
+    },
     {"name": "Phase", "type": "string", "jsonPath": ".status.phase"},
     {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
 ]

@@ -12,17 +12,19 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Literal
 
-from batchpilot.models import SLA
+from batchpilot.models import SLA, BatchingConfig
 from batchpilot.operator.spec import (
     MAX_BATCH_SIZE,
     MAX_QUEUE_TIME_MS,
     InferenceServiceSpec,
     Params,
+    batching_config,
 )
 from batchpilot.operator.status import (
     MAX_CONDITIONS,
     TRIALS_KEPT,
     Condition,
+    Confirmation,
     InferenceServiceStatus,
     OriginalConfig,
     Result,
@@ -32,10 +34,13 @@ from batchpilot.operator.status import (
 
 # backoff_delay lives with the retry helper; handlers and tests know it by this name too.
 from batchpilot.retry import backoff_delay as backoff_delay
+from batchpilot.tuner.verdict import Estimate, Verdict, decide, gain_over_incumbent
 
-PlanKind = Literal["idle", "new-study", "record-original", "trial", "finish", "fail"]
+PlanKind = Literal["idle", "new-study", "record-original", "trial", "confirm", "finish", "fail"]
 FINISHED_STATES = frozenset({"Complete", "Pruned", "Infeasible"})
-ACTIVE_PHASES = frozenset({"Pending", "Baseline", "Tuning"})
+ACTIVE_PHASES = frozenset({"Pending", "Baseline", "Tuning", "Confirming"})
+# Round r of the confirmation offers every configuration the load of seed + this x (r + 1).
+ROUND_SEED_STRIDE = 7919
 
 
 @dataclass(frozen=True)
@@ -52,21 +57,132 @@ def plan(spec: InferenceServiceSpec, status: InferenceServiceStatus, generation:
         return Plan("idle", f"study of generation {generation} is {status.phase}")
     if status.original is None:
         return Plan("record-original", "the target's configuration is not recorded yet")
+    confirmation = status.confirmation
+    if confirmation is not None:
+        if next_measurement(confirmation) is None:
+            return Plan("finish", confirmation.reason)
+        return Plan("confirm", confirmation.reason)
     if len(status.trials) >= TRIALS_KEPT:
         # the tuner rebuilds from a gap-free history, so the study ends before any of
         # it would have to be summarised away
-        return Plan("finish", f"the trial history is full ({TRIALS_KEPT} trials)")
+        return _trials_done(spec, status, f"the trial history is full ({TRIALS_KEPT} trials)")
     failures = consecutive_failures(status.trials)
     if failures >= spec.tuning.max_failures:
         return Plan("fail", f"{failures} trials in a row failed")
     finished = sum(1 for t in status.trials if t.state in FINISHED_STATES)
     finished += status.trials_summary.complete if status.trials_summary else 0
     if finished >= spec.tuning.max_trials:
-        return Plan("finish", f"all {spec.tuning.max_trials} trials done")
+        return _trials_done(spec, status, f"all {spec.tuning.max_trials} trials done")
     patience = spec.tuning.patience
     if patience is not None and trials_since_improvement(status.trials) >= patience:
-        return Plan("finish", f"no improvement in the last {patience} trials")
+        return _trials_done(spec, status, f"no improvement in the last {patience} trials")
     return Plan("trial")
+
+
+def _trials_done(spec: InferenceServiceSpec, status: InferenceServiceStatus, reason: str) -> Plan:
+    """After the trials: confirm when there is something to confirm, else finish."""
+    if start_confirmation(spec, status.trials, reason) is not None:
+        return Plan("confirm", reason)
+    return Plan("finish", reason)
+
+
+def start_confirmation(
+    spec: InferenceServiceSpec, trials: Sequence[TrialEntry], reason: str
+) -> Confirmation | None:
+    """The confirmation phase for these trials: the top `tuning.finalists` distinct
+    configurations by the study's score (Complete trials, most req/s first, the earlier
+    on a tie) and the incumbent, the baseline trial's configuration. None when there is
+    no measured baseline or no finalist besides it (nothing to compare). Finalists are
+    distinct in their batching knobs; one that differs from a better one only in extra
+    parameters is left out."""
+    baseline = baseline_trial(trials)
+    if spec.tuning.finalists == 0 or baseline is None or baseline.state not in FINISHED_STATES:
+        return None
+    incumbent = batching_config(baseline.params)
+    done = sorted(
+        (t for t in trials if t.state == "Complete" and t.effective_rps),
+        key=lambda t: (-(t.effective_rps or 0.0), t.number),
+    )
+    seen = {incumbent}
+    finalists: list[dict[str, float | int]] = []
+    for trial in done:
+        config = batching_config(trial.params)
+        if config not in seen and len(finalists) < spec.tuning.finalists:
+            seen.add(config)
+            finalists.append(dict(trial.params))
+    if not finalists:
+        return None
+    return Confirmation(
+        reason=reason,
+        finalists=finalists,
+        incumbent=dict(baseline.params),
+        rounds=spec.tuning.confirm_rounds,
+    )
+
+
+def next_measurement(confirmation: Confirmation) -> tuple[int, Params] | None:
+    """(round, params) of the next measurement: the finalists in order, then the
+    incumbent, round after round; None once every round is measured. Rebuilt from the
+    measurements in status alone, so a restarted operator resumes where it stopped."""
+    order = [*confirmation.finalists, confirmation.incumbent]
+    done = len(confirmation.measurements)
+    if done >= len(order) * confirmation.rounds:
+        return None
+    return done // len(order), dict(order[done % len(order)])
+
+
+def verdict_of(confirmation: Confirmation, spec: InferenceServiceSpec) -> Verdict:
+    """The verdict on a finished confirmation (tuner/verdict.py)."""
+    rounds: dict[BatchingConfig, list[float]] = {}
+    for m in confirmation.measurements:
+        rounds.setdefault(batching_config(m.params), []).append(m.effective_rps)
+    return decide(
+        rounds,
+        batching_config(confirmation.incumbent),
+        min_gain_percent=spec.tuning.min_gain_percent,
+        seed=spec.tuning.seed,
+    )
+
+
+def params_of(confirmation: Confirmation, config: BatchingConfig) -> Params:
+    """The full parameters (extras included) of a configuration in the confirmation."""
+    for params in [*confirmation.finalists, confirmation.incumbent]:
+        if batching_config(params) == config:
+            return dict(params)
+    raise ValueError(f"{config.label()} is not part of this confirmation")
+
+
+def estimate_result(
+    verdict: Verdict,
+    estimate: Estimate,
+    params: Mapping[str, float | int],
+    generation: int | None,
+    trial: int | None,
+) -> Result:
+    """A status result from the confirmation: the rounds' estimate and interval, and
+    the gain over the incumbent with its interval."""
+    gain, low, high = gain_over_incumbent(verdict, estimate)
+    return Result(
+        max_batch_size=estimate.config.max_batch_size,
+        max_queue_time_ms=estimate.config.max_queue_time_ms,
+        params=dict(params),
+        effective_rps=round(estimate.estimate, 1),
+        effective_rps_low=round(estimate.low, 1),
+        effective_rps_high=round(estimate.high, 1),
+        gain_percent=round(gain, 1),
+        gain_low_percent=round(low, 1),
+        gain_high_percent=round(high, 1),
+        trial=trial,
+        generation=generation,
+    )
+
+
+def trial_of(trials: Iterable[TrialEntry], params: Mapping[str, float | int]) -> int | None:
+    """The first finished trial that measured exactly these parameters."""
+    for trial in trials:
+        if trial.state in FINISHED_STATES and dict(trial.params) == dict(params):
+            return trial.number
+    return None
 
 
 def consecutive_failures(trials: Sequence[TrialEntry]) -> int:

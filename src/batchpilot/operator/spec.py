@@ -12,6 +12,14 @@ from typing import Any, ClassVar, Literal, Self
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 from pydantic.alias_generators import to_camel
 
+from batchpilot.loadgen.arrivals import (
+    MMPP,
+    ArrivalKind,
+    Constant,
+    Poisson,
+    TraceError,
+    trace_from_timestamps,
+)
 from batchpilot.models import (
     DEFAULT_MIN_REQUESTS,
     MAX_BATCH_SIZE_LIMIT,
@@ -339,6 +347,91 @@ class PrometheusSpec(BaseModel):
         description='Extra label matchers added to every query, e.g. job="resnet".',
         max_length=512,
     )
+    scrape_interval_seconds: float | None = Field(
+        default=None,
+        description="How often Prometheus scrapes the target, s; read from Prometheus's "
+        "configuration when unset. load.stepSeconds must be at least 4 intervals.",
+        gt=0.0,
+        le=3600.0,
+    )
+
+
+MAX_TRACE_TIMESTAMPS = 10_000
+
+
+class ArrivalSpec(BaseModel):
+    """The arrival process every step is offered under (the simulator's too)."""
+
+    model_config = _model_config(
+        cel(
+            "self.process == 'MMPP' || (!has(self.burstFactor) && !has(self.burstFraction) "
+            "&& !has(self.meanBurstSeconds))",
+            "load.arrival: burstFactor, burstFraction and meanBurstSeconds apply to "
+            "process MMPP only",
+        ),
+        cel(
+            "(self.process == 'Trace') == has(self.timestamps)",
+            "load.arrival.timestamps is required for process Trace and allowed for it only",
+        ),
+    )
+
+    process: Literal["Poisson", "Constant", "MMPP", "Trace"] = Field(
+        default="Poisson",
+        description="Poisson: independent users. Constant: evenly spaced. MMPP: bursts at "
+        "burstFactor x the quiet rate, burstFraction of the time, meanBurstSeconds long "
+        "(seconds at every rate). Trace: the recorded timestamps replayed, their gaps "
+        "scaled to each step's rate.",
+    )
+    burst_factor: float | None = Field(
+        default=None, description="MMPP: burst rate / quiet rate [4].", ge=1.0, le=1000.0
+    )
+    burst_fraction: float | None = Field(
+        default=None, description="MMPP: share of the time in bursts [0.2].", gt=0.0, lt=1.0
+    )
+    mean_burst_seconds: float | None = Field(
+        default=None, description="MMPP: mean length of a burst, s [0.5].", gt=0.0, le=3600.0
+    )
+    timestamps: list[float] | None = Field(
+        default=None,
+        description="Trace: arrival times in seconds, not decreasing.",
+        min_length=2,
+        max_length=MAX_TRACE_TIMESTAMPS,
+    )
+
+    @model_validator(mode="after")
+    def _fields_fit_the_process(self) -> ArrivalSpec:
+        mmpp_fields = (self.burst_factor, self.burst_fraction, self.mean_burst_seconds)
+        if self.process != "MMPP" and any(v is not None for v in mmpp_fields):
+            raise ValueError(
+                "load.arrival: burstFactor, burstFraction and meanBurstSeconds apply to "
+                "process MMPP only"
+            )
+        if (self.process == "Trace") != (self.timestamps is not None):
+            raise ValueError(
+                "load.arrival.timestamps is required for process Trace and allowed for it only"
+            )
+        if self.timestamps is not None:
+            self.process_model()  # a trace that cannot be replayed says why here
+        return self
+
+    def process_model(self) -> ArrivalKind:
+        """The load generator's (and simulator's) process this spec names."""
+        if self.process == "Constant":
+            return Constant()
+        if self.process == "MMPP":
+            given = {
+                "burst_factor": self.burst_factor,
+                "high_fraction": self.burst_fraction,
+                "mean_burst_s": self.mean_burst_seconds,
+            }
+            return MMPP.model_validate({k: v for k, v in given.items() if v is not None})
+        if self.process == "Trace":
+            assert self.timestamps is not None  # the validator's rule
+            try:
+                return trace_from_timestamps(self.timestamps, "load.arrival.timestamps")
+            except TraceError as exc:
+                raise ValueError(str(exc)) from None
+        return Poisson()
 
 
 class LoadSpec(BaseModel):
@@ -383,6 +476,12 @@ class LoadSpec(BaseModel):
         description="Relative precision of the effective-throughput search.",
         ge=0.005,
         le=0.5,
+    )
+    arrival: ArrivalSpec = Field(
+        default_factory=ArrivalSpec,
+        description="Arrival process of the offered load; a bursty service is tuned under "
+        "its bursts.",
+        json_schema_extra={"default": {"process": "Poisson"}},
     )
     request_timeout_seconds: float | None = Field(
         default=None,
@@ -457,6 +556,29 @@ class TuningSpec(BaseModel):
         le=50,
     )
     seed: int = Field(default=0, description="Seed of the sampler and the load generator.", ge=0)
+    finalists: int = Field(
+        default=3,
+        description="After the trials, the best this many distinct configurations are "
+        "measured again against the original (the incumbent), interleaved. 0 turns the "
+        "confirmation off: the study's best is written back unproven.",
+        ge=0,
+        le=10,
+    )
+    confirm_rounds: int = Field(
+        default=3,
+        description="Interleaved rounds of that re-measurement: each round measures every "
+        "finalist and then the incumbent, with the same load seed.",
+        ge=3,
+        le=20,
+    )
+    min_gain_percent: float = Field(
+        default=5.0,
+        description="Write back (or recommend) a finalist only when the lower bound of its "
+        "gain over the incumbent (95 % interval over the rounds) is at least this; "
+        "otherwise the study ends Converged with reason NoSignificantGain.",
+        ge=0.0,
+        le=1000.0,
+    )
 
 
 class InferenceServiceSpec(BaseModel):

@@ -13,9 +13,9 @@ from pydantic.alias_generators import to_camel
 
 from batchpilot.operator.spec import MAX_TRIALS_LIMIT
 
-Phase = Literal["Pending", "Baseline", "Tuning", "Converged", "Failed"]
+Phase = Literal["Pending", "Baseline", "Tuning", "Confirming", "Converged", "Failed"]
 TrialState = Literal["Running", "Complete", "Pruned", "Infeasible", "Failed"]
-TrialSource = Literal["baseline", "warm-start", "sampler"]
+TrialSource = Literal["baseline", "warm-start", "sampler", "refine"]
 
 # Trials kept in full. A study has at most MAX_TRIALS_LIMIT trials plus retried failures,
 # so the kept window normally holds the whole study and a restart rebuilds it exactly;
@@ -54,7 +54,7 @@ class TrialEntry(_Status):
 
     number: int = Field(description="Trial number in the study, from 0 (the baseline).")
     params: dict[str, float | int] = Field(description="Values tried, by parameter name.")
-    source: TrialSource = Field(description="baseline, warm-start or sampler.")
+    source: TrialSource = Field(description="baseline, warm-start, sampler or refine.")
     state: TrialState = Field(description="Running, Complete, Pruned, Infeasible or Failed.")
     effective_rps: float | None = Field(default=None, description="Effective throughput, req/s.")
     p99_ms: float | None = Field(default=None, description="p99 at the effective rate, ms.")
@@ -96,6 +96,46 @@ class Result(_Status):
     error_rate: float | None = Field(default=None, description="Error rate at the effective rate.")
     trial: int | None = Field(default=None, description="Trial that measured it.")
     generation: int | None = Field(default=None, description="Spec generation of the study.")
+    effective_rps_low: float | None = Field(
+        default=None,
+        description="Lower end of the interval on effectiveRps over the confirmation rounds "
+        "(effectiveRps is then their geometric mean).",
+    )
+    effective_rps_high: float | None = Field(
+        default=None, description="Upper end of that interval."
+    )
+    gain_percent: float | None = Field(
+        default=None, description="Gain over the incumbent in the confirmation rounds, %."
+    )
+    gain_low_percent: float | None = Field(
+        default=None, description="Lower bound of that gain (the written-back rule), %."
+    )
+    gain_high_percent: float | None = Field(
+        default=None, description="Upper bound of that gain, %."
+    )
+
+
+class RoundMeasurement(_Status):
+    """One measurement of the confirmation phase."""
+
+    round: int = Field(description="Round, from 0.")
+    params: dict[str, float | int] = Field(description="Values measured.")
+    effective_rps: float = Field(description="Effective throughput, req/s (0: none met the SLA).")
+    reason: str = Field(default="", description="Why it scored 0, when it failed.")
+
+
+class Confirmation(_Status):
+    """The finalists and the incumbent measured again, interleaved (A B C I, A B C I, ...),
+    one measurement per step: a restarted operator resumes at the next one."""
+
+    reason: str = Field(description="Why the trials ended.")
+    finalists: list[dict[str, float | int]] = Field(description="Finalists, best first.")
+    incumbent: dict[str, float | int] = Field(description="What ran before the study.")
+    rounds: int = Field(description="Rounds to measure.")
+    measurements: list[RoundMeasurement] = Field(
+        default_factory=list, description="Measurements so far, in the order taken."
+    )
+    method: str = Field(default="", description="How the verdict was reached, once it was.")
 
 
 class OriginalConfig(_Status):
@@ -135,6 +175,9 @@ class InferenceServiceStatus(_Status):
     )
     trials_summary: TrialsSummary | None = Field(
         default=None, description="Trials older than those kept in trials."
+    )
+    confirmation: Confirmation | None = Field(
+        default=None, description="The confirmation phase after the trials."
     )
     applied: bool = Field(
         default=False, description="The best configuration was written back to the target."

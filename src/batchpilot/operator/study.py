@@ -20,11 +20,18 @@ from batchpilot.models import BatchingConfig, CapacityResult
 from batchpilot.operator import decisions, metrics
 from batchpilot.operator.kube import KubeError
 from batchpilot.operator.spec import InferenceServiceSpec, batching_config
-from batchpilot.operator.status import InferenceServiceStatus, TrialEntry
+from batchpilot.operator.status import (
+    Confirmation,
+    InferenceServiceStatus,
+    Result,
+    RoundMeasurement,
+    TrialEntry,
+)
 from batchpilot.operator.world import TargetProblem, World
 from batchpilot.tuner.interfaces import TargetError
 from batchpilot.tuner.space import ParameterSpec, SearchSpace
 from batchpilot.tuner.study import TrialRecord, Tuner
+from batchpilot.tuner.verdict import Estimate
 
 log = logging.getLogger(__name__)
 
@@ -168,6 +175,8 @@ class StudyRunner:
                 await self._record_original()
             elif plan.kind == "trial":
                 await self._trial()
+            elif plan.kind == "confirm":
+                await self._confirm(plan.reason)
             elif plan.kind == "finish":
                 await self._finish(plan.reason)
             else:
@@ -295,7 +304,70 @@ class StudyRunner:
         )
         self._event("Warning" if entry.state == "Failed" else "Normal", "Trial", message)
 
+    async def _confirm(self, reason: str) -> None:
+        """One step of the confirmation phase: start it, or take its next measurement.
+        A measurement that fails (the target refused, a pod restarted, the deadline
+        passed) scores 0 req/s for that round, so that configuration cannot win."""
+        confirmation = self.status.confirmation
+        if confirmation is None:
+            confirmation = decisions.start_confirmation(self.spec, self.status.trials, reason)
+            if confirmation is None:  # plan() only confirms when there is something to
+                await self._finish(reason)
+                return
+            finalists = ", ".join(decisions.describe_params(p) for p in confirmation.finalists)
+            message = (
+                f"{reason}; confirming: the finalists ({finalists}) and the incumbent "
+                f"{decisions.describe_params(confirmation.incumbent)} measured again, "
+                f"interleaved, {confirmation.rounds} rounds"
+            )
+            await self._save(confirmation=confirmation, phase="Confirming", message=message)
+            self._event("Normal", "Confirming", message)
+            return
+        upcoming = decisions.next_measurement(confirmation)
+        if upcoming is None:
+            return
+        round_index, params = upcoming
+        await self._prepare()
+        seed = self.spec.tuning.seed + decisions.ROUND_SEED_STRIDE * (round_index + 1)
+        started = self._clock()
+        rps, why = 0.0, ""
+        async with self._slots.semaphore:
+            self._condition("Measuring", "True", "Confirming", f"round {round_index + 1}")
+            await self._save()
+            deadline = self.spec.tuning.trial_deadline_seconds
+            try:
+                async with asyncio.timeout(deadline):
+                    await self._world.apply(params)
+                    result = await self._world.measure(
+                        batching_config(params), must_beat=None, since=started, seed=seed
+                    )
+                rps = result.effective_rps
+            except TargetProblem as exc:
+                why = f"{exc.reason}: {exc.message}"
+            except TimeoutError:
+                why = f"deadline of {deadline} s passed"
+            except (OSError, TargetError, ValueError) as exc:
+                why = str(exc)
+            finally:
+                self._condition("Measuring", "False", "Idle", "no trial is being measured")
+        measured = RoundMeasurement(
+            round=round_index, params=params, effective_rps=round(rps, 1), reason=why[:500]
+        )
+        confirmation = confirmation.model_copy(
+            update={"measurements": [*confirmation.measurements, measured]}
+        )
+        text = (
+            f"confirming, round {round_index + 1}/{confirmation.rounds}: "
+            f"{decisions.describe_params(params)} → {rps:.0f} req/s"
+            + (f" (failed: {why[:200]})" if why else "")
+        )
+        await self._save(confirmation=confirmation, phase="Confirming", message=text)
+        self._event("Warning" if why else "Normal", "Confirmation", text)
+
     async def _finish(self, reason: str) -> None:
+        if self.status.confirmation is not None:
+            await self._finish_confirmed(self.status.confirmation)
+            return
         best = decisions.best_trial(self.status.trials)
         if best is None:
             await self._fail(f"{reason}, and no configuration met the SLA")
@@ -309,14 +381,8 @@ class StudyRunner:
                 "Applied",
                 f"wrote {decisions.describe_params(best.params)} to {self.spec.target.name}",
             )
-        elif (
-            self.spec.tuning.write_back == "Recommend"
-            and self.spec.tuning.strategy == "InPlace"
-            and not self.status.restored
-            and self.status.original is not None
-        ):
-            await self._world.restore(self.status.original)
-            await self._save(restored=True)
+        elif self.spec.tuning.write_back == "Recommend":
+            await self._restore_in_place()
         message = (
             f"{reason}: best {decisions.describe_params(best.params)} → "
             f"{best.effective_rps or 0.0:.0f} req/s (trial {best.number})"
@@ -327,6 +393,69 @@ class StudyRunner:
         self._condition("TargetReady", "True", "Done", "study finished")
         await self._save(phase="Converged", message=message)
         self._event("Normal", "Converged", message)
+
+    async def _restore_in_place(self) -> None:
+        """An InPlace target gets its original configuration back when nothing is
+        written onto it."""
+        if (
+            self.spec.tuning.strategy == "InPlace"
+            and not self.status.restored
+            and self.status.original is not None
+        ):
+            await self._world.restore(self.status.original)
+            await self._save(restored=True)
+
+    async def _finish_confirmed(self, confirmation: Confirmation) -> None:
+        """Write back the winner only when the verdict proves its gain; otherwise keep
+        the incumbent and say why (NoSignificantGain)."""
+        verdict = decisions.verdict_of(confirmation, self.spec)
+        generation = self.status.observed_generation
+        trials = self.status.trials
+
+        def result(estimate: Estimate) -> Result:
+            params = decisions.params_of(confirmation, estimate.config)
+            return decisions.estimate_result(
+                verdict, estimate, params, generation, decisions.trial_of(trials, params)
+            )
+
+        best, baseline = result(verdict.winner), result(verdict.incumbent)
+        await self._save(
+            best=best,
+            baseline=baseline,
+            confirmation=confirmation.model_copy(update={"method": verdict.method}),
+        )
+        await self._remove_canary()
+        chosen = decisions.params_of(confirmation, verdict.chosen)
+        reason = confirmation.reason
+        if verdict.significant:
+            apply = self.spec.tuning.write_back == "Apply"
+            if apply and not self.status.applied:
+                await self._world.write_back(chosen)
+                await self._save(applied=True)
+                self._event(
+                    "Normal",
+                    "Applied",
+                    f"wrote {decisions.describe_params(chosen)} to {self.spec.target.name}",
+                )
+            elif not apply:
+                await self._restore_in_place()
+            message = (
+                f"{reason}: best {decisions.describe_params(chosen)} → "
+                f"{verdict.winner.estimate:.0f} req/s, {verdict.gain_percent:+.1f} % over the "
+                f"incumbent (lower bound {verdict.gain_low_percent:+.1f} % ≥ "
+                f"{verdict.min_gain_percent:g} %)"
+            )
+            if not apply:
+                message += "; recommended only (writeBack: Recommend)"
+            condition_reason, event_reason = "Converged", "Converged"
+        else:
+            await self._restore_in_place()
+            message = f"{reason}: the incumbent stays. {verdict.reason}"
+            condition_reason, event_reason = "NoSignificantGain", "NoSignificantGain"
+        self._condition("Ready", "True", condition_reason, message)
+        self._condition("TargetReady", "True", "Done", "study finished")
+        await self._save(phase="Converged", message=message)
+        self._event("Normal", event_reason, message)
 
     async def _fail(self, reason: str) -> None:
         await self.stop_early(reason)

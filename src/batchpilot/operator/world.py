@@ -54,10 +54,16 @@ class World(Protocol):
         ...
 
     async def measure(
-        self, config: BatchingConfig, *, must_beat: float | None, since: datetime
+        self,
+        config: BatchingConfig,
+        *,
+        must_beat: float | None,
+        since: datetime,
+        seed: int | None = None,
     ) -> CapacityResult:
         """Score what is live. `since` is the trial's start: a container that exited
-        after it (a crash, an OOM kill) spoils the trial, raised as TargetProblem."""
+        after it (a crash, an OOM kill) spoils the trial, raised as TargetProblem.
+        `seed` is the load's (default: the study's); the confirmation rounds set it."""
         ...
 
     async def write_back(self, params: Params) -> None:
@@ -289,7 +295,12 @@ class KubeWorld:
     # --- measuring --------------------------------------------------------------------
 
     async def measure(
-        self, config: BatchingConfig, *, must_beat: float | None, since: datetime
+        self,
+        config: BatchingConfig,
+        *,
+        must_beat: float | None,
+        since: datetime,
+        seed: int | None = None,
     ) -> CapacityResult:
         from batchpilot.capacity.http import measure_capacity  # imported when first used
 
@@ -300,6 +311,7 @@ class KubeWorld:
         if not ips:
             raise TargetProblem("NoReadyPods", "no ready pods to measure")
         urls = [f"http://{ip}:{load.endpoint.port}" for ip in ips]
+        source = await self._checked_prometheus_source()
         result = await measure_capacity(
             urls,
             path=load.endpoint.path,
@@ -311,8 +323,9 @@ class KubeWorld:
             must_beat=must_beat,
             timeout_s=load.request_timeout_seconds,
             min_requests=load.min_requests,
-            seed=self._spec.tuning.seed,
-            source=self._prometheus_source(),
+            seed=self._spec.tuning.seed if seed is None else seed,
+            source=source,
+            arrival=load.arrival.process_model(),
         )
         # a pod that restarted mid-measurement (crash, OOM kill, eviction) makes the
         # figures say nothing about this configuration: the trial fails and is not scored
@@ -325,6 +338,23 @@ class KubeWorld:
         if restarted:
             raise TargetProblem("PodRestarted", f"during the trial: {restarted}")
         return result
+
+    async def _checked_prometheus_source(self) -> PrometheusStepSource | None:
+        """The Prometheus source, its scrape interval checked against the step length
+        before any load is sent."""
+        source = self._prometheus_source()
+        if source is None:
+            return None
+        from batchpilot.capacity.prometheus import PrometheusQueryError
+        from batchpilot.capacity.scrape import ScrapeWindowError
+
+        try:
+            await source.check_step(self._spec.load.step_seconds)
+        except ScrapeWindowError as exc:
+            raise TargetProblem("StepShorterThanScrapes", f"load.stepSeconds: {exc}") from None
+        except PrometheusQueryError as exc:
+            raise TargetProblem("PrometheusUnavailable", str(exc)) from None
+        return source
 
     def _prometheus_source(self) -> PrometheusStepSource | None:
         prometheus = self._spec.load.prometheus
@@ -341,4 +371,6 @@ class KubeWorld:
             options["latency_metric"] = prometheus.latency_metric
         if prometheus.requests_metric:
             options["requests_metric"] = prometheus.requests_metric
+        if prometheus.scrape_interval_seconds is not None:
+            options["scrape_interval_s"] = prometheus.scrape_interval_seconds
         return PrometheusStepSource(prometheus.url, **options)

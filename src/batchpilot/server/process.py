@@ -4,6 +4,7 @@ use to get a real server on a loopback port and be sure it is gone afterwards.""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import sys
 import tempfile
@@ -152,6 +153,21 @@ class ServerProcess(ChildProcess):
     def send_signal(self, sig: int) -> None:
         if self._proc is not None and self._proc.returncode is None:
             self._proc.send_signal(sig)
+
+    async def exit_code(self, grace_s: float = 0.0) -> int | None:
+        """The exit code when the process has exited (waiting up to `grace_s` for the
+        event loop to notice), None while it runs."""
+        if self._proc is None:
+            return None
+        if self._proc.returncode is None and grace_s > 0:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._proc.wait(), grace_s)
+        return self._proc.returncode
+
+    async def restart(self) -> None:
+        """Stop the process (if it still runs) and start it again with the same flags."""
+        await self.stop()
+        await self.start()
 
     async def wait(self, timeout_s: float) -> int:
         """Wait for the process to exit on its own; its exit code."""

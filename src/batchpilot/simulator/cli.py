@@ -13,16 +13,16 @@ import click
 from pydantic import ValidationError
 
 from batchpilot.clitools import OneLineErrors, fail
-from batchpilot.loadgen.mix import parse_mix
-from batchpilot.models import SLA, BatchingConfig, CapacityResult, RequestMix
-from batchpilot.simulator.arrivals import (
-    MMPP,
-    ArrivalProcess,
-    Poisson,
+from batchpilot.loadgen.arrival_option import ARRIVAL_HELP
+from batchpilot.loadgen.arrivals import (
+    ARRIVAL_SYNTAX,
+    ArrivalKind,
     Trace,
     TraceError,
-    load_trace,
+    parse_arrival,
 )
+from batchpilot.loadgen.mix import parse_mix
+from batchpilot.models import SLA, BatchingConfig, CapacityResult, RequestMix
 from batchpilot.simulator.capacity import DEFAULT_PRECISION, simulate_capacity
 from batchpilot.simulator.cost import LinearCost, ProfileError, TableCost
 from batchpilot.simulator.profile import cost_model_from_json, fetch_profile, load_cost_model
@@ -35,26 +35,17 @@ class SimulateCommand(OneLineErrors):
     fail_exit_code: ClassVar[int] = 2
 
 
-def parse_arrival(spec: str) -> ArrivalProcess:
-    """poisson | mmpp | mmpp:FACTOR,FRACTION,BURST_S | trace:FILE"""
-    kind, _, rest = spec.partition(":")
-    if kind == "poisson" and not rest:
-        return Poisson()
-    if kind == "trace" and rest:
-        return load_trace(Path(rest))
-    if kind == "mmpp":
-        if not rest:
-            return MMPP()
-        try:
-            factor, fraction, burst_s = (float(v) for v in rest.split(","))
-            return MMPP(burst_factor=factor, high_fraction=fraction, mean_burst_s=burst_s)
-        except (ValueError, ValidationError):
-            pass
-    raise click.BadParameter(
-        f"{spec!r}: expected poisson, mmpp, mmpp:BURST_FACTOR,HIGH_FRACTION,MEAN_BURST_S "
-        "(e.g. mmpp:4,0.2,0.5) or trace:FILE",
-        param_hint="'--arrival'",
-    )
+def arrival_from_option(spec: str) -> ArrivalKind:
+    """--arrival, in the load generator's syntax (one traffic model for both)."""
+    try:
+        return parse_arrival(spec)
+    except TraceError:
+        raise  # a trace file problem is reported as it is, without the syntax
+    except ValueError as exc:
+        message = str(exc)
+        if ARRIVAL_SYNTAX not in message:
+            message = f"{message}; allowed: {ARRIVAL_SYNTAX}"
+        raise click.BadParameter(message, param_hint="'--arrival'") from None
 
 
 def describe_scenario(scenario: Scenario) -> dict[str, Any]:
@@ -170,9 +161,7 @@ def _human_grid(ranked: Sequence[tuple[BatchingConfig, CapacityResult]]) -> None
     "mix_spec",
     help="Request sizes: WEIGHT:SIZE,... or a YAML/JSON file (default: 80:1,15:4,5:16).",
 )
-@click.option(
-    "--arrival", default="poisson", show_default=True, help="poisson | mmpp[:F,H,S] | trace:FILE"
-)
+@click.option("--arrival", default="poisson", show_default=True, help=ARRIVAL_HELP)
 @click.option("--replicas", type=int, default=1, show_default=True, help="Round-robin replicas.")
 @click.option("--requests", type=int, default=20_000, show_default=True, help="Requests per step.")
 @click.option(
@@ -182,6 +171,26 @@ def _human_grid(ranked: Sequence[tuple[BatchingConfig, CapacityResult]]) -> None
     show_default=True,
     help="sequential: the next batch is collected when the worker is free (the reference "
     "server); pipelined: batches close on their own and queue for the worker.",
+)
+@click.option(
+    "--ahead",
+    type=int,
+    default=0,
+    show_default=True,
+    help="Full batches handed over while another computes (the reference server: 1).",
+)
+@click.option(
+    "--jitter",
+    type=float,
+    default=0.0,
+    show_default=True,
+    help="Spread of batch times: coefficient of variation of a mean-1 factor.",
+)
+@click.option(
+    "--queue-limit",
+    type=int,
+    default=None,
+    help="Requests that may wait; more are refused with 503 (the reference server: 1024).",
 )
 @click.option("--precision", type=float, default=DEFAULT_PRECISION, show_default=True)
 @click.option(
@@ -222,6 +231,9 @@ def _run(
     replicas: int,
     requests: int,
     policy: str,
+    ahead: int,
+    jitter: float,
+    queue_limit: int | None,
     precision: float,
     timeout_ms: float | None,
     seed: int,
@@ -257,12 +269,15 @@ def _run(
     scenario = Scenario(
         cost=cost,
         mix=_mix(mix_spec),
-        arrival=parse_arrival(arrival),
+        arrival=arrival_from_option(arrival),
         replicas=replicas,
         requests=requests,
         seed=seed,
         policy="pipelined" if policy == "pipelined" else "sequential",
         timeout_ms=timeout_ms,
+        ahead=ahead,
+        jitter=jitter,
+        queue_limit=queue_limit,
     )
     described = {
         "source": "simulator",

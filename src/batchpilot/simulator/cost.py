@@ -37,6 +37,10 @@ class LinearCost(Frozen):
     # Latency every request pays outside the worker (HTTP, JSON, scheduling): it adds to
     # latency but does not occupy the worker.
     overhead_ms: Annotated[float, Field(ge=0.0)] = 0.0
+    # The part of each batch's time spent handing it to the model process and its reply
+    # back (a server's profile times a batch from hand-over to reply). A batch handed over
+    # ahead, while another computes, hides it (see `engine`).
+    handover_ms: Annotated[float, Field(ge=0.0)] = 0.0
     rows_basis: RowsBasis = "sum"
 
     def batch_ms(self, batch_sizes: IntArray, rows: FloatArray) -> FloatArray:
@@ -52,6 +56,7 @@ class LinearCost(Frozen):
             f"t = {self.fixed_ms:.3g} ms + {self.per_row_ms:.3g} ms/row"
             + (f" + {self.per_request_ms:.3g} ms/request" if self.per_request_ms else "")
             + (f" (+{self.overhead_ms:.3g} ms outside the worker)" if self.overhead_ms else "")
+            + (f" ({self.handover_ms:.3g} ms of it hand-over)" if self.handover_ms else "")
         )
 
 
@@ -63,6 +68,7 @@ class TableCost(Frozen):
     rows: Annotated[tuple[float, ...], Field(min_length=2)]
     compute_ms: Annotated[tuple[float, ...], Field(min_length=2)]
     overhead_ms: Annotated[float, Field(ge=0.0)] = 0.0
+    handover_ms: Annotated[float, Field(ge=0.0)] = 0.0  # as LinearCost's
     rows_basis: RowsBasis = "sum"
 
     @model_validator(mode="after")

@@ -17,8 +17,21 @@ one batch at a time. Two collection policies:
   cumulative sum and a running maximum.
 
 The two agree whenever the worker is idle when a batch closes (light load, or batch
-size 1). Replicas split the arrivals round robin (request i goes to replica i mod R),
-as a round-robin load balancer in front of identical replicas does.
+size 1).
+
+What the reference server's batcher does beyond "sequential" (`ServerModel`, one loop
+over batches with requests admitted one by one, `server_schedule`):
+- ahead: up to `ahead` full batches are handed to the model process while another still
+  computes; the model starts each the moment the one before it ends, so the hand-over
+  round trip (`handover_ms` of the cost model, part of each profiled batch time) is paid
+  once for a run of back-to-back full batches instead of once per batch;
+- jitter: each batch's service time times a seeded factor of mean 1 (lognormal, the
+  given coefficient of variation): real batch times spread, and queues feel it;
+- queue limit: a request that finds `queue_limit` requests waiting is refused at once
+  (503) and never served.
+
+Replicas split the arrivals round robin (request i goes to replica i mod R), as a
+round-robin load balancer in front of identical replicas does.
 """
 
 from __future__ import annotations
@@ -165,6 +178,93 @@ def sequential_schedule(
     return np.asarray(batch_sizes, dtype=np.int64), np.asarray(finish)
 
 
+@dataclass(frozen=True)
+class ServerModel:
+    """What the server does beyond the sequential batcher (see the module's notes)."""
+
+    ahead: int = 0
+    queue_limit: int | None = None
+
+    @property
+    def plain(self) -> bool:
+        return self.ahead == 0 and self.queue_limit is None
+
+
+def server_schedule(
+    arrivals_s: FloatArray,
+    sizes: IntArray,
+    max_batch_size: int,
+    max_queue_time_s: float,
+    cost: LinearCost | TableCost,
+    server: ServerModel,
+    jitter: FloatArray | None = None,
+) -> tuple[IntArray, FloatArray]:
+    """(batch of each request, or -1 when refused; visible finish time of each batch) for
+    the reference server's batcher: the collector acts while at most `ahead` batches are
+    in flight; a full batch closes at once, one that is not full only when the model is
+    free and its oldest request has waited `max_queue_time`."""
+    n = arrivals_s.size
+    arrivals = arrivals_s.tolist()
+    size_list = sizes.tolist()
+    padded = cost.rows_basis == "padded"
+    service = cost.scalar_s()
+    handover = cost.handover_ms / 1e3
+    factors = jitter.tolist() if jitter is not None else None
+    limit = server.queue_limit if server.queue_limit is not None else n + 1
+    batch_of = [-1] * n
+    accepted: list[int] = []  # admitted requests in arrival order; waiting from `head`
+    head = 0
+    following = 0  # the next arrival not yet admitted or refused
+    finish: list[float] = []  # when each batch's reply is back (the collector sees it)
+    model_end = -math.inf  # when the model process finished the last batch
+    inf = math.inf
+
+    def admit_until(t: float, most: int) -> None:
+        nonlocal following
+        while following < n and arrivals[following] <= t and len(accepted) - head < most:
+            if len(accepted) - head < limit:
+                accepted.append(following)
+            following += 1
+
+    while True:
+        if head == len(accepted):
+            if following >= n:
+                break
+            admit_until(arrivals[following], n + 1)
+            continue
+        busy_until = finish[-1] if finish else -inf
+        # the collector may hand over a batch once at most `ahead` are in flight
+        gate = finish[-1 - server.ahead] if len(finish) > server.ahead else -inf
+        timer = max(arrivals[accepted[head]] + max_queue_time_s, busy_until)
+        admit_until(timer, max_batch_size)  # nothing leaves the queue before the close
+        waiting = len(accepted) - head
+        full_at = (
+            max(arrivals[accepted[head + max_batch_size - 1]], gate)
+            if waiting >= max_batch_size
+            else inf
+        )
+        close = min(full_at, timer)
+        admit_until(close, n + 1)
+        count = min(max_batch_size, len(accepted) - head)
+        members = accepted[head : head + count]
+        head += count
+        if padded:
+            rows = float(max(size_list[j] for j in members) * count)
+        else:
+            rows = float(sum(size_list[j] for j in members))
+        seconds = service(count, rows)
+        if factors is not None:
+            seconds *= factors[len(finish) % len(factors)]
+        # The model runs batches in order: this one starts when it arrives there or when
+        # the one before it ends. Its reply takes the hand-over time to come back.
+        start = max(close, model_end)
+        model_end = start + max(seconds - handover, 0.0)
+        for j in members:
+            batch_of[j] = len(finish)
+        finish.append(model_end + handover)
+    return np.asarray(batch_of, dtype=np.int64), np.asarray(finish)
+
+
 Policy = Literal["sequential", "pipelined"]
 _SCHEDULES = {"sequential": sequential_schedule, "pipelined": pipelined_schedule}
 
@@ -177,10 +277,29 @@ def replica_latencies(
     max_queue_time_s: float,
     cost: LinearCost | TableCost,
     policy: Policy = "sequential",
+    server: ServerModel | None = None,
+    jitter: FloatArray | None = None,
 ) -> FloatArray:
-    """End-to-end latency (seconds) of each request through one replica."""
+    """End-to-end latency (seconds) of each request through one replica; a request the
+    server refused (queue full) has an infinite latency."""
     if arrivals_s.size == 0:
         return np.zeros(0)
+    # Without ahead, jitter or a queue limit the server is the plain sequential batcher
+    # (a hand-over time then only adds to each batch, as it is in the profile).
+    if policy == "sequential" and ((server is not None and not server.plain) or jitter is not None):
+        batch_of, finish = server_schedule(
+            arrivals_s,
+            sizes,
+            max_batch_size,
+            max_queue_time_s,
+            cost,
+            server or ServerModel(),
+            jitter,
+        )
+        served = batch_of >= 0
+        out: FloatArray = np.full(arrivals_s.size, np.inf)
+        out[served] = finish[batch_of[served]] - arrivals_s[served] + cost.overhead_ms / 1e3
+        return out
     batch_sizes, finish_s = _SCHEDULES[policy](
         arrivals_s, sizes, max_batch_size, max_queue_time_s, cost
     )
@@ -197,9 +316,12 @@ def latencies(
     cost: LinearCost | TableCost,
     replicas: int = 1,
     policy: Policy = "sequential",
+    server: ServerModel | None = None,
+    jitter: FloatArray | None = None,
 ) -> FloatArray:
     """End-to-end latency of each request (same order as `arrivals_s`) through
-    `replicas` identical replicas behind a round-robin balancer."""
+    `replicas` identical replicas behind a round-robin balancer. `jitter`: service-time
+    factors, one per batch (cycled), shared out among the replicas."""
     if replicas < 1:
         raise ValueError(f"replicas must be >= 1, got {replicas}")
     out = np.empty(arrivals_s.size)
@@ -211,5 +333,7 @@ def latencies(
             max_queue_time_s=max_queue_time_s,
             cost=cost,
             policy=policy,
+            server=server,
+            jitter=None if jitter is None else jitter[r::replicas],
         )
     return out

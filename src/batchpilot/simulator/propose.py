@@ -149,6 +149,8 @@ def propose_configs(
     arrival: ArrivalProcess | None = None,
     replicas: int = 1,
     seed: int = 0,
+    ahead: int = 0,
+    queue_limit: int | None = None,
 ) -> list[BatchingConfig]:
     """`n` configurations from the best of a simulated coarse grid, best first, with
     distinct batch sizes where possible (fewer when fewer are feasible)."""
@@ -161,6 +163,8 @@ def propose_configs(
         replicas=replicas,
         requests=PROPOSE_REQUESTS,
         seed=seed,
+        ahead=ahead,
+        queue_limit=queue_limit,
     )
     ranked = rank(simulate_grid(scenario, sla, grid_configs(bounds), keep=n))
     # At most one proposal per batch size while there are enough: warm starts that span

@@ -10,13 +10,18 @@ import numpy.typing as npt
 from pydantic import Field
 
 from batchpilot.capacity.http import default_timeout_s
+from batchpilot.loadgen.arrivals import ArrivalProcess, Poisson, arrival_times
 from batchpilot.models import SLA, BatchingConfig, Frozen, RequestMix, StepResult, step_passes
-from batchpilot.simulator.arrivals import ArrivalProcess, Poisson
 from batchpilot.simulator.cost import CostModel
-from batchpilot.simulator.engine import Policy, latencies
+from batchpilot.simulator.engine import Policy, ServerModel, latencies
 
 FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]
+
+# The reference server's batcher (server/app.py): one full batch handed over ahead, at
+# most 1024 requests waiting (its --queue-limit default).
+REFERENCE_AHEAD = 1
+REFERENCE_QUEUE_LIMIT = 1024
 
 # A simulated step starts with an empty, idle server; the first requests see no queue.
 # They are simulated but left out of the figures, as a warm-up window would be.
@@ -36,6 +41,16 @@ class Scenario(Frozen):
     # Client timeout: a request slower than this is an error and counts as this latency,
     # as the load generator counts it. None: the measured capacity search's default.
     timeout_ms: Annotated[float, Field(gt=0.0)] | None = None
+    # What the server does beyond the plain sequential batcher (engine.ServerModel): full
+    # batches handed over while another computes, the spread of batch times (coefficient
+    # of variation), the queue bound beyond which requests are refused (503). The
+    # reference server: ahead 1, queue limit 1024 (REFERENCE_AHEAD, REFERENCE_QUEUE_LIMIT).
+    ahead: Annotated[int, Field(ge=0, le=16)] = 0
+    jitter: Annotated[float, Field(ge=0.0, le=5.0)] = 0.0
+    queue_limit: Annotated[int, Field(ge=1)] | None = None
+
+    def server(self) -> ServerModel:
+        return ServerModel(ahead=self.ahead, queue_limit=self.queue_limit)
 
     def timeout_for(self, sla: SLA) -> float:
         if self.timeout_ms is not None:
@@ -62,28 +77,34 @@ class Traffic:
         sizes = np.array([c.size for c in scenario.mix.classes], dtype=np.int64)
         weights = np.array([c.weight for c in scenario.mix.classes])
         self.sizes: IntArray = rng.choice(sizes, size=scenario.requests, p=weights / weights.sum())
-        self._unit: FloatArray | None = None
-        if isinstance(scenario.arrival, Poisson):
-            # A Poisson stream at rate r is a unit-rate stream with time divided by r.
-            self._unit = scenario.arrival.times(
-                scenario.requests, 1.0, np.random.default_rng([scenario.seed, 2])
+        # Batch-time factors of mean 1, one per batch (there are at most as many batches
+        # as requests), drawn once: every configuration meets the same spread.
+        self.jitter: FloatArray | None = None
+        if scenario.jitter > 0:
+            sigma = float(np.sqrt(np.log1p(scenario.jitter**2)))
+            self.jitter = np.random.default_rng([scenario.seed, 3]).lognormal(
+                -(sigma**2) / 2, sigma, size=scenario.requests
             )
+        self._unit: FloatArray | None = None
+        if scenario.arrival.scale_free:
+            # Such a stream at rate r is the unit-rate stream with time divided by r.
+            self._unit = self._schedule(1.0)
+
+    def _schedule(self, rate: float) -> FloatArray:
+        n = self.scenario.requests
+        return arrival_times(
+            self.scenario.arrival, n, rate, self.scenario.seed, window_from=measured_from(n)
+        )
 
     def arrivals(self, rate: float) -> FloatArray:
-        """Arrival times at `rate`, rescaled so the measured window holds exactly `rate`
-        requests a second: the offered rate of a step is then the rate actually offered,
+        """Arrival times at `rate`: the load generator's schedule for the same process and
+        seed, scaled so the measured window (after the warm-up share) holds exactly `rate`
+        requests a second. The offered rate of a step is then the rate actually offered,
         not one off by the sampling noise of a few thousand draws (which would otherwise
         fail the "achieved >= 97% of offered" rule on some seeds)."""
         if self._unit is not None:
-            times: FloatArray = self._unit / rate
-        else:
-            rng = np.random.default_rng([self.scenario.seed, 2])
-            times = self.scenario.arrival.times(self.scenario.requests, rate, rng)
-        first = measured_from(times.size)
-        span = float(times[-1] - times[first])
-        if span > 0:
-            times = times * ((times.size - 1 - first) / rate / span)
-        return times
+            return self._unit / rate
+        return self._schedule(rate)
 
 
 def measured_from(n: int) -> int:
@@ -105,6 +126,8 @@ def simulate_step(
         cost=scenario.cost,
         replicas=scenario.replicas,
         policy=scenario.policy,
+        server=scenario.server(),
+        jitter=traffic.jitter,
     )
     first = measured_from(arrivals.size)
     measured_ms = latency_s[first:] * 1000.0

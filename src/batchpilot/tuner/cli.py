@@ -1,4 +1,5 @@
-"""`batchpilot tune --local`: flags, the configuration file, output and exit codes."""
+"""`batchpilot tune --local` and `tune --simulator`: flags, the configuration file,
+output and exit codes."""
 
 from __future__ import annotations
 
@@ -12,8 +13,11 @@ from optuna.storages import BaseStorage
 from rich.console import Console
 
 from batchpilot.clitools import OneLineErrors
+from batchpilot.loadgen.arrival_option import ARRIVAL_HELP
+from batchpilot.loadgen.arrivals import ARRIVAL_SYNTAX, ArrivalKind
 from batchpilot.models import SLA, RequestMix
 from batchpilot.tuner.config import (
+    QUICK_FINALISTS,
     QUICK_MEASUREMENT,
     QUICK_SIMULATOR_WARM_STARTS,
     QUICK_TIME_BUDGET_S,
@@ -43,6 +47,10 @@ def build_config(
     sampler: str | None,
     mix: str | None,
     quick: bool,
+    arrival: str | None = None,
+    finalists: int | None = None,
+    rounds: int | None = None,
+    min_gain_percent: float | None = None,
 ) -> TuneConfig:
     """The file's configuration with the flags applied; --quick first, so an explicit
     --trials still wins over it."""
@@ -54,7 +62,7 @@ def build_config(
             update={
                 "trials": QUICK_TRIALS,
                 "simulator_warm_starts": QUICK_SIMULATOR_WARM_STARTS,
-                "confirm": False,  # the smoke run keeps to its two minutes
+                "finalists": QUICK_FINALISTS,  # the smoke run keeps to its three minutes
                 "time_budget_s": QUICK_TIME_BUDGET_S,
             }
         )
@@ -65,6 +73,12 @@ def build_config(
         updates["seed"] = seed
     if sampler is not None:
         updates["sampler"] = sampler
+    if finalists is not None:
+        updates["finalists"] = finalists
+    if rounds is not None:
+        updates["rounds"] = rounds
+    if min_gain_percent is not None:
+        updates["min_gain_percent"] = min_gain_percent
     tuning = tuning.model_copy(update=updates)
     sla = base.sla
     if sla_p99_ms is not None:
@@ -75,6 +89,7 @@ def build_config(
             "measurement": measurement,
             "sla": sla,
             "mix": mix if mix is not None else base.mix,
+            "arrival": arrival if arrival is not None else base.arrival,
         }
     )
 
@@ -92,6 +107,19 @@ def resolve(config: TuneConfig) -> tuple[SearchSpace, RequestMix]:
     from batchpilot.loadgen.mix import parse_mix
 
     return space, parse_mix(config.mix)
+
+
+def resolve_arrival(config: TuneConfig) -> ArrivalKind:
+    """The arrival process a configuration names; ValueError says what is allowed."""
+    from batchpilot.loadgen.arrivals import parse_arrival
+
+    try:
+        return parse_arrival(config.arrival)
+    except ValueError as exc:
+        message = str(exc)
+        if ARRIVAL_SYNTAX not in message:
+            message = f"{message}; allowed: {ARRIVAL_SYNTAX}"
+        raise ValueError(f"arrival: {message}") from None
 
 
 def _storage(spec: str | None) -> str | BaseStorage | None:
@@ -129,13 +157,37 @@ def _storage(spec: str | None) -> str | BaseStorage | None:
     help="YAML/JSON file: server, sla, mix, parameters, measurement, tuning.",
 )
 @click.option(
+    "--simulator",
+    "cost_file",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="Tune a simulated service instead: a JSON cost model, or a saved GET /admin/profile "
+    "answer to fit one from (as `simulate --cost-model` takes it).",
+)
+@click.option(
+    "--profile-url",
+    default=None,
+    help="Tune a simulated service whose cost model is fitted from this running reference "
+    "server's GET /admin/profile.",
+)
+@click.option(
+    "--replicas",
+    type=click.IntRange(1, 1024),
+    default=None,
+    help="Simulated runs: round-robin replicas [default 1].",
+)
+@click.option(
     "--trials",
+    "--max-trials",
+    "trials",
     type=click.IntRange(1, 1000),
     default=None,
     help="Trials to measure, baseline and warm starts included [default 20].",
 )
 @click.option(
     "--sla-p99-ms",
+    "--p99-ms",
+    "sla_p99_ms",
     type=click.FloatRange(0, 3_600_000, min_open=True),
     default=None,
     help="p99 latency SLA in ms [default 100].",
@@ -155,13 +207,35 @@ def _storage(spec: str | None) -> str | BaseStorage | None:
     help="Write report.json and PNG plots into this directory.",
 )
 @click.option(
-    "--quick", is_flag=True, help="Short measurement windows and 6 trials: about 2 minutes."
+    "--quick",
+    is_flag=True,
+    help="Short measurement windows, 6 trials, 2 finalists: about 3 minutes.",
+)
+@click.option(
+    "--finalists",
+    type=click.IntRange(1, 10),
+    default=None,
+    help="Best configurations of the study re-measured against the baseline [default 3].",
+)
+@click.option(
+    "--rounds",
+    type=click.IntRange(3, 20),
+    default=None,
+    help="Interleaved rounds of that re-measurement [default 3].",
+)
+@click.option(
+    "--min-gain-percent",
+    type=click.FloatRange(0, 1000),
+    default=None,
+    help="Recommend a change only when the lower bound of its gain over the baseline "
+    "is at least this [default 5].",
 )
 @click.option(
     "--mix",
     default=None,
     help="Request mix: WEIGHT:SIZE pairs ('80:1,15:4,5:16') or a YAML/JSON file.",
 )
+@click.option("--arrival", default=None, help=ARRIVAL_HELP + " [default poisson]")
 @click.option("--seed", type=int, default=None, help="Seed of the sampler and the load.")
 @click.option(
     "--sampler",
@@ -171,6 +245,9 @@ def _storage(spec: str | None) -> str | BaseStorage | None:
 )
 def tune(
     local: bool,
+    cost_file: Path | None,
+    profile_url: str | None,
+    replicas: int | None,
     config_path: Path | None,
     trials: int | None,
     sla_p99_ms: float | None,
@@ -179,17 +256,42 @@ def tune(
     report_dir: Path | None,
     quick: bool,
     mix: str | None,
+    arrival: str | None,
     seed: int | None,
     sampler: str | None,
+    finalists: int | None,
+    rounds: int | None,
+    min_gain_percent: float | None,
 ) -> None:
     """Find the dynamic-batching configuration with the most effective throughput
     within the p99 SLA, measured in the same run against the baseline and the rule of
-    thumb."""
-    if not local:
-        raise TuneError(
-            "tune needs --local (tune the bundled reference server here); services in a "
-            "cluster are tuned by the operator through an InferenceService resource"
+    thumb (--local), or simulated from a cost model (--simulator, --profile-url)."""
+    simulated = cost_file is not None or profile_url is not None
+    modes = [
+        flag
+        for flag, given in (
+            ("--local", local),
+            ("--simulator", cost_file is not None),
+            ("--profile-url", profile_url is not None),
         )
+        if given
+    ]
+    if len(modes) != 1:
+        raise TuneError(
+            (
+                "give one of "
+                if not modes
+                else f"{' and '.join(modes)} exclude each other; give one of "
+            )
+            + "--local (tune the bundled reference server here), --simulator COST_MODEL or "
+            "--profile-url URL (tune a simulated service); services in a cluster are tuned "
+            "by the operator through an InferenceService resource"
+        )
+    if not simulated:
+        if replicas is not None:
+            raise TuneError("--replicas applies to simulated runs (--simulator, --profile-url)")
+    elif storage is not None:
+        raise TuneError("--storage applies to --local runs; a simulated run takes seconds")
     try:
         base = load_config(config_path) if config_path is not None else TuneConfig()
         config = build_config(
@@ -200,8 +302,13 @@ def tune(
             sampler=sampler,
             mix=mix,
             quick=quick,
+            arrival=arrival,
+            finalists=finalists,
+            rounds=rounds,
+            min_gain_percent=min_gain_percent,
         )
         space, request_mix = resolve(config)
+        process = resolve_arrival(config)
     except (ConfigError, ValueError) as exc:
         raise TuneError(str(exc)) from None
     if report_dir is not None and report_dir.exists() and not report_dir.is_dir():
@@ -211,6 +318,19 @@ def tune(
     import optuna
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
+    if simulated:
+        _tune_simulated(
+            config,
+            space,
+            request_mix,
+            cost_file=cost_file,
+            profile_url=profile_url,
+            arrival=process,
+            replicas=replicas or 1,
+            as_json=as_json,
+            report_dir=report_dir,
+        )
+        return
     from batchpilot.server.process import ServerStartError
     from batchpilot.tuner.interfaces import TargetError
     from batchpilot.tuner.localmode import LocalRun, tune_local
@@ -218,7 +338,9 @@ def tune(
 
     # soft_wrap: progress lines stay whole in logs and pipes instead of breaking at 80
     console = Console(stderr=True, soft_wrap=True)
-    run = LocalRun(config=config, space=space, mix=request_mix, storage=_storage(storage))
+    run = LocalRun(
+        config=config, space=space, mix=request_mix, storage=_storage(storage), arrival=process
+    )
     try:
         summary = asyncio.run(tune_local(run, console))
     except ServerStartError as exc:
@@ -241,3 +363,45 @@ def tune(
         sys.stdout.write(summary.model_dump_json() + "\n")
     if summary.interrupted:
         sys.exit(EXIT_INTERRUPTED)
+
+
+def _tune_simulated(
+    config: TuneConfig,
+    space: SearchSpace,
+    mix: RequestMix,
+    *,
+    cost_file: Path | None,
+    profile_url: str | None,
+    arrival: ArrivalKind,
+    replicas: int,
+    as_json: bool,
+    report_dir: Path | None,
+) -> None:
+    from batchpilot.simulator.cost import ProfileError
+    from batchpilot.simulator.profile import cost_model_from_json, fetch_profile, load_cost_model
+    from batchpilot.tuner.progress import render_summary
+    from batchpilot.tuner.simulated import SimulatedRun, tune_simulated
+
+    try:
+        if cost_file is not None:
+            cost = load_cost_model(cost_file)
+        else:
+            cost = cost_model_from_json(asyncio.run(fetch_profile(str(profile_url))))
+    except ProfileError as exc:
+        flag = (
+            f"--simulator {cost_file}" if cost_file is not None else f"--profile-url {profile_url}"
+        )
+        raise TuneError(f"{flag}: {exc}") from None
+    console = Console(stderr=True, soft_wrap=True)
+    run = SimulatedRun(
+        config=config, space=space, mix=mix, cost=cost, arrival=arrival, replicas=replicas
+    )
+    summary = asyncio.run(tune_simulated(run, console))
+    render_summary(console, summary)
+    if report_dir is not None:
+        from batchpilot.tuner.report import write_report
+
+        paths = write_report(summary, report_dir)
+        console.print(f"Report: {', '.join(str(p) for p in paths)}", highlight=False)
+    if as_json:
+        sys.stdout.write(summary.model_dump_json() + "\n")

@@ -75,19 +75,26 @@ class Tuning(Strict):
     seed: int = 0
     rule_of_thumb: bool = True
     simulator_warm_starts: Annotated[int, Field(ge=0, le=20)] = 2
-    # Re-measure best, baseline and rule of thumb back to back at the end, so the gains
-    # quoted compare measurements taken minutes, not a whole study, apart.
+    # After the study, re-measure the top `finalists` and the baseline interleaved for
+    # `rounds` rounds and recommend a finalist only when the lower bound of its gain over
+    # the baseline is at least `min_gain_percent` (tuner/verdict.py).
     confirm: bool = True
+    finalists: Annotated[int, Field(ge=1, le=10)] = 3
+    rounds: Annotated[int, Field(ge=3, le=20)] = 3
+    min_gain_percent: Annotated[float, Field(ge=0.0, le=1000.0)] = 5.0
     # No new trial starts after this many seconds of study; the one in flight and the
-    # re-measurement (about 100 s) still run. Keeps the default run inside 10 minutes
-    # on a busy 2-core machine whatever mix of full and pruned trials it meets.
-    time_budget_s: Annotated[float, Field(gt=0.0, le=7 * 24 * 3600.0)] = 300.0
+    # interleaved re-measurement (12 capacity searches bracketed around the study's
+    # figures, about 4 minutes) still run. Keeps the default run inside 10 minutes on a
+    # busy 2-core machine whatever mix of full and pruned trials it meets.
+    time_budget_s: Annotated[float, Field(gt=0.0, le=7 * 24 * 3600.0)] = 200.0
 
 
 class TuneConfig(Strict):
     server: ServerSection = ServerSection()
     sla: SLA = SLA(p99_ms=DEFAULT_SLA_P99_MS)
     mix: str | None = None  # a mix spec ("80:1,15:4,5:16") or file; None: the default mix
+    # the arrival process every trial is measured under, in --arrival's syntax
+    arrival: str = "poisson"
     parameters: Parameters = Parameters()
     measurement: Measurement = Measurement()
     tuning: Tuning = Tuning()
@@ -100,6 +107,7 @@ QUICK_MEASUREMENT = Measurement(step_duration_s=1.2, warmup_s=0.5, precision=0.1
 QUICK_TRIALS = 6
 QUICK_SIMULATOR_WARM_STARTS = 1
 QUICK_TIME_BUDGET_S = 75.0
+QUICK_FINALISTS = 2
 
 
 class ConfigError(ValueError):

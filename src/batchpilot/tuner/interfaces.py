@@ -39,3 +39,9 @@ class Probe(Protocol):
 class TargetError(RuntimeError):
     """The target could not be brought to the requested configuration; the trial fails
     with this message as its reason."""
+
+
+class ServerDied(TargetError):
+    """The server died during the trial: its process exited, or it stopped answering at
+    all (on an accelerator typically out of memory at a large batch). The tuner puts the
+    trial's batch size and every larger one out of the study (see `refine`)."""

@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 import logging
 import random
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import aiohttp
 
@@ -20,6 +20,9 @@ from batchpilot.models import (
 )
 from batchpilot.retry import backoff_delay, retry
 from batchpilot.tuner.interfaces import TargetError
+
+if TYPE_CHECKING:
+    from batchpilot.loadgen.arrivals import ArrivalKind
 
 log = logging.getLogger(__name__)
 
@@ -159,9 +162,11 @@ class LocalProbe:
         timeout_s: float | None = None,
         seed: int = 0,
         min_requests: int = DEFAULT_MIN_REQUESTS,
+        arrival: ArrivalKind | str = "poisson",
     ) -> None:
         self.url = url.rstrip("/")
         self.min_requests = min_requests
+        self.arrival = arrival
         self.sla = sla
         self.mix = mix
         self.precision = precision
@@ -170,7 +175,11 @@ class LocalProbe:
         self.timeout_s = timeout_s
         self.seed = seed
 
-    async def measure(self, config: BatchingConfig, *, must_beat: float | None) -> CapacityResult:
+    async def measure(
+        self, config: BatchingConfig, *, must_beat: float | None, start_rps: float | None = None
+    ) -> CapacityResult:
+        """`start_rps` overrides where the ramp starts (the interleaved re-measurement
+        brackets a configuration's known figure); by default see `start_rate`."""
         from batchpilot.capacity.http import measure_capacity
 
         return await measure_capacity(
@@ -180,9 +189,10 @@ class LocalProbe:
             precision=self.precision,
             step_duration_s=self.step_duration_s,
             warmup_s=self.warmup_s,
-            start_rps=start_rate(must_beat),
+            start_rps=start_rps if start_rps is not None else start_rate(must_beat),
             must_beat=must_beat,
             timeout_s=self.timeout_s,
             seed=self.seed,
             min_requests=self.min_requests,
+            arrival=self.arrival,
         )

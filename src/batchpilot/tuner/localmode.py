@@ -9,32 +9,43 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import copy
 import logging
 import signal
 import time
 from collections.abc import Coroutine
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from optuna.storages import BaseStorage
 from rich.console import Console
 
+from batchpilot.loadgen.arrivals import ArrivalKind, Poisson
 from batchpilot.models import SLA, BatchingConfig, CapacityResult, RequestMix
 from batchpilot.server.process import ServerProcess
 from batchpilot.tuner.config import TuneConfig
 from batchpilot.tuner.local import LocalProbe, LocalTarget
 from batchpilot.tuner.progress import TrialProgress
 from batchpilot.tuner.rules import rules_of_thumb
-from batchpilot.tuner.runner import TrialDone, TrialStart, remeasure, run_trials
+from batchpilot.tuner.runner import (
+    Remeasured,
+    RoundDone,
+    TrialDone,
+    TrialStart,
+    remeasure_interleaved,
+    run_trials,
+)
 from batchpilot.tuner.space import SearchSpace
 from batchpilot.tuner.study import Tuner
 from batchpilot.tuner.summary import (
     TuneSummary,
+    finalists,
     label_of,
-    roles_to_confirm,
-    summarize,
-    with_confirmation,
+    summary_of_study,
+    with_verdict,
 )
+from batchpilot.tuner.verdict import decide
+from batchpilot.tuner.watch import Watch, WatchedProbe, WatchedTarget
 
 log = logging.getLogger(__name__)
 
@@ -47,6 +58,8 @@ class LocalRun:
     space: SearchSpace
     mix: RequestMix
     storage: str | BaseStorage | None = None  # an opened storage or a URL
+    # every trial is measured (and the warm start simulated) under this process
+    arrival: ArrivalKind = field(default_factory=Poisson)
 
 
 class Profiled(Protocol):
@@ -80,6 +93,7 @@ class SimulatorWarmStart:
         try:
             from batchpilot.simulator.cost import ProfileError, fit_cost_model
             from batchpilot.simulator.propose import propose_configs
+            from batchpilot.simulator.scenario import REFERENCE_AHEAD, REFERENCE_QUEUE_LIMIT
             from batchpilot.tuner.warmstart import calibrated_cost
         except ImportError as exc:
             return self._skip(f"the simulator is not available ({exc})")
@@ -95,6 +109,15 @@ class SimulatorWarmStart:
         base = next((r for r in self.tuner.records() if r.source == "baseline"), None)
         measured = self.tuner.result(base.number) if base is not None else None
         cost, note = profiled, "not calibrated: no baseline measurement"
+        # Every other configuration measured so far calibrates too: two fix the model in
+        # both directions (per-request work down, hidden hand-over up).
+        more = [
+            (r.config(), result)
+            for r in self.tuner.records()
+            if r.state == "Complete"
+            and (base is None or r.number != base.number)
+            and (result := self.tuner.result(r.number)) is not None
+        ]
         if base is not None and measured is not None:
             cost, note = await asyncio.to_thread(
                 calibrated_cost,
@@ -104,6 +127,10 @@ class SimulatorWarmStart:
                 baseline=base.config(),
                 measured=measured,
                 seed=cfg.tuning.seed,
+                arrival=self.run.arrival,
+                more=more,
+                ahead=REFERENCE_AHEAD,
+                queue_limit=REFERENCE_QUEUE_LIMIT,
             )
         log.info("simulator cost model %s", note)
         configs = await asyncio.to_thread(
@@ -113,7 +140,10 @@ class SimulatorWarmStart:
             cfg.sla,
             self.run.space,
             cfg.tuning.simulator_warm_starts,
+            arrival=self.run.arrival,
             seed=cfg.tuning.seed,
+            ahead=REFERENCE_AHEAD,
+            queue_limit=REFERENCE_QUEUE_LIMIT,
         )
         self.done = True
         queued = self.tuner.add_warm_starts(configs)
@@ -153,6 +183,7 @@ async def tune_local(run: LocalRun, console: Console) -> TuneSummary:
             warm_start=rules,
             storage=run.storage,
             study_name=STUDY_NAME,
+            max_trials=cfg.tuning.trials,
         )
         probe = LocalProbe(
             server.url,
@@ -163,6 +194,7 @@ async def tune_local(run: LocalRun, console: Console) -> TuneSummary:
             warmup_s=cfg.measurement.warmup_s,
             timeout_s=cfg.measurement.timeout_s,
             seed=cfg.tuning.seed,
+            arrival=run.arrival,
         )
         warm = SimulatorWarmStart(tuner, target, run, rules)
         progress = TrialProgress(console, cfg.tuning.trials)
@@ -195,11 +227,13 @@ async def tune_local(run: LocalRun, console: Console) -> TuneSummary:
             )
             return True
 
+        # a trial that kills the server is told as such and the server started again
+        watch = Watch(server, target)
         interrupted = await _until_signal(
             run_trials(
                 tuner,
-                target,
-                probe,
+                WatchedTarget(target, watch),
+                WatchedProbe(probe, watch),
                 trials=cfg.tuning.trials,
                 full=rules,
                 on_start=on_start,
@@ -211,46 +245,96 @@ async def tune_local(run: LocalRun, console: Console) -> TuneSummary:
         summary = _summary(tuner, run, rules, interrupted, started)
         if interrupted or not cfg.tuning.confirm:
             return summary
-        return await _confirm(summary, target, probe, console, started)
+        return await _confirm(summary, tuner, cfg, target, probe, console, started)
+
+
+# Round r offers every configuration the schedule of seed + ROUND_SEED_STRIDE * (r + 1):
+# the same arrivals for all of a round, fresh ones each round, none shared with a trial.
+ROUND_SEED_STRIDE = 7919
+# A round's capacity search starts at this share of the configuration's study figure:
+# the first step passes on all but the worst drift, the next (twice as high) brackets
+# the capacity, and the bisection has no far ramp to climb.
+BRACKET_START = 0.8
 
 
 async def _confirm(
-    summary: TuneSummary, target: LocalTarget, probe: LocalProbe, console: Console, started: float
+    summary: TuneSummary,
+    tuner: Tuner,
+    cfg: TuneConfig,
+    target: LocalTarget,
+    probe: LocalProbe,
+    console: Console,
+    started: float,
 ) -> TuneSummary:
-    """Re-measure best, baseline and rule of thumb back to back (see TuneSummary)."""
-    roles = roles_to_confirm(summary)
-    if len(roles) < 2:
-        return summary  # the best is the baseline and the rule of thumb: nothing to compare
-    names = ", ".join(role.replace("_", " ") for role, _ in roles)
-    console.print(f"Re-measuring {names} back to back ...", highlight=False)
-    remeasured: dict[BatchingConfig, CapacityResult] = {}
-
-    def done(config: BatchingConfig, result: CapacityResult) -> None:
-        remeasured[config] = result
-        console.print(f"  {config.label()}: {result.effective_rps:.0f} req/s", highlight=False)
-
-    configs = [config for _, config in roles]
-    stopped = await _until_signal(remeasure(target, probe, configs, on_done=done))
-    return with_confirmation(summary, remeasured).model_copy(
-        update={"interrupted": stopped, "duration_s": round(time.monotonic() - started, 1)}
+    """Re-measure the finalists and the incumbent interleaved, and recommend by the
+    verdict (tuner/verdict.py)."""
+    incumbent = next((r.config() for r in tuner.records() if r.source == "baseline"), None)
+    if incumbent is None:
+        return summary
+    chosen = finalists(tuner.records(), incumbent, cfg.tuning.finalists)
+    if not chosen:
+        return summary  # nothing met the SLA besides, perhaps, the incumbent
+    study_figure = {
+        r.config(): r.effective_rps
+        for r in reversed(tuner.records())
+        if r.state == "Complete" and r.effective_rps
+    }
+    names = ", ".join(c.label() for c in chosen)
+    console.print(
+        f"Re-measuring the finalists ({names}) and the incumbent {incumbent.label()} "
+        f"interleaved, {cfg.tuning.rounds} rounds ...",
+        highlight=False,
     )
+
+    async def measure(config: BatchingConfig, round_index: int) -> CapacityResult:
+        round_probe = copy.copy(probe)
+        round_probe.seed = cfg.tuning.seed + ROUND_SEED_STRIDE * (round_index + 1)
+        figure = study_figure.get(config)
+        return await round_probe.measure(
+            config,
+            must_beat=None,
+            start_rps=BRACKET_START * figure if figure else None,
+        )
+
+    def done(event: RoundDone) -> None:
+        console.print(
+            f"  round {event.round + 1}/{cfg.tuning.rounds} {event.config.label():<24} "
+            f"{event.result.effective_rps:.0f} req/s",
+            highlight=False,
+        )
+
+    task = remeasure_interleaved(
+        target, measure, chosen, incumbent, rounds=cfg.tuning.rounds, on_done=done
+    )
+    holder: list[Remeasured] = []
+
+    async def run() -> None:
+        holder.append(await task)
+
+    stopped = await _until_signal(run())
+    timing = {"duration_s": round(time.monotonic() - started, 1)}
+    if stopped or not holder:
+        return summary.model_copy(update={"interrupted": True, **timing})
+    remeasured = holder[0]
+    for config, why in remeasured.refused.items():
+        console.print(f"[yellow]{config.label()} left out: {why}[/]", highlight=False)
+    verdict = decide(
+        remeasured.rounds(),
+        incumbent,
+        min_gain_percent=cfg.tuning.min_gain_percent,
+        seed=cfg.tuning.seed,
+    )
+    return with_verdict(summary, verdict).model_copy(update=timing)
 
 
 def _summary(
     tuner: Tuner, run: LocalRun, rules: list[BatchingConfig], interrupted: bool, started: float
 ) -> TuneSummary:
-    cfg = run.config
-    records = tuner.records()
-    results = {r.number: res for r in records if (res := tuner.result(r.number)) is not None}
-    return summarize(
-        records,
-        best=tuner.best(),
-        rules=rules,
-        results=results,
-        sla=cfg.sla,
-        sampler=cfg.tuning.sampler,
-        seed=cfg.tuning.seed,
+    return summary_of_study(
+        tuner,
+        run.config,
         space=run.space.describe(),
+        rules=rules,
         interrupted=interrupted,
         duration_s=time.monotonic() - started,
     )

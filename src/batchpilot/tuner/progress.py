@@ -3,12 +3,14 @@ kept for --json), a spinner while a trial is measured, a table at the end."""
 
 from __future__ import annotations
 
+from rich import box
 from rich.console import Console
 from rich.status import Status
 from rich.table import Table
 
 from batchpilot.tuner.runner import TrialDone, TrialStart
 from batchpilot.tuner.summary import ConfigFigures, TuneSummary
+from batchpilot.tuner.verdict import Verdict, gain_over_incumbent
 
 STATE_MARK = {
     "Complete": "[green]ok[/]",
@@ -83,15 +85,9 @@ def _gain(gain: float | None) -> str:
     return f"{gain:+.0%}" if gain is not None else "-"
 
 
-def _row(
-    name: str,
-    fig: ConfigFigures | None,
-    gain: float | None,
-    again: ConfigFigures | None,
-    again_gain: float | None,
-) -> list[str]:
+def _row(name: str, fig: ConfigFigures | None, gain: float | None) -> list[str]:
     if fig is None:
-        return [name, "-", "-", "-", "-", "-", "-", "-", "-"]
+        return [name, "-", "-", "-", "-", "-", "-"]
     return [
         name,
         str(fig.trial),
@@ -100,73 +96,72 @@ def _row(
         _num(fig.effective_rps, 0),
         _num(fig.p99_ms, 1),
         _gain(gain),
-        _num(again.effective_rps if again is not None else None, 0),
-        _gain(again_gain),
     ]
 
 
-def outdone_by(summary: TuneSummary) -> list[str]:
-    """References that beat the recommendation when all were re-measured back to back."""
-    best = summary.confirmed.get("best")
-    if best is None:
-        return []
-    return [
-        role.replace("_", " ")
-        for role in ("baseline", "rule_of_thumb")
-        if (ref := summary.confirmed.get(role)) is not None
-        and (ref.effective_rps or 0.0) > (best.effective_rps or 0.0)
-    ]
+def verdict_table(verdict: Verdict) -> Table:
+    """Each re-measured configuration: its rounds, its estimate and interval, its gain
+    over the incumbent and that gain's interval, and whether it is the one to run. Kept
+    narrow: stderr is often not a terminal, and rich then lays tables out in 80 columns."""
+    level = f"{verdict.level:.0%}"
+    table = Table(
+        title=f"Re-measured interleaved, {len(verdict.incumbent.rounds)} rounds",
+        caption=f"method: {verdict.method}",
+        box=box.SIMPLE_HEAD,
+    )
+    for column in ("config", "rounds req/s", f"req/s [{level}]", f"gain [{level}]", ""):
+        table.add_column(
+            column, justify="left" if column in ("config", "") else "right", no_wrap=True
+        )
+    for estimate in verdict.ranking:
+        config = estimate.config
+        is_incumbent = config == verdict.incumbent.config
+        gain, low, high = gain_over_incumbent(verdict, estimate)
+        if config == verdict.chosen:
+            note = "chosen" if verdict.significant else "kept"
+        elif config == verdict.winner.config:
+            note = f"low < {verdict.min_gain_percent:g}%"
+        elif min(estimate.rounds) <= 0.0:
+            note = "missed SLA"
+        else:
+            note = ""
+        table.add_row(
+            f"{config.max_batch_size}/{config.max_queue_time_ms:g}ms"
+            + (" now" if is_incumbent else ""),
+            " ".join(f"{v:.0f}" for v in estimate.rounds),
+            f"{estimate.estimate:.0f} [{estimate.low:.0f}, {estimate.high:.0f}]",
+            "-" if is_incumbent else f"{gain:+.0f}% [{low:+.0f}, {high:+.0f}]",
+            note,
+            style="bold green" if config == verdict.chosen else None,
+        )
+    return table
 
 
 def render_summary(console: Console, summary: TuneSummary) -> None:
     table = Table(
-        title=f"Effective throughput at p99 <= {summary.sla.p99_ms:g} ms "
+        title=f"Study: effective throughput at p99 <= {summary.sla.p99_ms:g} ms "
         f"(errors <= {summary.sla.max_error_rate:g})",
-        caption="req/s: effective throughput; best+: the recommendation's gain over the row; "
-        "again: re-measured back to back after the study",
+        caption="req/s: effective throughput in the study; best+: the study's best over the row",
     )
     table.add_column("")
-    for column in ("trial", "batch", "wait ms", "req/s", "p99 ms", "best+", "again", "best+"):
+    for column in ("trial", "batch", "wait ms", "req/s", "p99 ms", "best+"):
         table.add_column(column, justify="right")
-    again = summary.confirmed
-    table.add_row(*_row("best", summary.best, None, again.get("best"), None), style="bold green")
-    table.add_row(
-        *_row(
-            "baseline",
-            summary.baseline,
-            summary.gain_over_baseline,
-            again.get("baseline"),
-            summary.confirmed_gain_over_baseline,
-        )
-    )
-    table.add_row(
-        *_row(
-            "rule of thumb",
-            summary.rule_of_thumb,
-            summary.gain_over_rule_of_thumb,
-            again.get("rule_of_thumb"),
-            summary.confirmed_gain_over_rule_of_thumb,
-        )
-    )
+    table.add_row(*_row("best", summary.best, None), style="bold")
+    table.add_row(*_row("baseline", summary.baseline, summary.gain_over_baseline))
+    table.add_row(*_row("rule of thumb", summary.rule_of_thumb, summary.gain_over_rule_of_thumb))
     console.print(table)
-    if summary.best is None:
+    if summary.verdict is not None:
+        console.print(verdict_table(summary.verdict))
+    if summary.recommended is None:
         console.print(
             "[red]No configuration met the SLA: loosen the SLA or widen the search space.[/]"
         )
     else:
-        b = summary.best
+        c = summary.recommended
         console.print(
-            f"Recommendation: max_batch_size={b.max_batch_size} "
-            f"max_queue_time_ms={b.max_queue_time_ms:g}",
+            f"Recommendation: max_batch_size={c.max_batch_size} "
+            f"max_queue_time_ms={c.max_queue_time_ms:g}: {summary.recommendation}",
             highlight=False,
-        )
-    beaten = outdone_by(summary)
-    if beaten:
-        console.print(
-            f"[yellow]Re-measured back to back, the {' and the '.join(beaten)} did better "
-            "than the recommendation: the measurements are noisier than the differences "
-            "between these configurations (a busy machine?). Run again, or with longer "
-            "steps (measurement.step_duration_s).[/]"
         )
     if summary.interrupted:
         console.print("[yellow]Interrupted: this is the best so far.[/]")

@@ -1,4 +1,5 @@
-"""The trial loop over any target and probe (DESIGN.md §2): ask, apply, measure, tell.
+"""The trial loop over any target and probe (DESIGN.md §2): ask, apply, measure, tell;
+then the finalists and the incumbent measured again, interleaved, for the verdict.
 
 Cancellation (Ctrl-C) propagates out of the trial in flight without telling the tuner:
 the trial stays Running in the storage, which is exactly what a resumed run recognises
@@ -10,7 +11,7 @@ from collections.abc import Awaitable, Callable, Collection, Sequence
 from dataclasses import dataclass
 
 from batchpilot.models import BatchingConfig, CapacityResult
-from batchpilot.tuner.interfaces import Probe, Target, TargetError
+from batchpilot.tuner.interfaces import Probe, ServerDied, Target, TargetError
 from batchpilot.tuner.study import TrialRecord, Tuner
 
 
@@ -46,6 +47,8 @@ async def run_trial(
     try:
         await target.apply(config)
         result = await probe.measure(config, must_beat=None if is_full else tuner.must_beat())
+    except ServerDied as exc:
+        return TrialDone(tuner.tell_server_died(number, str(exc)), None, tuner.best())
     except TargetError as exc:
         return TrialDone(tuner.tell_failed(number, str(exc)), None, tuner.best())
     return TrialDone(tuner.tell(number, result), result, tuner.best())
@@ -71,21 +74,69 @@ async def run_trials(
             await pending
 
 
-async def remeasure(
+def interleaved_order(
+    finalists: Sequence[BatchingConfig], incumbent: BatchingConfig, rounds: int
+) -> list[tuple[int, BatchingConfig]]:
+    """(round, configuration) in measuring order: the finalists in the order given, then
+    the incumbent, round after round (A B C I, A B C I, ...). A finalist equal to the
+    incumbent or to an earlier finalist is measured once a round, as the earlier one."""
+    if rounds < 1:
+        raise ValueError(f"rounds must be >= 1, got {rounds}")
+    configs = list(dict.fromkeys([c for c in finalists if c != incumbent]))
+    return [(r, c) for r in range(rounds) for c in [*configs, incumbent]]
+
+
+MeasureRound = Callable[[BatchingConfig, int], Awaitable[CapacityResult]]
+
+
+@dataclass(frozen=True)
+class RoundDone:
+    round: int
+    config: BatchingConfig
+    result: CapacityResult
+
+
+@dataclass
+class Remeasured:
+    """What the interleaved rounds measured: every configuration's results in round
+    order, and the finalists the target refused (left out of every round)."""
+
+    results: dict[BatchingConfig, list[CapacityResult]]
+    refused: dict[BatchingConfig, str]
+
+    def rounds(self) -> dict[BatchingConfig, list[float]]:
+        """Effective req/s per round: the table `verdict.decide` judges."""
+        return {c: [r.effective_rps for r in rs] for c, rs in self.results.items()}
+
+
+async def remeasure_interleaved(
     target: Target,
-    probe: Probe,
-    configs: Sequence[BatchingConfig],
+    measure: MeasureRound,
+    finalists: Sequence[BatchingConfig],
+    incumbent: BatchingConfig,
     *,
-    on_done: Callable[[BatchingConfig, CapacityResult], None] = lambda _c, _r: None,
-) -> dict[BatchingConfig, CapacityResult]:
-    """Measure `configs` again, one after the other, outside the study (full ramps, no
-    pruning). A configuration the target refuses is left out."""
-    results: dict[BatchingConfig, CapacityResult] = {}
-    for config in configs:
+    rounds: int,
+    on_done: Callable[[RoundDone], None] = lambda _: None,
+) -> Remeasured:
+    """Apply and measure the finalists and the incumbent interleaved (`interleaved_order`),
+    so drift over the minutes this takes hits them all alike. `measure(config, round)`
+    scores what is live; it is given the round so that every configuration of a round
+    can be offered the same schedule (the same seeds). A finalist the target refuses is
+    dropped from every round; the incumbent ran before the study, so its refusal is the
+    target's fault and raises TargetError."""
+    out = Remeasured(results={}, refused={})
+    for r, config in interleaved_order(finalists, incumbent, rounds):
+        if config in out.refused:
+            continue
         try:
             await target.apply(config)
-        except TargetError:
+        except TargetError as exc:
+            if config == incumbent:
+                raise
+            out.refused[config] = str(exc)
+            out.results.pop(config, None)
             continue
-        results[config] = await probe.measure(config, must_beat=None)
-        on_done(config, results[config])
-    return results
+        result = await measure(config, r)
+        out.results.setdefault(config, []).append(result)
+        on_done(RoundDone(r, config, result))
+    return out

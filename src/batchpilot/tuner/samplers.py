@@ -21,7 +21,7 @@ from optuna.samplers import BaseSampler, GPSampler, RandomSampler, TPESampler
 from optuna.study import Study
 from optuna.trial import FrozenTrial, TrialState
 
-from batchpilot.tuner.space import SearchSpace
+from batchpilot.tuner.space import BATCH, SearchSpace
 
 # TPE's default of 10 random start-up trials is tuned for budgets of hundreds; a tuning
 # run here has ~10-30 trials and its first ones are the baseline and warm starts, which
@@ -66,15 +66,31 @@ def trial_seed(seed: int, number: int) -> int:
     return (seed * 1_000_003 + number * 7919 + 1) % (2**32)
 
 
+BatchLimit = Callable[[Study], int | None]
+
+
+def _no_limit(study: Study) -> int | None:
+    return None
+
+
 class PerTrialSampler(BaseSampler):
-    """Delegates to a fresh inner sampler per trial number and snaps sampled values."""
+    """Delegates to a fresh inner sampler per trial number and snaps sampled values.
+
+    A batch size at or above the study's batch limit (the smallest one that killed the
+    server, read from the study's trials by `batch_limit`) is clamped to just below it,
+    so no further trial is spent on the neighbours of a crash."""
 
     def __init__(
-        self, factory: Callable[[int], BaseSampler], seed: int, space: SearchSpace
+        self,
+        factory: Callable[[int], BaseSampler],
+        seed: int,
+        space: SearchSpace,
+        batch_limit: BatchLimit = _no_limit,
     ) -> None:
         self._factory = factory
         self._seed = seed
         self._space = space
+        self._batch_limit = batch_limit
         self._number = -1
         self._inner: BaseSampler | None = None
 
@@ -93,7 +109,15 @@ class PerTrialSampler(BaseSampler):
         self, study: Study, trial: FrozenTrial, search_space: dict[str, BaseDistribution]
     ) -> dict[str, Any]:
         sampled = self._for(trial).sample_relative(study, trial, search_space)
-        return {name: self._space.snap(name, value) for name, value in sampled.items()}
+        return {name: self._fit(study, name, value) for name, value in sampled.items()}
+
+    def _fit(self, study: Study, name: str, value: Any) -> Any:
+        if name == BATCH:
+            limit = self._batch_limit(study)
+            if limit is not None and value >= limit:
+                low, _ = self._space.batch_bounds
+                return max(low, limit - 1)
+        return self._space.snap(name, value)
 
     def sample_independent(
         self,
@@ -103,7 +127,7 @@ class PerTrialSampler(BaseSampler):
         param_distribution: BaseDistribution,
     ) -> Any:
         value = self._for(trial).sample_independent(study, trial, param_name, param_distribution)
-        return self._space.snap(param_name, value)
+        return self._fit(study, param_name, value)
 
     def before_trial(self, study: Study, trial: FrozenTrial) -> None:
         self._for(trial).before_trial(study, trial)
@@ -122,5 +146,7 @@ class PerTrialSampler(BaseSampler):
         return None
 
 
-def make_sampler(name: str, seed: int, space: SearchSpace) -> optuna.samplers.BaseSampler:
-    return PerTrialSampler(sampler_factory(name), seed, space)
+def make_sampler(
+    name: str, seed: int, space: SearchSpace, *, batch_limit: BatchLimit = _no_limit
+) -> optuna.samplers.BaseSampler:
+    return PerTrialSampler(sampler_factory(name), seed, space, batch_limit)

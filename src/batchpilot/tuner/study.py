@@ -37,14 +37,15 @@ from batchpilot.tuner.outcome import (
     state_of,
     violation_of,
 )
+from batchpilot.tuner.refine import batch_limit, next_refinement, server_died_reason
 from batchpilot.tuner.samplers import make_sampler
-from batchpilot.tuner.space import ParameterSpec, Params, SearchSpace
+from batchpilot.tuner.space import BATCH, ParameterSpec, Params, SearchSpace
 
 __all__ = ["ParameterSpec", "SearchSpace", "TrialRecord", "Tuner", "open_storage"]
 
 log = logging.getLogger(__name__)
 
-Source = Literal["baseline", "warm-start", "sampler"]
+Source = Literal["baseline", "warm-start", "sampler", "refine"]
 INTERRUPTED = "interrupted"
 RECORD_ATTR = "batchpilot.record"  # the TrialRecord, kept with the Optuna trial for resume
 RESULT_ATTR = "batchpilot.result"  # the CapacityResult with its steps, for reports
@@ -112,6 +113,16 @@ def _optuna_trial(space: SearchSpace, rec: TrialRecord) -> FrozenTrial:
     return create_trial(state=OptunaState.FAIL, **common)
 
 
+def _study_batch_limit(study: optuna.Study) -> int | None:
+    """The batch limit of `refine.batch_limit`, from the records kept with the trials."""
+    records = []
+    for trial in study.get_trials(deepcopy=False, states=(OptunaState.FAIL,)):
+        raw = trial.user_attrs.get(RECORD_ATTR)
+        if raw is not None:
+            records.append(TrialRecord.model_validate(raw))
+    return batch_limit(records)
+
+
 def replay_queue(
     fixed: Sequence[tuple[Params, Source]], records: Iterable[TrialRecord]
 ) -> deque[tuple[Params, Source]]:
@@ -142,13 +153,17 @@ class Tuner:
         storage: str | BaseStorage | None = None,
         study_name: str = "batchpilot",
         clock: Callable[[], datetime] = _utcnow,
+        refine: bool = True,
+        max_trials: int | None = None,
     ) -> None:
         self.space = space
         self._clock = clock
+        self._refine = refine
+        self._max_trials = max_trials
         self._study = optuna.create_study(
             study_name=study_name,
             storage=storage,
-            sampler=make_sampler(sampler, seed, space),
+            sampler=make_sampler(sampler, seed, space, batch_limit=_study_batch_limit),
             direction="maximize",
             load_if_exists=True,
         )
@@ -220,12 +235,38 @@ class Tuner:
 
     # -- ask / tell -----------------------------------------------------------------
 
+    def _next_fixed(self) -> tuple[Params, Source] | None:
+        """The next configuration chosen here rather than by the sampler: queued ones
+        first (warm starts at or above a batch size that killed the server are dropped),
+        then a refinement when the sampler has stalled. A pure function of the records
+        and the queue, which a rebuilt tuner replays identically."""
+        finished = [r for r in self.records() if r.state != "Running"]
+        limit = batch_limit(finished)
+        while self._queue:
+            params, source = self._queue.popleft()
+            if source == "warm-start" and limit is not None and int(params[BATCH]) >= limit:
+                log.info(
+                    "skipping warm start %s: batch size at or above %d killed the server",
+                    params,
+                    limit,
+                )
+                continue
+            return params, source
+        if not self._refine:
+            return None
+        remaining = None
+        if self._max_trials is not None:
+            remaining = self._max_trials - self.measured_count()
+        refinement = next_refinement(finished, self.space, remaining=remaining)
+        return None if refinement is None else (refinement, "refine")
+
     def ask(self) -> tuple[int, BatchingConfig, dict[str, float | int]]:
         """The next trial: its number, the batching configuration to apply and every
         parameter value (extras included)."""
         source: Source = "sampler"
-        if self._queue:
-            fixed, source = self._queue.popleft()
+        chosen = self._next_fixed()
+        if chosen is not None:
+            fixed, source = chosen
             internal = self.space.to_internal(fixed)
             self._study.enqueue_trial(internal)
             dists = self.space.distributions()
@@ -307,6 +348,17 @@ class Tuner:
         self._study.tell(trial, state=OptunaState.FAIL)
         self._records[number] = rec
         return rec
+
+    def tell_server_died(self, number: int, detail: str) -> TrialRecord:
+        """The trial killed the server (it exited, or stopped answering at all, e.g. out
+        of memory at a large batch): failed, and its batch size and every larger one
+        are out of this study (see `refine`)."""
+        batch = int(self._records[number].params[BATCH]) if number in self._records else 0
+        return self.tell_failed(number, server_died_reason(batch, detail))
+
+    def batch_limit(self) -> int | None:
+        """The smallest batch size that killed the server in this study, or None."""
+        return batch_limit(r for r in self.records() if r.state != "Running")
 
     # -- results --------------------------------------------------------------------
 

@@ -1,6 +1,6 @@
-"""The outcome of a tuning run as JSON first (DESIGN.md §6): the recommendation, the
-reference configurations measured in the same run, and the gains over them. Tables
-and plots are views of this."""
+"""The outcome of a tuning run as JSON first (DESIGN.md §6): the recommendation and the
+verdict that proves it, the reference configurations measured in the same run, and the
+gains over them. Tables and plots are views of this."""
 
 from __future__ import annotations
 
@@ -10,9 +10,11 @@ from typing import Literal
 from pydantic import BaseModel
 
 from batchpilot.models import SLA, BatchingConfig, CapacityResult
-from batchpilot.tuner.study import TrialRecord
+from batchpilot.tuner.config import TuneConfig
+from batchpilot.tuner.study import TrialRecord, Tuner
+from batchpilot.tuner.verdict import Verdict
 
-Label = Literal["baseline", "rule of thumb", "simulator", "sampler"]
+Label = Literal["baseline", "rule of thumb", "simulator", "sampler", "refine"]
 
 
 class ConfigFigures(BaseModel):
@@ -44,66 +46,45 @@ class TuneSummary(BaseModel):
     duration_s: float
     trials: list[LabelledTrial]
     measurements: dict[str, CapacityResult]  # best, baseline, rule of thumb: every step
-    # The same three re-measured back to back after the study (tuning.confirm): on a
-    # shared machine capacity drifts over minutes, so these gains compare like with like.
-    confirmed: dict[str, ConfigFigures] = {}
-    confirmed_gain_over_baseline: float | None = None
-    confirmed_gain_over_rule_of_thumb: float | None = None
+    # The finalists and the incumbent (the baseline) re-measured interleaved after the
+    # study, and what that proves; None when the run was interrupted or confirmation is
+    # off (then the recommendation is the study's best, unproven).
+    verdict: Verdict | None = None
+    recommended: BatchingConfig | None = None  # what to run: the verdict's choice
+    recommendation: str = ""  # why, in a sentence with the figures
 
 
-ROLES = ("best", "baseline", "rule_of_thumb")
+def finalists(
+    records: Sequence[TrialRecord], incumbent: BatchingConfig, k: int
+) -> list[BatchingConfig]:
+    """The top `k` distinct configurations by the study's score (complete trials, most
+    effective req/s first, the earlier trial on a tie), never the incumbent: it is
+    re-measured beside them anyway."""
+    done = sorted(
+        (r for r in records if r.state == "Complete" and r.effective_rps),
+        key=lambda r: (-(r.effective_rps or 0.0), r.number),
+    )
+    chosen: list[BatchingConfig] = []
+    for rec in done:
+        config = rec.config()
+        if config != incumbent and config not in chosen:
+            chosen.append(config)
+    return chosen[:k]
 
 
-def roles_to_confirm(summary: TuneSummary) -> list[tuple[str, BatchingConfig]]:
-    """Configurations to re-measure, best first, each once even when two roles share
-    it (the baseline may be the best)."""
-    chosen: list[tuple[str, BatchingConfig]] = []
-    for role in ROLES:
-        fig = getattr(summary, role)
-        if fig is None or (role != "best" and summary.best is None):
-            continue
-        config = BatchingConfig(
-            max_batch_size=fig.max_batch_size, max_queue_time_ms=fig.max_queue_time_ms
+def with_verdict(summary: TuneSummary, verdict: Verdict) -> TuneSummary:
+    """The summary recommending by the verdict's rule: the winner only when its gain's
+    lower bound clears the margin, otherwise the incumbent, with the figures."""
+    w = verdict.winner
+    if verdict.significant:
+        text = (
+            f"{w.estimate:.0f} req/s, {verdict.gain_percent:+.1f} % over the incumbent "
+            f"(lower bound {verdict.gain_low_percent:+.1f} % >= {verdict.min_gain_percent:g} %)"
         )
-        if all(config != c for _, c in chosen):
-            chosen.append((role, config))
-    return chosen
-
-
-def with_confirmation(
-    summary: TuneSummary, remeasured: Mapping[BatchingConfig, CapacityResult]
-) -> TuneSummary:
-    """The summary with the back-to-back re-measurements of its three configurations."""
-    confirmed: dict[str, ConfigFigures] = {}
-    for role in ROLES:
-        fig = getattr(summary, role)
-        if fig is None:
-            continue
-        config = BatchingConfig(
-            max_batch_size=fig.max_batch_size, max_queue_time_ms=fig.max_queue_time_ms
-        )
-        result = remeasured.get(config)
-        if result is not None:
-            confirmed[role] = fig.model_copy(
-                update={
-                    "effective_rps": result.effective_rps,
-                    "p99_ms": result.p99_ms,
-                    "state": "Complete" if result.feasible else "Infeasible",
-                }
-            )
-
-    def ratio(reference: str) -> float | None:
-        best, ref = confirmed.get("best"), confirmed.get(reference)
-        if best is None or ref is None or not best.effective_rps or not ref.effective_rps:
-            return None
-        return best.effective_rps / ref.effective_rps - 1.0
-
+    else:
+        text = f"keep the incumbent. {verdict.reason}"
     return summary.model_copy(
-        update={
-            "confirmed": confirmed,
-            "confirmed_gain_over_baseline": ratio("baseline"),
-            "confirmed_gain_over_rule_of_thumb": ratio("rule_of_thumb"),
-        }
+        update={"verdict": verdict, "recommended": verdict.chosen, "recommendation": text}
     )
 
 
@@ -113,6 +94,8 @@ def label_of(record: TrialRecord, rules: Sequence[BatchingConfig]) -> Label:
         return "baseline"
     if record.source == "warm-start":
         return "rule of thumb" if record.config() in rules else "simulator"
+    if record.source == "refine":
+        return "refine"
     return "sampler"
 
 
@@ -169,6 +152,8 @@ def summarize(
         if rec is not None and rec.number in results:
             measurements[name] = results[rec.number]
     return TuneSummary(
+        recommended=best.config() if best is not None else None,
+        recommendation="the study's best, not re-measured" if best is not None else "",
         sla=sla,
         sampler=sampler,
         seed=seed,
@@ -182,4 +167,31 @@ def summarize(
         duration_s=round(duration_s, 1),
         trials=[LabelledTrial(**r.model_dump(), label=label_of(r, rules)) for r in records],
         measurements=measurements,
+    )
+
+
+def summary_of_study(
+    tuner: Tuner,
+    config: TuneConfig,
+    *,
+    space: str,
+    rules: Sequence[BatchingConfig],
+    interrupted: bool,
+    duration_s: float,
+) -> TuneSummary:
+    """The summary of a study as its tuner holds it, whatever ran the trials (local
+    server, simulator)."""
+    records = tuner.records()
+    results = {r.number: res for r in records if (res := tuner.result(r.number)) is not None}
+    return summarize(
+        records,
+        best=tuner.best(),
+        rules=rules,
+        results=results,
+        sla=config.sla,
+        sampler=config.tuning.sampler,
+        seed=config.tuning.seed,
+        space=space,
+        interrupted=interrupted,
+        duration_s=duration_s,
     )

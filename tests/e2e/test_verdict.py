@@ -1,0 +1,87 @@
+"""Scenario: the target's own configuration is already the best there is to have, so
+the confirmation after the trials finds no significant gain; the study ends Converged
+with reason NoSignificantGain and the target is never touched."""
+
+from __future__ import annotations
+
+import pytest
+
+from .conftest import Cluster
+from .operatorproc import OperatorProcess
+from .scenario import deploy_server, diagnostics, gap_free
+from .study import events, wait_for
+from .workloads import container_env, dump, inference_service
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600)]
+
+# Two trials (the baseline and the rule of thumb) and six confirmation measurements, each
+# an Env rollout plus a capacity search: longer than the tier's usual study.
+STUDY_TIMEOUT_S = 420.0
+
+
+def test_an_already_best_target_stays_untouched_with_no_significant_gain(
+    cluster: Cluster, namespace: str, operator: OperatorProcess
+) -> None:
+    # The server runs batch 16, wait 2 ms: the largest batch of the space and a short
+    # wait, which nothing in the space beats by the required margin on this server.
+    deploy_server(cluster, namespace, max_batch_size=16, max_queue_time_ms=2.0)
+    before = cluster.kubectl.json("get", "deployment", "server", "-n", namespace)
+    isvc = inference_service(
+        "keep", "server", strategy="Canary", batch_range=(8, 16), max_trials=2, finalists=1
+    )
+    isvc["spec"]["tuning"].update({"confirmRounds": 3, "minGainPercent": 25})
+    cluster.kubectl.apply(dump(isvc), "-n", namespace)
+
+    status = wait_for(
+        cluster.kubectl,
+        namespace,
+        "keep",
+        lambda s: s.get("phase") in ("Converged", "Failed"),
+        what="finished",
+        timeout_s=STUDY_TIMEOUT_S,
+        diagnostics=lambda: diagnostics(cluster, operator),
+    )
+    assert status["phase"] == "Converged", diagnostics(cluster, operator)
+    assert gap_free(status)
+    ready = next(c for c in status["conditions"] if c["type"] == "Ready")
+    assert (ready["status"], ready["reason"]) == ("True", "NoSignificantGain"), status
+    assert "the incumbent stays. NoSignificantGain" in status["message"]
+    assert status["applied"] is False
+
+    # Confirmation: the finalist and the incumbent, interleaved, three rounds.
+    confirmation = status["confirmation"]
+    assert confirmation["incumbent"] == {"max_batch_size": 16, "max_queue_time_ms": 2.0}
+    [finalist] = confirmation["finalists"]
+    measured = confirmation["measurements"]
+    assert [m["params"] for m in measured] == [finalist, confirmation["incumbent"]] * 3
+    assert [m["round"] for m in measured] == [0, 0, 1, 1, 2, 2]
+    baseline, best = status["baseline"], status["best"]
+    assert baseline["maxBatchSize"] == 16
+    assert baseline["effectiveRpsLow"] <= baseline["effectiveRps"] <= baseline["effectiveRpsHigh"]
+    assert best["gainLowPercent"] < 25
+
+    # The target is untouched: same template generation, same environment, no field
+    # of it owned by the operator.
+    after = cluster.kubectl.json(
+        "get", "deployment", "server", "-n", namespace, "--show-managed-fields"
+    )
+    assert after["metadata"]["generation"] == before["metadata"]["generation"]
+    assert container_env(after) == container_env(before)
+    managers = {f["manager"] for f in after["metadata"].get("managedFields", [])}
+    assert "batchpilot" not in managers, managers
+    deployments = cluster.kubectl.json("get", "deployments", "-n", namespace)["items"]
+    canaries = [
+        d["metadata"]["name"]
+        for d in deployments
+        if d["metadata"]["name"].endswith("-bp-canary")
+        and not d["metadata"].get("deletionTimestamp")
+    ]
+    assert canaries == []
+
+    reasons = [e["reason"] for e in events(cluster.kubectl, namespace, "keep")]
+    assert reasons.count("NoSignificantGain") == 1, reasons
+    assert "Confirming" in reasons
+    assert "Applied" not in reasons
+    table = cluster.kubectl("get", "inferenceservices", "keep", "-n", namespace).splitlines()
+    header = table[0].split()
+    assert {"GAIN-%", "GAIN-LOW-%"} <= set(header), header
