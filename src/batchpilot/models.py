@@ -103,20 +103,27 @@ class LatencySummary(Frozen):
     max_ms: float
 
 
+# Most generator processes one machine may split a step's schedule over (--workers).
+MAX_LOAD_WORKERS = 64
+
 # Measured requests a step holds at least, so its p99 is an estimate rather than its
 # largest value (a step is stretched for them up to a cap; see capacity.http).
 DEFAULT_MIN_REQUESTS = 2000
 
-# A step is invalid (the client, not the server, set its figures) when any of these holds:
-# the p99 lag of sends behind their schedule exceeds this share of the SLA p99 ... (lag
-# adds to latency measured from the schedule, so up to this share it can only make a
-# server within 10 % of its SLA fail, never pass; 5 % made every step invalid on a
-# shared 2-core machine whose scheduler alone delays sends by 4-6 ms at p99)
-CLIENT_MAX_LAG_SHARE = 0.10
-# ... or the client process used this share of one core or more over the window ...
+# A step is invalid (the client, not the server, set its figures) only for what is the
+# client's own doing. Send lag and connection-slot wait are reported but never blamed on
+# the client: both grow when the *server* is slow (a slow server holds its connections,
+# so new requests wait for a slot and their sends queue behind them), and latency runs
+# from each request's scheduled time, so that wait is charged to the server. Blaming the
+# client for it turned every overloaded step into an invalid one and stopped every search
+# at its first overload instead of bisecting. What the client alone causes:
+# the p99 stall of its event loop (a sampler task's oversleep) above this share of the
+# SLA p99 -- a stall delays sends and the reading of responses alike, so below the bound
+# it can only make a server within 10 % of its SLA fail, never pass ...
+CLIENT_MAX_LOOP_DELAY_SHARE = 0.10
+# ... or one generator process using this share of a core or more over the window (a
+# saturated client falls behind whatever its loop's stalls say).
 CLIENT_MAX_CPU = 0.90
-# ... or the p99 wait for a free connection exceeds this share of the SLA p99.
-CLIENT_MAX_CONN_WAIT_SHARE = 0.10
 
 
 class ClientHealth(Frozen):
@@ -129,24 +136,28 @@ class ClientHealth(Frozen):
     conn_wait_max_ms: float
     loop_delay_max_ms: float  # worst oversleep of a sampler task: the event loop's stalls
     loop_delay_p99_ms: float
-    cpu: float  # client CPU seconds per wall second (1.0 = one core busy)
+    cpu: float  # client CPU seconds per wall second (1.0 = one core busy), all workers
     workers: int = 1
+    # the busiest generator process's CPU share (None: one process, i.e. `cpu`)
+    cpu_max_worker: float | None = None
+
+    def busiest_cpu(self) -> float:
+        return self.cpu if self.cpu_max_worker is None else self.cpu_max_worker
 
     def limit_reason(self, sla: SLA) -> str:
         """Why the client could not keep its schedule at this SLA (empty when it could):
         the validity rule, with the bounds named in the message."""
         reasons: list[str] = []
-        if self.lag_p99_ms > CLIENT_MAX_LAG_SHARE * sla.p99_ms:
+        bound = CLIENT_MAX_LOOP_DELAY_SHARE * sla.p99_ms
+        if self.loop_delay_p99_ms > bound:
             reasons.append(
-                f"client send lag p99 {self.lag_p99_ms:.1f} ms > "
-                f"{CLIENT_MAX_LAG_SHARE:.0%} of SLA p99 ({CLIENT_MAX_LAG_SHARE * sla.p99_ms:g} ms)"
+                f"client event-loop stall p99 {self.loop_delay_p99_ms:.1f} ms > "
+                f"{CLIENT_MAX_LOOP_DELAY_SHARE:.0%} of SLA p99 ({bound:g} ms)"
             )
-        if self.cpu >= CLIENT_MAX_CPU * self.workers:
-            reasons.append(f"client CPU {self.cpu:.0%} of a core ≥ {CLIENT_MAX_CPU:.0%} per worker")
-        if self.conn_wait_p99_ms > CLIENT_MAX_CONN_WAIT_SHARE * sla.p99_ms:
+        if self.busiest_cpu() >= CLIENT_MAX_CPU:
             reasons.append(
-                f"client connection wait p99 {self.conn_wait_p99_ms:.1f} ms > "
-                f"{CLIENT_MAX_CONN_WAIT_SHARE:.0%} of SLA p99"
+                f"client CPU {self.busiest_cpu():.0%} of a core ≥ {CLIENT_MAX_CPU:.0%}"
+                + (" (busiest worker)" if self.cpu_max_worker is not None else "")
             )
         return "; ".join(reasons)
 
@@ -170,7 +181,9 @@ class StepResult(Frozen):
     # server, so it is neither a pass nor a failure.
     valid: bool = True
     ok_p99_ms: float | None = None  # p99 of successful requests only
-    client: ClientHealth | None = None
+    client: ClientHealth | None = None  # all generator processes together
+    worker_clients: list[ClientHealth] = []  # each process's own, when several sent
+    warmup_s: float = 0.0  # the start of the window left out of the figures
 
 
 class CapacityResult(Frozen):

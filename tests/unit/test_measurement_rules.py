@@ -9,6 +9,7 @@ import random
 
 import pytest
 
+from batchpilot.capacity.http import MAX_STRETCH, step_warmup_s, step_window_s
 from batchpilot.capacity.search import search_capacity, summarise_steps
 from batchpilot.capacity.steps import (
     p99_upper_bound_ms,
@@ -51,6 +52,7 @@ def _load(
     *,
     lags_ms: list[float] | None = None,
     cpu: float = 0.1,
+    loop_delays_ms: list[float] | None = None,
 ) -> LoadResult:
     n = len(outcomes)
     offsets = [i / n for i in range(n)]
@@ -68,6 +70,7 @@ def _load(
         elapsed_s=1.0,
         interrupted=False,
         cpu=cpu,
+        loop_delays_ms=loop_delays_ms or (),
     )
 
 
@@ -81,37 +84,87 @@ def test_a_healthy_client_has_no_limit() -> None:
 @pytest.mark.parametrize(
     ("update", "phrase"),
     [
-        ({"lag_p99_ms": 10.1}, "send lag p99 10.1 ms > 10% of SLA p99 (10 ms)"),
-        ({"cpu": 0.9}, "client CPU 90% of a core ≥ 90% per worker"),
-        ({"conn_wait_p99_ms": 11.0}, "connection wait p99 11.0 ms"),
+        (
+            {"loop_delay_p99_ms": 10.1},
+            "event-loop stall p99 10.1 ms > 10% of SLA p99 (10 ms)",
+        ),
+        ({"cpu": 0.9}, "client CPU 90% of a core ≥ 90%"),
     ],
 )
 def test_each_client_limit_is_named(update: dict[str, float], phrase: str) -> None:
     assert phrase in _health(**update).limit_reason(SLA_100)
 
 
-def test_lag_just_inside_the_bound_is_valid() -> None:
-    assert _health(lag_p99_ms=10.0, conn_wait_p99_ms=10.0, cpu=0.89).limit_reason(SLA_100) == ""
+def test_a_stall_just_inside_the_bound_is_valid() -> None:
+    assert _health(loop_delay_p99_ms=10.0, cpu=0.89).limit_reason(SLA_100) == ""
 
 
-def test_cpu_bound_scales_with_workers() -> None:
-    assert _health(cpu=1.5, workers=2).limit_reason(SLA_100) == ""
-    assert "CPU" in _health(cpu=1.8, workers=2).limit_reason(SLA_100)
+def test_send_lag_and_connection_wait_are_the_servers_backpressure_not_a_client_limit() -> None:
+    # A slow server holds its connections: new requests wait for a slot and sends queue
+    # behind them. Latency already runs from the schedule, so the server is charged; the
+    # client is not blamed while its own loop and CPU are fine.
+    slow_server = _health(lag_p99_ms=80.0, lag_max_ms=200.0, conn_wait_p99_ms=160.0)
+    assert slow_server.limit_reason(SLA_100) == ""
 
 
-def test_a_lagging_client_makes_the_step_invalid_not_failed() -> None:
+def test_cpu_bound_is_per_worker_process() -> None:
+    two = _health(cpu=1.5, workers=2, cpu_max_worker=0.75)
+    assert two.limit_reason(SLA_100) == ""
+    # one saturated worker is enough, whatever the others do
+    lopsided = _health(cpu=1.2, workers=2, cpu_max_worker=0.92)
+    assert "client CPU 92% of a core ≥ 90% (busiest worker)" in lopsided.limit_reason(SLA_100)
+
+
+def test_a_lagging_server_leaves_the_step_valid_and_charges_the_lag() -> None:
+    # The sends lag 50 ms (a slow server's backpressure) and the latency, measured from
+    # the schedule, includes it: the step fails on p99, it is not invalid.
     n = 200
-    lags = [0.0] * 190 + [50.0] * 10  # p99 lag 50 ms > 10 ms
-    step = step_from_load(_load([OK] * n, [10.0] * n, lags_ms=lags), SLA_100)
-    assert not step.valid
+    lags = [0.0] * 190 + [50.0] * 10
+    latencies = [10.0] * 190 + [150.0] * 10
+    step = step_from_load(_load([OK] * n, latencies, lags_ms=lags), SLA_100)
+    assert step.valid
     assert not step.passed
-    assert step.reason.startswith("invalid, client-bound: client send lag p99 50.0 ms")
+    assert step.reason.startswith("p99 150.")
     assert step.client is not None
     assert step.client.lag_p99_ms == 50.0
 
 
-def test_a_busy_client_makes_the_step_invalid() -> None:
-    step = step_from_load(_load([OK] * 100, [10.0] * 100, cpu=0.95), SLA_100)
+def test_a_stalled_client_that_explains_the_failure_makes_the_step_invalid() -> None:
+    # p99 120 ms > 100 ms, but the loop stalled 30 ms at p99: from the send, less the
+    # worst stall, the server answered within 90 ms.
+    load = _load([OK] * 100, [120.0] * 100, loop_delays_ms=[30.0] * 100)
+    step = step_from_load(load, SLA_100)
+    assert not step.valid
+    assert not step.passed
+    assert step.reason.startswith("invalid, client-bound: client event-loop stall p99 30.0 ms")
+
+
+def test_a_stalled_client_cannot_excuse_a_server_far_past_its_sla() -> None:
+    load = _load([OK] * 100, [400.0] * 100, loop_delays_ms=[30.0] * 100)
+    step = step_from_load(load, SLA_100)
+    assert step.valid
+    assert not step.passed
+    assert "(the client was over its limits too: client event-loop stall" in step.reason
+
+
+def test_errors_are_never_excused_by_the_client() -> None:
+    load = _load([OK] * 95 + ["503"] * 5, [50.0] * 100, loop_delays_ms=[30.0] * 100)
+    step = step_from_load(load, SLA_100)
+    assert step.valid
+    assert not step.passed
+
+
+def test_a_step_that_passed_with_a_stalled_client_stays_a_pass() -> None:
+    # the stall only added latency to requests timed from their schedule
+    load = _load([OK] * 100, [40.0] * 100, loop_delays_ms=[30.0] * 100, cpu=0.95)
+    step = step_from_load(load, SLA_100)
+    assert step.valid
+    assert step.passed
+
+
+def test_a_busy_client_makes_a_step_it_could_have_failed_invalid() -> None:
+    load = _load([OK] * 100, [105.0] * 100, lags_ms=[10.0] * 100, cpu=0.95)
+    step = step_from_load(load, SLA_100)
     assert not step.valid
     assert "client CPU 95%" in step.reason
 
@@ -124,6 +177,7 @@ def test_client_health_is_carried_and_merged() -> None:
     assert merged.client.lag_p99_ms == 3.0  # the worst generator decides
     assert merged.client.cpu == pytest.approx(0.7)  # CPU adds up
     assert merged.client.workers == 2
+    assert merged.client.cpu_max_worker == pytest.approx(0.4)  # the busiest process
 
 
 # --- non-OK requests count as infinitely slow ---------------------------------------------
@@ -434,3 +488,62 @@ async def test_an_invalid_confirmation_leaves_the_valid_failure_standing() -> No
     assert not result.client_bound
     assert 40.0 <= result.effective_rps <= 50.0
     assert not summarise_steps(result.steps, sla=SLA_100, precision=0.05).client_bound
+
+
+# --- the per-step warm-up ---------------------------------------------------------------
+
+
+def test_the_warm_up_is_a_tenth_of_the_window_at_least_half_a_second() -> None:
+    assert step_warmup_s(5.0) == 0.5
+    assert step_warmup_s(30.0) == pytest.approx(3.0)
+    assert step_warmup_s(0.6) == 0.3  # never more than half the window
+
+
+@pytest.mark.parametrize("rate", [20.0, 67.0, 150.0, 400.0, 5000.0])
+def test_a_stretched_step_holds_min_requests_after_its_warm_up(rate: float) -> None:
+    window = step_window_s(rate, 5.0, 2000)
+    if window < MAX_STRETCH * 5.0:
+        assert (window - step_warmup_s(window)) * rate >= 2000 - 1e-6
+
+
+def test_requests_scheduled_in_the_warm_up_are_left_out_of_the_figures() -> None:
+    # 100 requests over 1 s; the first 20 (the warm-up) are slow and one failed.
+    n = 100
+    offsets = [i / n for i in range(n)]
+    outcomes = ["503"] + [OK] * (n - 1)
+    latencies = [500.0] * 20 + [10.0] * 80
+    load = summarise(
+        urls=["http://127.0.0.1:1"],
+        arrival="constant",
+        seed=0,
+        target_rps=100.0,
+        window_s=1.0,
+        offsets=offsets,
+        outcomes=outcomes,
+        latencies_ms=latencies,
+        lags_ms=[0.0] * n,
+        done_at=[o + 0.001 for o in offsets],
+        elapsed_s=1.0,
+        interrupted=False,
+        warmup_s=0.2,
+    )
+    assert load.warmup_s == 0.2
+    assert load.requests == 80
+    assert load.ok == 80
+    assert load.error_rate == 0.0
+    assert load.latency.max_ms == pytest.approx(10.0, rel=0.01)
+    assert load.sla_p99_ms == pytest.approx(10.0, rel=0.01)
+    assert load.offered_rps == pytest.approx(100.0)  # 80 requests over 0.8 s
+    assert load.achieved_rps == pytest.approx(100.0)
+    # the timeline still shows the whole run
+    assert sum(s.scheduled for s in load.timeline) == n
+    assert load.timeline[0].errors == 1
+
+
+def test_a_warm_up_outside_the_run_is_refused() -> None:
+    with pytest.raises(ValueError, match="warm-up must be"):
+        summarise(
+            urls=["http://127.0.0.1:1"], arrival="constant", seed=0, target_rps=1.0,
+            window_s=1.0, offsets=[0.0], outcomes=[OK], latencies_ms=[1.0], lags_ms=[0.0],
+            done_at=[0.1], elapsed_s=1.0, interrupted=False, warmup_s=-1.0,
+        )  # fmt: skip

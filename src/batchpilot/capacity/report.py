@@ -19,6 +19,7 @@ def capacity_json(
     accelerators_per_replica: int,
     interrupted: bool = False,
     plot: str | None = None,
+    workers: int = 1,
 ) -> dict[str, Any]:
     """The result's JSON plus the cost line (DESIGN.md §1) and how it was obtained."""
     cost = accelerator_hours_per_million(
@@ -32,6 +33,7 @@ def capacity_json(
         accelerator_hours_per_million=cost if math.isfinite(cost) else None,
         interrupted=interrupted,
         plot=plot,
+        workers=workers,
     )
     return data
 

@@ -93,13 +93,34 @@ def rising_trend(timeline: Sequence[TimelineSecond], window_s: float, sla_p99_ms
     )
 
 
+def client_could_explain(load: LoadResult, sla: SLA) -> bool:
+    """Whether the client's own delays could have made a failing window fail: timed
+    from each request's actual send (so a slow server's connection-slot wait is still
+    charged to it) less the loop's worst stall (one stall can hold up reading a
+    response), with every non-OK request still infinitely slow, the window would pass."""
+    if load.requests == 0 or load.requests - load.ok > 0.01 * load.requests:
+        return False  # more than 1 % non-OK: its SLA p99 is infinite whoever sent it
+    p99 = max(load.latency_from_send.p99_ms - load.client.loop_delay_max_ms, 0.0)
+    passed, _ = step_passes(
+        p99_ms=p99,
+        error_rate=load.error_rate,
+        offered_rps=load.offered_rps,
+        achieved_rps=load.achieved_rps,
+        sla=sla,
+    )
+    return passed
+
+
 def step_from_load(load: LoadResult, sla: SLA, *, min_requests: int = 0) -> StepResult:
     """The step rule applied to the client's own measurement of a window.
 
-    A window whose client could not keep its schedule is invalid: neither a pass nor a
-    failure. The SLA p99 counts every non-OK request as infinitely slow; with fewer than
-    `min_requests` requests it is the p99's upper confidence bound instead. A window whose
-    latency still climbs at its end fails (see rising_trend)."""
+    A window that failed while its client was over its limits (ClientHealth.limit_reason)
+    is invalid, neither a pass nor a failure, when the client's own delays could explain
+    the failure (client_could_explain); one that passed stays a pass, since a stalled or
+    busy client only adds latency to requests timed from their schedule. The SLA p99
+    counts every non-OK request as infinitely slow; with fewer than `min_requests`
+    requests it is the p99's upper confidence bound instead. A window whose latency
+    still climbs at its end fails (see rising_trend)."""
     p99 = load.sla_p99_ms
     short = 0 < load.requests < min_requests
     if short:
@@ -123,8 +144,12 @@ def step_from_load(load: LoadResult, sla: SLA, *, min_requests: int = 0) -> Step
                 f" (upper {P99_UCB_LEVEL:.0%} bound of p99 from {load.requests} requests, "
                 f"fewer than {min_requests})"
             )
-    if limit:
-        passed, reason = False, f"invalid, client-bound: {limit}"
+    valid = True
+    if limit and not passed:
+        if client_could_explain(load, sla):
+            passed, reason, valid = False, f"invalid, client-bound: {limit}", False
+        else:
+            reason += f" (the client was over its limits too: {limit})"
     return StepResult(
         offered_rps=load.offered_rps,
         achieved_rps=load.achieved_rps,
@@ -137,6 +162,8 @@ def step_from_load(load: LoadResult, sla: SLA, *, min_requests: int = 0) -> Step
         reason=reason,
         duration_s=load.duration_s,
         source="client",
-        valid=not limit,
+        valid=valid,
         client=load.client,
+        worker_clients=load.worker_clients,
+        warmup_s=load.warmup_s,
     )

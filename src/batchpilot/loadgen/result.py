@@ -50,6 +50,9 @@ class LoadResult(BaseModel):
     offered_rps: float  # requests actually scheduled per second of the window
     achieved_rps: float  # successful responses per second (see achieved_rate)
     duration_s: float  # the scheduling window that was run
+    # requests scheduled in the window's first `warmup_s` were sent but left out of every
+    # figure (rates, counts, percentiles); rates are over duration_s - warmup_s
+    warmup_s: float = 0.0
     elapsed_s: float  # from the first send until the last response
     requests: int  # completed attempts: ok + errors
     ok: int
@@ -70,6 +73,12 @@ class LoadResult(BaseModel):
     sla_p99_ms: float
     sla_histogram: str
     client: ClientHealth
+    # completion times (s from the schedule's zero) of the first and last successful
+    # measured request: generators sharing one schedule merge their goodput exactly
+    ok_first_done_s: float | None = None
+    ok_last_done_s: float | None = None
+    # each generator process's own health when several shared the run (else empty)
+    worker_clients: list[ClientHealth] = []
 
     def latency_histogram(self) -> LatencyHistogram:
         return LatencyHistogram.decode(self.histogram)
@@ -104,9 +113,17 @@ def summarise(
     conn_waits_ms: Sequence[float] = (),
     loop_delays_ms: Sequence[float] = (),
     cpu: float = 0.0,
+    warmup_s: float = 0.0,
 ) -> LoadResult:
     """Reduce per-request records (index i = i-th scheduled request; outcome None = never
-    sent) to a LoadResult. `done_at` is the completion time relative to the start."""
+    sent) to a LoadResult. `done_at` is the completion time relative to the start.
+
+    Requests scheduled before `warmup_s` are the step's warm-up (connections opening, the
+    server's batcher and caches settling, the previous step's backlog draining): they
+    count in the timeline and the client's health, not in the figures."""
+    if not (math.isfinite(warmup_s) and warmup_s >= 0):
+        raise ValueError(f"warm-up must be ≥ 0 s, got {warmup_s:g}")
+    measured_s = window_s - warmup_s
     histogram = LatencyHistogram()
     from_send = LatencyHistogram()
     sla_histogram = LatencyHistogram()
@@ -114,29 +131,35 @@ def summarise(
     ok_done: list[float] = []
     lags: list[float] = []
     per_second: dict[int, _Second] = {}
-    sent = 0
+    measured_sent = 0
     for i, outcome in enumerate(outcomes):
         if outcome is None:
             continue
-        sent += 1
         lags.append(lags_ms[i])
         second = per_second.setdefault(int(offsets[i]), _Second())
         second.scheduled += 1
         second.max_lag_ms = max(second.max_lag_ms, lags_ms[i])
+        measured = offsets[i] >= warmup_s
+        measured_sent += measured
         if outcome == CANCELLED:
+            continue
+        if outcome == OK:
+            second.ok += 1
+        else:
+            second.errors += 1
+        if outcome in (OK, TIMEOUT):
+            second.latencies.append(latencies_ms[i])
+        if not measured:
             continue
         kinds[outcome] += 1
         if outcome == OK:
             ok_done.append(done_at[i])
-            second.ok += 1
             sla_histogram.record_ms(latencies_ms[i])
         else:
-            second.errors += 1
             sla_histogram.record_ms(TOP_MS)
         if outcome in (OK, TIMEOUT):
             histogram.record_ms(latencies_ms[i])
             from_send.record_ms(max(latencies_ms[i] - lags_ms[i], 0.0))
-            second.latencies.append(latencies_ms[i])
     ok = kinds.pop(OK, 0)
     requests = ok + sum(kinds.values())
     return LoadResult(
@@ -144,9 +167,10 @@ def summarise(
         arrival=arrival,
         seed=seed,
         target_rps=target_rps,
-        offered_rps=sent / window_s if window_s > 0 else 0.0,
-        achieved_rps=achieved_rate(ok_done, window_s),
+        offered_rps=measured_sent / measured_s if measured_s > 0 else 0.0,
+        achieved_rps=achieved_rate(ok_done, measured_s) if measured_s > 0 else 0.0,
         duration_s=window_s,
+        warmup_s=warmup_s,
         elapsed_s=elapsed_s,
         requests=requests,
         ok=ok,
@@ -171,6 +195,8 @@ def summarise(
             loop_delay_max_ms=max(loop_delays_ms, default=0.0),
             cpu=cpu,
         ),
+        ok_first_done_s=min(ok_done, default=None),
+        ok_last_done_s=max(ok_done, default=None),
     )
 
 
@@ -204,8 +230,10 @@ def _nearest_rank(ordered: Sequence[float], q: float) -> float:
 
 
 def merge_results(results: Sequence[LoadResult]) -> LoadResult:
-    """Results of generators that ran at the same time (e.g. one per pod) as one run:
-    rates and counts add, histograms merge exactly, the timeline adds second by second."""
+    """Results of generators that ran at the same time (e.g. one per pod, or one per
+    process sharing a schedule) as one run: counts add, histograms merge exactly, the
+    goodput is that of the union of completions (exact when all parts share one start),
+    the timeline adds second by second, and each part's client health is kept."""
     if not results:
         raise ValueError("merge_results needs at least one result")
     histogram = merge_encoded(r.histogram for r in results)
@@ -219,15 +247,23 @@ def merge_results(results: Sequence[LoadResult]) -> LoadResult:
     for r in results:
         for s in r.timeline:
             seconds.setdefault(s.t_s, []).append(s)
-    sent = sum(r.offered_rps * r.duration_s for r in results)
+    sent = sum(r.offered_rps * (r.duration_s - r.warmup_s) for r in results)
+    measured_s = max(r.duration_s - r.warmup_s for r in results)
+    firsts = [r.ok_first_done_s for r in results if r.ok_first_done_s is not None]
+    lasts = [r.ok_last_done_s for r in results if r.ok_last_done_s is not None]
+    achieved = sum(r.achieved_rps for r in results)
+    if len(firsts) == len(lasts) == sum(r.ok > 0 for r in results) and ok and measured_s > 0:
+        # the same rule as one generator's achieved_rate, over the union of completions
+        achieved = ok / max(measured_s, max(lasts) - min(firsts))
     return LoadResult(
         urls=[u for r in results for u in r.urls],
         arrival=results[0].arrival,
         seed=results[0].seed,
         target_rps=sum(r.target_rps for r in results),
         offered_rps=sum(r.offered_rps for r in results),
-        achieved_rps=sum(r.achieved_rps for r in results),
+        achieved_rps=achieved,
         duration_s=max(r.duration_s for r in results),
+        warmup_s=max(r.warmup_s for r in results),
         elapsed_s=max(r.elapsed_s for r in results),
         requests=requests,
         ok=ok,
@@ -240,7 +276,7 @@ def merge_results(results: Sequence[LoadResult]) -> LoadResult:
         latency_from_send=max(results, key=lambda r: r.max_lag_ms).latency_from_send,
         max_lag_ms=max(r.max_lag_ms for r in results),
         mean_lag_ms=(
-            sum(r.mean_lag_ms * r.offered_rps * r.duration_s for r in results) / sent
+            sum(r.mean_lag_ms * r.offered_rps * (r.duration_s - r.warmup_s) for r in results) / sent
             if sent
             else 0.0
         ),
@@ -250,13 +286,16 @@ def merge_results(results: Sequence[LoadResult]) -> LoadResult:
         sla_p99_ms=sla_histogram.percentile_ms(99),
         sla_histogram=sla_histogram.encode(),
         client=merge_health([r.client for r in results]),
+        ok_first_done_s=min(firsts, default=None),
+        ok_last_done_s=max(lasts, default=None),
+        worker_clients=[c for r in results for c in (r.worker_clients or [r.client])],
     )
 
 
 def merge_health(parts: Sequence[ClientHealth]) -> ClientHealth:
-    """Client health of generators that ran side by side: CPU and workers add; lag,
-    connection wait and loop delay take the worst part, since one lagging generator is
-    enough to make a step invalid."""
+    """Client health of generators that ran side by side: CPU and workers add and the
+    busiest process is kept; lag, connection wait and loop delay take the worst part,
+    since one stalled generator is enough to make a step invalid."""
     return ClientHealth(
         lag_p99_ms=max(p.lag_p99_ms for p in parts),
         lag_max_ms=max(p.lag_max_ms for p in parts),
@@ -266,6 +305,7 @@ def merge_health(parts: Sequence[ClientHealth]) -> ClientHealth:
         loop_delay_max_ms=max(p.loop_delay_max_ms for p in parts),
         cpu=sum(p.cpu for p in parts),
         workers=sum(p.workers for p in parts),
+        cpu_max_worker=max(p.busiest_cpu() for p in parts),
     )
 
 

@@ -163,8 +163,10 @@ class LocalProbe:
         seed: int = 0,
         min_requests: int = DEFAULT_MIN_REQUESTS,
         arrival: ArrivalKind | str = "poisson",
+        workers: int = 1,
     ) -> None:
         self.url = url.rstrip("/")
+        self.workers = workers
         self.min_requests = min_requests
         self.arrival = arrival
         self.sla = sla
@@ -195,4 +197,5 @@ class LocalProbe:
             seed=self.seed,
             min_requests=self.min_requests,
             arrival=self.arrival,
+            workers=self.workers,
         )

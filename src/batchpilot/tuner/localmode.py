@@ -195,6 +195,7 @@ async def tune_local(run: LocalRun, console: Console) -> TuneSummary:
             timeout_s=cfg.measurement.timeout_s,
             seed=cfg.tuning.seed,
             arrival=run.arrival,
+            workers=cfg.measurement.workers,
         )
         warm = SimulatorWarmStart(tuner, target, run, rules)
         progress = TrialProgress(console, cfg.tuning.trials)
