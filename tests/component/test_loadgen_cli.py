@@ -8,6 +8,7 @@ import contextlib
 import json
 import signal
 import sys
+import time
 
 import pytest
 
@@ -69,6 +70,9 @@ async def test_loadtest_human_table() -> None:
         (["capacity", "URL", "--p99-ms", "100", "--plot", "x.txt"], "--plot"),
         (["capacity", "DEAD", "--p99-ms", "100"], "connection refused"),
         (["capacity", "URL", "--p99-ms", "100", "--prometheus", "DEAD"], "connection refused"),
+        (["capacity", "URL", "--p99-ms", "100", "--workers", "0"], "'--workers'"),
+        (["loadtest", "URL", "--rate", "5", "--duration", "1", "--worker", "2/2"], "I/N"),
+        (["loadtest", "URL", "--rate", "5", "--duration", "1", "--worker", "x"], "I/N"),
     ],
 )
 async def test_bad_input_is_one_line_and_a_non_zero_exit(args: list[str], fragment: str) -> None:
@@ -179,3 +183,30 @@ async def test_cancelling_a_multi_worker_step_kills_its_workers() -> None:
         served = await stub.served()
         await asyncio.sleep(0.5)  # 25 more requests were due by now, had a worker lived
         assert await stub.served() == served
+
+
+async def test_loadtest_workers_with_one_start_time_send_the_schedule_between_them() -> None:
+    # Issue 13's remote worker: each share reports its own histogram, errors, timeline
+    # and client health, and the shares merge into the one run.
+    from batchpilot.loadgen.result import LoadResult, merge_results
+
+    async with StubServerProcess(delay_ms=2) as stub:
+        start_at = time.time() + 8.0  # both processes started and ready by then
+        common = ["loadtest", stub.url, "--rate", "100", "--duration", "2", "--seed", "5"]
+        runs = await asyncio.gather(
+            *(
+                run_cli(*common, "--worker", f"{i}/2", "--start-at", repr(start_at), "--json")
+                for i in range(2)
+            )
+        )
+        served = await stub.served()
+    parts = []
+    for code, out, err in runs:
+        assert code == 0, err
+        parts.append(LoadResult.model_validate_json(out))
+    assert [p.target_rps for p in parts] == [50.0, 50.0]
+    merged = merge_results(parts)
+    assert merged.ok == 200  # every request of the one schedule, once
+    assert served >= 200
+    assert merged.client.workers == 2
+    assert merged.latency.count == 200
