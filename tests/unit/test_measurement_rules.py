@@ -154,6 +154,15 @@ def test_errors_are_never_excused_by_the_client() -> None:
     assert not step.passed
 
 
+def test_too_few_requests_to_bound_the_p99_are_never_excused_by_the_client() -> None:
+    # 100 requests cannot bound a p99 at 95 %: the step fails on that, stalls or not
+    load = _load([OK] * 100, [20.0] * 100, loop_delays_ms=[30.0] * 100)
+    step = step_from_load(load, SLA_100, min_requests=2000)
+    assert step.valid
+    assert not step.passed
+    assert "upper 95% bound of p99 from 100 requests" in step.reason
+
+
 def test_a_step_that_passed_with_a_stalled_client_stays_a_pass() -> None:
     # the stall only added latency to requests timed from their schedule
     load = _load([OK] * 100, [40.0] * 100, loop_delays_ms=[30.0] * 100, cpu=0.95)

@@ -93,13 +93,15 @@ def rising_trend(timeline: Sequence[TimelineSecond], window_s: float, sla_p99_ms
     )
 
 
-def client_could_explain(load: LoadResult, sla: SLA) -> bool:
+def client_could_explain(load: LoadResult, sla: SLA, sla_p99_ms: float) -> bool:
     """Whether the client's own delays could have made a failing window fail: timed
     from each request's actual send (so a slow server's connection-slot wait is still
     charged to it) less the loop's worst stall (one stall can hold up reading a
-    response), with every non-OK request still infinitely slow, the window would pass."""
-    if load.requests == 0 or load.requests - load.ok > 0.01 * load.requests:
-        return False  # more than 1 % non-OK: its SLA p99 is infinite whoever sent it
+    response), with every non-OK request still infinitely slow, the window would pass.
+    `sla_p99_ms` is the p99 the window was judged on: when it is infinite (more than
+    1 % non-OK, or too few requests to bound it) no client delay explains it."""
+    if load.requests == 0 or sla_p99_ms >= TOP_MS:
+        return False
     p99 = max(load.latency_from_send.p99_ms - load.client.loop_delay_max_ms, 0.0)
     passed, _ = step_passes(
         p99_ms=p99,
@@ -146,7 +148,7 @@ def step_from_load(load: LoadResult, sla: SLA, *, min_requests: int = 0) -> Step
             )
     valid = True
     if limit and not passed:
-        if client_could_explain(load, sla):
+        if client_could_explain(load, sla, p99):
             passed, reason, valid = False, f"invalid, client-bound: {limit}", False
         else:
             reason += f" (the client was over its limits too: {limit})"
