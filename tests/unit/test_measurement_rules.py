@@ -163,6 +163,26 @@ def test_too_few_requests_to_bound_the_p99_are_never_excused_by_the_client() -> 
     assert "upper 95% bound of p99 from 100 requests" in step.reason
 
 
+@pytest.mark.parametrize(("late_ms", "excused"), [(900.0, True), (0.0, False)])
+def test_timeouts_are_excused_only_when_the_client_alone_reached_the_timeout(
+    late_ms: float, excused: bool
+) -> None:
+    # 5 % timeouts (1 s deadline) with the loop stalling 200 ms: the client's own delay
+    # reaches the deadline only when its sends were also 900 ms late.
+    n = 100
+    offsets = [i / n for i in range(n)]
+    load = summarise(
+        urls=["http://127.0.0.1:1"], arrival="constant", seed=0, target_rps=100.0,
+        window_s=1.0, offsets=offsets, outcomes=[OK] * 95 + [TIMEOUT] * 5,
+        latencies_ms=[50.0] * 95 + [1000.0] * 5, lags_ms=[0.0] * 95 + [late_ms] * 5,
+        done_at=[o + 0.05 for o in offsets], elapsed_s=1.0, interrupted=False,
+        loop_delays_ms=[200.0] * 10, cpu=0.3, timeout_s=1.0,
+    )  # fmt: skip
+    step = step_from_load(load, SLA_100)
+    assert not step.passed
+    assert step.valid is not excused
+
+
 def test_a_step_that_passed_with_a_stalled_client_stays_a_pass() -> None:
     # the stall only added latency to requests timed from their schedule
     load = _load([OK] * 100, [40.0] * 100, loop_delays_ms=[30.0] * 100, cpu=0.95)

@@ -145,6 +145,7 @@ async def run_load(
         loop_delays_ms=health.loop_delays_ms,
         cpu=health.cpu,
         warmup_s=warmup_s,
+        timeout_s=timeout_s,
     )
 
 

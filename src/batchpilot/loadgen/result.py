@@ -53,6 +53,7 @@ class LoadResult(BaseModel):
     # requests scheduled in the window's first `warmup_s` were sent but left out of every
     # figure (rates, counts, percentiles); rates are over duration_s - warmup_s
     warmup_s: float = 0.0
+    timeout_s: float | None = None  # a request's deadline from its scheduled time
     elapsed_s: float  # from the first send until the last response
     requests: int  # completed attempts: ok + errors
     ok: int
@@ -114,6 +115,7 @@ def summarise(
     loop_delays_ms: Sequence[float] = (),
     cpu: float = 0.0,
     warmup_s: float = 0.0,
+    timeout_s: float | None = None,
 ) -> LoadResult:
     """Reduce per-request records (index i = i-th scheduled request; outcome None = never
     sent) to a LoadResult. `done_at` is the completion time relative to the start.
@@ -171,6 +173,7 @@ def summarise(
         achieved_rps=achieved_rate(ok_done, measured_s) if measured_s > 0 else 0.0,
         duration_s=window_s,
         warmup_s=warmup_s,
+        timeout_s=timeout_s,
         elapsed_s=elapsed_s,
         requests=requests,
         ok=ok,
@@ -264,6 +267,7 @@ def merge_results(results: Sequence[LoadResult]) -> LoadResult:
         achieved_rps=achieved,
         duration_s=max(r.duration_s for r in results),
         warmup_s=max(r.warmup_s for r in results),
+        timeout_s=results[0].timeout_s,
         elapsed_s=max(r.elapsed_s for r in results),
         requests=requests,
         ok=ok,
