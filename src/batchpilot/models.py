@@ -103,12 +103,73 @@ class LatencySummary(Frozen):
     max_ms: float
 
 
+# Most generator processes one machine may split a step's schedule over (--workers).
+MAX_LOAD_WORKERS = 64
+
+# Measured requests a step holds at least, so its p99 is an estimate rather than its
+# largest value (a step is stretched for them up to a cap; see capacity.http).
+DEFAULT_MIN_REQUESTS = 2000
+
+# A step is invalid (the client, not the server, set its figures) only for what is the
+# client's own doing. Send lag and connection-slot wait are reported but never blamed on
+# the client: both grow when the *server* is slow (a slow server holds its connections,
+# so new requests wait for a slot and their sends queue behind them), and latency runs
+# from each request's scheduled time, so that wait is charged to the server. Blaming the
+# client for it turned every overloaded step into an invalid one and stopped every search
+# at its first overload instead of bisecting. What the client alone causes:
+# the p99 stall of its event loop (a sampler task's oversleep) above this share of the
+# SLA p99 -- a stall delays sends and the reading of responses alike, so below the bound
+# it can only make a server within 10 % of its SLA fail, never pass ...
+CLIENT_MAX_LOOP_DELAY_SHARE = 0.10
+# ... or one generator process using this share of a core or more over the window (a
+# saturated client falls behind whatever its loop's stalls say).
+CLIENT_MAX_CPU = 0.90
+
+
+class ClientHealth(Frozen):
+    """How well the load generator kept its own schedule during one window: without it a
+    slow client reads as a slow server."""
+
+    lag_p99_ms: float  # p99 of how late each send left against its scheduled time
+    lag_max_ms: float
+    conn_wait_p99_ms: float  # p99 of the time a request waited for a free connection
+    conn_wait_max_ms: float
+    loop_delay_max_ms: float  # worst oversleep of a sampler task: the event loop's stalls
+    loop_delay_p99_ms: float
+    cpu: float  # client CPU seconds per wall second (1.0 = one core busy), all workers
+    workers: int = 1
+    # the busiest generator process's CPU share (None: one process, i.e. `cpu`)
+    cpu_max_worker: float | None = None
+
+    def busiest_cpu(self) -> float:
+        return self.cpu if self.cpu_max_worker is None else self.cpu_max_worker
+
+    def limit_reason(self, sla: SLA) -> str:
+        """Why the client could not keep its schedule at this SLA (empty when it could):
+        the validity rule, with the bounds named in the message."""
+        reasons: list[str] = []
+        bound = CLIENT_MAX_LOOP_DELAY_SHARE * sla.p99_ms
+        if self.loop_delay_p99_ms > bound:
+            reasons.append(
+                f"client event-loop stall p99 {self.loop_delay_p99_ms:.1f} ms > "
+                f"{CLIENT_MAX_LOOP_DELAY_SHARE:.0%} of SLA p99 ({bound:g} ms)"
+            )
+        if self.busiest_cpu() >= CLIENT_MAX_CPU:
+            reasons.append(
+                f"client CPU {self.busiest_cpu():.0%} of a core ≥ {CLIENT_MAX_CPU:.0%}"
+                + (" (busiest worker)" if self.cpu_max_worker is not None else "")
+            )
+        return "; ".join(reasons)
+
+
 class StepResult(Frozen):
     """One fixed window of the capacity search at one offered rate."""
 
     offered_rps: float
-    achieved_rps: float
+    achieved_rps: float  # goodput: successful responses per second
     p50_ms: float
+    # The SLA percentile: every non-OK request (error, timeout, give-up, not sent) counts
+    # as infinitely slow, so shedding load cannot buy a better p99.
     p99_ms: float
     error_rate: float
     requests: int
@@ -116,6 +177,13 @@ class StepResult(Frozen):
     reason: str = ""  # why the step failed, empty when it passed
     duration_s: float
     source: str = "client"  # client | prometheus | simulator
+    # False when the client could not keep its schedule: the step says nothing about the
+    # server, so it is neither a pass nor a failure.
+    valid: bool = True
+    ok_p99_ms: float | None = None  # p99 of successful requests only
+    client: ClientHealth | None = None  # all generator processes together
+    worker_clients: list[ClientHealth] = []  # each process's own, when several sent
+    warmup_s: float = 0.0  # the start of the window left out of the figures
 
 
 class CapacityResult(Frozen):
@@ -128,6 +196,14 @@ class CapacityResult(Frozen):
     pruned: bool = False  # the search stopped early because it could not win
     precision: float
     steps: list[StepResult]
+    # The client could not drive a higher rate: the capacity is at least effective_rps.
+    client_bound: bool = False
+    client_ceiling_rps: float | None = None  # highest offered rate the client kept up with
+
+    def capacity_label(self) -> str:
+        if self.client_bound:
+            return f"≥ {self.effective_rps:.1f} req/s, client-bound"
+        return f"{self.effective_rps:.1f} req/s"
 
     @model_validator(mode="after")
     def _consistent(self) -> Self:

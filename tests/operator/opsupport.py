@@ -17,7 +17,7 @@ import pytest
 from kmock import ResourceInfo
 
 import batchpilot.operator.handlers  # noqa: F401  (registers the handlers)
-from batchpilot.models import BatchingConfig, CapacityResult, StepResult
+from batchpilot.models import SLA, BatchingConfig, CapacityResult, ClientHealth, StepResult
 from batchpilot.operator import decisions
 from batchpilot.operator.crd import GROUP, PLURAL, VERSION
 from batchpilot.operator.spec import InferenceServiceSpec, Params
@@ -94,6 +94,9 @@ class FakeWorld:
         self.cluster.seeds.append(seed)
         rps = self.cluster.score(params)
         sla = self.spec.sla.to_sla()
+        limit = self.cluster.client_limit_rps
+        if limit is not None and rps > limit:
+            return _client_bound(limit, sla)
         step = StepResult(
             offered_rps=rps,
             achieved_rps=rps,
@@ -125,6 +128,37 @@ class FakeWorld:
         self.cluster.canaries.discard(name)
 
 
+def _client_bound(limit: float, sla: SLA) -> CapacityResult:
+    """What the capacity search returns when the load generator stalls above `limit`: a
+    pass at the limit, then an invalid step, and the capacity as a lower bound."""
+    healthy = ClientHealth(
+        lag_p99_ms=1.5, lag_max_ms=3.0, conn_wait_p99_ms=0.0, conn_wait_max_ms=0.0,
+        loop_delay_p99_ms=2.0, loop_delay_max_ms=4.0, cpu=0.41,
+    )  # fmt: skip
+    stalled = healthy.model_copy(
+        update={"lag_p99_ms": 48.0, "loop_delay_p99_ms": 45.0, "loop_delay_max_ms": 80.0}
+    )
+    passed = StepResult(
+        offered_rps=limit, achieved_rps=limit, p50_ms=sla.p99_ms / 4, p99_ms=sla.p99_ms * 0.9,
+        error_rate=0.0, requests=int(limit * 5), passed=True, duration_s=5.0, client=healthy,
+    )  # fmt: skip
+    invalid = passed.model_copy(
+        update={
+            "offered_rps": 2 * limit,
+            "achieved_rps": 2 * limit,
+            "p99_ms": sla.p99_ms * 1.2,
+            "passed": False,
+            "valid": False,
+            "reason": f"invalid, client-bound: {stalled.limit_reason(sla)}",
+            "client": stalled,
+        }
+    )
+    return CapacityResult(
+        effective_rps=limit, p99_ms=passed.p99_ms, sla=sla, feasible=True, precision=0.05,
+        steps=[passed, invalid], client_bound=True, client_ceiling_rps=limit,
+    )  # fmt: skip
+
+
 class FakeCluster:
     """What the fake worlds of one test share: the target's live configuration."""
 
@@ -136,6 +170,8 @@ class FakeCluster:
         self.restored = 0
         self.seeds: list[int | None] = []  # the load seed of every measurement
         self.score: Callable[[Mapping[str, float | int]], float] = score
+        # a configuration scoring above this finds the load generator's limit first
+        self.client_limit_rps: float | None = None
         self.missing_target = False
         self.lookups = 0
         # applies after the first `hold_after` ones wait until `gate` is set

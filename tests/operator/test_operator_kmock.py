@@ -358,3 +358,27 @@ async def test_a_real_gain_is_confirmed_and_written_back(
     assert reasons.count("Confirming") == 1
     assert reasons.count("Confirmation") == len(status["confirmation"]["measurements"])
     assert reasons.index("Confirming") < reasons.index("Applied")
+
+
+async def test_a_client_bound_trial_says_so_in_the_status(
+    kmock: kmock.KubernetesEmulator, operator: Operator, cluster: FakeCluster
+) -> None:
+    # the original scores 500 req/s, but the load generator stalls above 450
+    cluster.client_limit_rps = 450.0
+    kmock.objects[ISVC, NAMESPACE, "resnet"] = isvc()
+    async with operator():
+        await eventually(lambda: phase_is(kmock, "Converged"), what="convergence")
+    trials = status_of(kmock)["trials"]
+    baseline = trials[0]
+    assert baseline["state"] == "Complete"  # scored, as a lower bound
+    assert baseline["clientBound"] is True
+    assert baseline["effectiveRps"] == pytest.approx(450.0)
+    assert baseline["reason"].startswith(
+        "ClientBound: capacity ≥ 450.0 req/s, client-bound: invalid, client-bound: "
+        "client event-loop stall p99 45.0 ms > 10% of SLA p99 (30 ms)"
+    )
+    assert baseline["clientLagP99Ms"] == pytest.approx(48.0)
+    assert baseline["clientCpu"] == pytest.approx(0.41)
+    # a trial the client could drive is not flagged
+    for trial in trials:
+        assert trial["clientBound"] == (cluster.score(trial["params"]) > 450.0)

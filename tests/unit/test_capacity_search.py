@@ -262,6 +262,10 @@ async def test_summarise_steps_keeps_the_answer_monotone() -> None:
     confirmed = [*steps[:3], fail, fail, steps[3]]
     # 60 failed twice; the pass at 80 above it must not raise the answer
     assert summarise_steps(confirmed, sla=SLA_100, precision=0.05).effective_rps == 40.0
-    overruled = [*steps[:3], fail, steps[2].model_copy(update={"offered_rps": 60.0})]
+    overruled = [
+        *steps[:3],
+        fail,
+        steps[2].model_copy(update={"offered_rps": 60.0, "achieved_rps": 60.0}),
+    ]
     # a confirmation that passes overrides the failure it repeats
     assert summarise_steps(overruled, sla=SLA_100, precision=0.05).effective_rps == 60.0

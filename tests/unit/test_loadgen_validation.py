@@ -57,6 +57,7 @@ def test_default_timeout_is_well_above_the_sla() -> None:
 
 def test_steps_stretch_to_hold_enough_requests_within_a_bound() -> None:
     assert step_window_s(1000.0, 5.0, 500) == 5.0
-    assert step_window_s(50.0, 5.0, 500) == 10.0
+    assert step_window_s(200.0, 5.0, 500) == 5.0  # 2.5 s + 0.5 s warm-up fit
+    assert step_window_s(50.0, 5.0, 500) == pytest.approx(10.0 / 0.9)  # 10 % warm-up
     assert step_window_s(1.0, 5.0, 500) == 30.0
     assert step_window_s(50.0, 5.0, 0) == 5.0

@@ -164,6 +164,14 @@ def test_defaults_and_quick() -> None:
         config, trials=3, sla_p99_ms=40, seed=9, sampler="Random", mix="1:1", quick=True
     )
     assert (flagged.tuning.trials, flagged.sla.p99_ms, flagged.tuning.seed) == (3, 40, 9)
+    # one generator process unless asked: the server runs on the same machine
+    assert config.measurement.workers == 1
+    workers = build_config(
+        config, trials=None, sla_p99_ms=None, seed=None, sampler=None, mix=None, quick=True,
+        workers=3,
+    )  # fmt: skip
+    assert workers.measurement.workers == 3
+    assert workers.measurement.step_duration_s == QUICK_MEASUREMENT.step_duration_s
     space, mix = resolve(flagged)
     assert space.batch_bounds == (1, 64)
     assert mix.mean_size() == 1.0
@@ -189,6 +197,7 @@ def test_config_file(tmp_path: Path) -> None:
         ("sla: {p99_ms: 0}", "sla.p99_ms: Input should be greater than 0"),
         ("tuning: {trails: 3}", "tuning.trails: Extra inputs are not permitted"),
         ("tuning: {rounds: 2}", "tuning.rounds: Input should be greater than or equal to 3"),
+        ("measurement: {workers: 0}", "measurement.workers: Input should be greater than"),
         ("tuning: {min_gain_percent: -1}", "tuning.min_gain_percent: Input should be greater"),
         ("parameters: {max_batch_size: {min: 8, max: 2}}", "min 8 must be <= max 2"),
         ("parameters: {max_batch_size: {min: 1.5, max: 2}}", "max_batch_size.min"),

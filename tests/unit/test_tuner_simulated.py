@@ -76,6 +76,8 @@ def test_a_saved_profile_is_fitted(tmp_path: Path) -> None:
         (["--simulator", "COST", "--profile-url", "http://x"], "exclude each other"),
         (["--local", "--replicas", "2"], "--replicas applies to simulated runs"),
         (["--simulator", "COST", "--storage", "j.journal"], "--storage applies to --local"),
+        (["--simulator", "COST", "--workers", "2"], "--workers applies to --local"),
+        (["--local", "--workers", "0"], "--workers"),
         (["--simulator", "COST", "--arrival", "bursty"], "'bursty' is not one of"),
         (["--simulator", "COST", "--replicas", "0"], "--replicas"),
         (["--simulator", "COST", "--p99-ms", "-1"], "--p99-ms"),

@@ -345,3 +345,27 @@ def test_late_warm_starts_are_queued_before_the_sampler_without_duplicates() -> 
     assert [a[1] for a in asked[:2]] == [RULES[1], RULES[0]]
     sources = [tuner.records()[a[0]].source for a in asked]
     assert sources == ["warm-start", "warm-start", "sampler"]
+
+
+def test_a_client_bound_trial_is_complete_with_a_lower_bound_and_flagged() -> None:
+    tuner = make(warm_start=[])
+    number, _, _ = tuner.ask()
+    bound = measured(80.0).model_copy(
+        update={
+            "client_bound": True,
+            "client_ceiling_rps": 80.0,
+            "steps": [
+                _step(80.0, True, 60.0),
+                _step(160.0, False, 60.0).model_copy(
+                    update={"valid": False, "reason": "invalid, client-bound: client CPU 95%"}
+                ),
+            ],
+        }
+    )
+    rec = tuner.tell(number, bound)
+    assert rec.state == "Complete"
+    assert rec.client_bound
+    assert rec.effective_rps == 80.0
+    assert rec.reason.startswith("ClientBound: capacity ≥ 80.0 req/s, client-bound")
+    assert tuner.study.trials[0].state == OptunaState.COMPLETE
+    assert TrialRecord.model_validate_json(rec.model_dump_json()) == rec

@@ -21,7 +21,15 @@ from batchpilot.loadgen.arrivals import ArrivalKind
 from batchpilot.loadgen.endpoints import UnreachableError, check_reachable, normalise_urls
 from batchpilot.loadgen.mix import parse_mix
 from batchpilot.loadgen.result import LoadResult
-from batchpilot.models import SLA, CapacityResult, RequestMix, StepResult
+from batchpilot.loadgen.workers import WorkerError
+from batchpilot.models import (
+    DEFAULT_MIN_REQUESTS,
+    MAX_LOAD_WORKERS,
+    SLA,
+    CapacityResult,
+    RequestMix,
+    StepResult,
+)
 
 INTERRUPTED_EXIT = 130
 _POSITIVE = click.FloatRange(0, min_open=True)
@@ -44,10 +52,16 @@ _POSITIVE = click.FloatRange(0, min_open=True)
 )  # fmt: skip
 @click.option("--step-seconds", type=_POSITIVE, default=5.0, show_default=True)
 @click.option(
-    "--min-requests", type=click.IntRange(0), default=500, show_default=True,
-    help="Stretch a step (up to 6x) until it holds this many requests.",
+    "--min-requests", type=click.IntRange(0), default=DEFAULT_MIN_REQUESTS, show_default=True,
+    help="Stretch a step (up to 6x) until it holds this many requests; a step still "
+    "short is judged on the upper 95 % bound of its p99.",
 )  # fmt: skip
 @click.option("--warmup-seconds", type=click.FloatRange(0), default=2.0, show_default=True)
+@click.option(
+    "--workers", type=click.IntRange(1, MAX_LOAD_WORKERS), default=1, show_default=True,
+    help="Load generator processes sharing each step's one schedule, to lift the client's "
+    "ceiling; each one's health is in the JSON.",
+)  # fmt: skip
 @click.option("--start-rps", type=_POSITIVE, default=None, help="Default: from the warm-up.")
 @click.option("--timeout", type=_POSITIVE, default=None, help="Default: max(5 x SLA, 1 s).")
 @arrival_option()
@@ -73,6 +87,7 @@ def capacity(
     step_seconds: float,
     min_requests: int,
     warmup_seconds: float,
+    workers: int,
     start_rps: float | None,
     timeout: float | None,
     arrival: ArrivalKind,
@@ -126,7 +141,7 @@ def capacity(
                 bases, sla=sla, mix=mix, precision=precision, step_duration_s=step_seconds,
                 warmup_s=warmup_seconds, start_rps=start_rps, timeout_s=timeout, seed=seed,
                 source=source, arrival=arrival,
-                path=path, on_step=progress, min_requests=min_requests,
+                path=path, on_step=progress, min_requests=min_requests, workers=workers,
             )  # fmt: skip
             return result, False
         except asyncio.CancelledError:
@@ -134,7 +149,7 @@ def capacity(
 
     try:
         result, interrupted = asyncio.run(run())
-    except (UnreachableError, PrometheusQueryError, ValueError) as e:
+    except (UnreachableError, PrometheusQueryError, WorkerError, ValueError) as e:
         raise fail(str(e)) from None
     written = None
     if plot_path is not None and result.steps:
@@ -144,7 +159,7 @@ def capacity(
         written = str(plot_capacity({", ".join(bases): result}, plot_path))
     data: dict[str, Any] = capacity_json(
         result, urls=bases, replicas=replicas, accelerators_per_replica=accelerators_per_replica,
-        interrupted=interrupted, plot=written,
+        interrupted=interrupted, plot=written, workers=workers,
     )  # fmt: skip
     if as_json:
         click.echo(json.dumps(data, indent=2))

@@ -17,7 +17,14 @@ from batchpilot.loadgen.endpoints import check_reachable, normalise_urls
 from batchpilot.loadgen.generator import run_load
 from batchpilot.loadgen.result import LoadResult
 from batchpilot.loadgen.warmup import closed_loop_rate
-from batchpilot.models import SLA, CapacityResult, RequestMix, StepResult
+from batchpilot.loadgen.workers import check_workers, run_load_workers
+from batchpilot.models import (
+    DEFAULT_MIN_REQUESTS,
+    SLA,
+    CapacityResult,
+    RequestMix,
+    StepResult,
+)
 
 # The warm-up keeps this many requests in flight per target; its rate, halved, is where
 # the search starts when no start rate is given (the ramp doubles from there).
@@ -36,13 +43,34 @@ class StepSource(Protocol):
         ...
 
 
+# Each step drops its warm-up from the figures: requests scheduled in its first
+# STEP_WARMUP_SHARE of the window, at least STEP_WARMUP_MIN_S (connections opening, the
+# batcher settling at the new rate, the previous step's backlog draining), at most half
+# the window. 0.5 s of a default 5 s step; 3 s of a stretched 30 s one.
+STEP_WARMUP_SHARE = 0.10
+STEP_WARMUP_MIN_S = 0.5
+
+
+def step_warmup_s(window_s: float) -> float:
+    """The warm-up dropped from the front of a step window of `window_s` seconds."""
+    return min(max(STEP_WARMUP_SHARE * window_s, STEP_WARMUP_MIN_S), window_s / 2.0)
+
+
 def step_window_s(rate: float, step_duration_s: float, min_requests: int) -> float:
-    """How long a step at `rate` runs: `step_duration_s`, stretched (at most six-fold) to
-    collect `min_requests` requests so its p99 rests on enough samples."""
-    return max(step_duration_s, min(min_requests / rate, _MAX_STRETCH * step_duration_s))
+    """How long a step at `rate` runs: `step_duration_s`, stretched (at most
+    `MAX_STRETCH`-fold) so that after its warm-up it holds `min_requests` requests and
+    its p99 rests on enough samples. Where the cap comes first, the step is judged on its
+    p99's upper confidence bound (see step_from_load)."""
+    measured = min_requests / rate
+    needed = max(measured / (1.0 - STEP_WARMUP_SHARE), measured + STEP_WARMUP_MIN_S)
+    if min_requests == 0:
+        needed = 0.0
+    return max(step_duration_s, min(needed, MAX_STRETCH * step_duration_s))
 
 
-_MAX_STRETCH = 6.0
+# Caps a step at 6 x its duration (30 s at the default 5 s): 2,000 measured requests then
+# need at least ~75 req/s; slower services are judged on the bound rather than waited for.
+MAX_STRETCH = 6.0
 
 
 def default_timeout_s(sla: SLA) -> float:
@@ -62,22 +90,25 @@ async def measure_step(
     arrival: ArrivalKind | str = "poisson",
     source: StepSource | None = None,
     path: str = "/v1/predict",
+    min_requests: int = 0,
+    workers: int = 1,
 ) -> tuple[StepResult, LoadResult]:
-    """One window at `rate`: the step decision and the client's full measurement."""
+    """One window at `rate`: the step decision and the client's full measurement, sent
+    by one generator process or split over `workers` of them."""
     start_unix = time.time()
-    load = await run_load(
-        urls,
-        rate=rate,
-        duration_s=duration_s,
-        mix=mix,
-        arrival=arrival,
-        timeout_s=timeout_s,
-        seed=seed,
-        path=path,
-    )
+    if workers == 1:
+        load = await run_load(
+            urls, rate=rate, duration_s=duration_s, mix=mix, arrival=arrival,
+            timeout_s=timeout_s, seed=seed, path=path, warmup_s=step_warmup_s(duration_s),
+        )  # fmt: skip
+    else:
+        load = await run_load_workers(
+            urls, workers=workers, rate=rate, duration_s=duration_s, mix=mix, arrival=arrival,
+            timeout_s=timeout_s, seed=seed, path=path, warmup_s=step_warmup_s(duration_s),
+        )  # fmt: skip
     end_unix = time.time()
     if source is None:
-        return step_from_load(load, sla), load
+        return step_from_load(load, sla, min_requests=min_requests), load
     step = await source.step_result(load=load, start_unix=start_unix, end_unix=end_unix, sla=sla)
     return step, load
 
@@ -100,18 +131,22 @@ async def measure_capacity(
     path: str = "/v1/predict",
     on_step: Callable[[StepResult, LoadResult], None] | None = None,
     cooldown_s: float | None = None,
-    min_requests: int = 500,
+    min_requests: int = DEFAULT_MIN_REQUESTS,
     confirm_failures: bool = True,
+    workers: int = 1,
 ) -> CapacityResult:
     """Warm up, then search for the effective throughput (see search_capacity).
     `on_step` sees every step as it completes (progress display, partial results).
     After a failing step the search pauses `cooldown_s` (default: the request timeout)
     so the backlog that step left in the server does not spill into the next window.
     A step lasts long enough for `min_requests` requests (up to 6 x `step_duration_s`):
-    a p99 from a hundred samples is little more than the second-largest one.
+    a p99 from a hundred samples is little more than the second-largest one; a step
+    that still falls short is judged on the upper 95 % bound of its p99.
     With `confirm_failures` (the default) a failing step that would end the ramp or
     prune is measured again after the cool-down and only a second failure counts: on a
     shared machine one noisy window otherwise decides the whole search.
+    With `workers` above 1 each step is sent by that many generator processes sharing
+    its one schedule (see run_load_workers); the warm-up stays in this process.
     Raises ValueError for bad arguments and UnreachableError when a target does not
     answer at all."""
     bases = normalise_urls(urls)
@@ -121,6 +156,7 @@ async def measure_capacity(
         raise ValueError(f"warm-up must be ≥ 0 s, got {warmup_s:g}")
     if min_requests < 0:
         raise ValueError(f"min requests per step must be ≥ 0, got {min_requests}")
+    check_workers(workers)
     if start_rps is not None and not (math.isfinite(start_rps) and start_rps > 0):
         raise ValueError(f"start rate must be > 0 req/s, got {start_rps:g}")
     # Parsed once: a trace file is read before the first request, not at every step.
@@ -155,6 +191,8 @@ async def measure_capacity(
             arrival=process,
             source=source,
             path=path,
+            min_requests=min_requests,
+            workers=workers,
         )
         if on_step is not None:
             on_step(step, load)

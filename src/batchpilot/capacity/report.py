@@ -19,6 +19,7 @@ def capacity_json(
     accelerators_per_replica: int,
     interrupted: bool = False,
     plot: str | None = None,
+    workers: int = 1,
 ) -> dict[str, Any]:
     """The result's JSON plus the cost line (DESIGN.md §1) and how it was obtained."""
     cost = accelerator_hours_per_million(
@@ -32,12 +33,15 @@ def capacity_json(
         accelerator_hours_per_million=cost if math.isfinite(cost) else None,
         interrupted=interrupted,
         plot=plot,
+        workers=workers,
     )
     return data
 
 
 def step_line(index: int, step: StepResult) -> str:
     verdict = "pass" if step.passed else f"FAIL ({step.reason})"
+    if not step.valid:
+        verdict = f"INVALID ({step.reason})"
     return (
         f"step {index}: offered {step.offered_rps:,.1f} req/s → achieved "
         f"{step.achieved_rps:,.1f}, p50 {step.p50_ms:,.1f} ms, p99 {step.p99_ms:,.1f} ms, "
@@ -61,17 +65,26 @@ def render_capacity(data: dict[str, Any], console: Console) -> None:
             f"{step.p50_ms:,.1f}",
             f"{step.p99_ms:,.1f}",
             f"{step.error_rate:.2%}",
-            "[green]pass[/]" if step.passed else f"[red]fail[/] {step.reason}",
+            "[green]pass[/]"
+            if step.passed
+            else f"[red]fail[/] {step.reason}"
+            if step.valid
+            else f"[yellow]invalid[/] {step.reason}",
         )
     console.print(table)
     sla = result.sla
     if result.feasible:
         console.print(
-            f"Effective throughput: [bold]{result.effective_rps:,.1f} req/s[/] "
+            f"Effective throughput (goodput): [bold]{result.capacity_label()}[/] "
             f"(p99 {result.p99_ms or 0:,.1f} ms ≤ SLA {sla.p99_ms:g} ms, errors ≤ "
             f"{sla.max_error_rate:g}; precision {result.precision:.0%})"
             + (" — pruned early" if result.pruned else "")
         )
+        if result.client_bound:
+            console.print(
+                "[yellow]The client could not drive a higher rate[/] (see the invalid step): "
+                "run the load from more workers or another machine to find the real capacity"
+            )
         console.print(
             f"Cost: {data['accelerator_hours_per_million']:,.3f} accelerator-hours per million "
             f"effective requests ({data['replicas']} replica(s) x "

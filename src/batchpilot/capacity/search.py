@@ -43,58 +43,68 @@ async def search_capacity(
     The answer stays monotone: it is the highest passing rate below the lowest
     (confirmed) failure, since no step is ever measured above a counted failure.
     Measured steps need this, on a shared machine one noisy window is common; the
-    simulator's deterministic steps do not, so it is off by default."""
+    simulator's deterministic steps do not, so it is off by default.
+
+    An invalid step (the client could not keep its schedule) is neither: the search
+    stops ramping there and the result is `client_bound`, a lower bound on capacity.
+    Only before any pass does it keep ramping down past one. The effective rate is the
+    goodput of the highest passing step."""
     _validate(start_rps, precision, growth, max_rps, max_steps, max_ramp_down, must_beat)
     steps: list[StepResult] = []
     passed: dict[float, StepResult] = {}
+    client_bound = False
 
     def result(lo: float, *, pruned: bool = False) -> CapacityResult:
-        at = passed.get(lo)
-        return CapacityResult(
-            effective_rps=lo,
-            p99_ms=at.p99_ms if at is not None else None,
-            sla=sla,
-            feasible=lo > 0,
-            pruned=pruned,
-            precision=precision,
-            steps=steps,
-        )
+        return _capacity(passed.get(lo), steps, sla, precision, pruned, client_bound)
 
     def cannot_win(failed_at: float) -> bool:
         return must_beat is not None and failed_at <= must_beat
 
-    async def once(rate: float) -> bool:
+    async def once(rate: float) -> bool | None:
         step = await measure_step(rate)
         steps.append(step)
+        if not step.valid:
+            return None
         if step.passed:
             passed[rate] = step
         return step.passed
 
-    async def measure(rate: float, *, decisive: bool) -> bool:
-        if await once(rate):
-            return True
+    async def measure(rate: float, *, decisive: bool) -> bool | None:
+        verdict = await once(rate)
+        if verdict is not False:
+            return verdict
         if not (confirm_failures and decisive) or len(steps) >= max_steps:
             return False
-        return await once(rate)  # the confirmation: its verdict is the step's
+        # The confirmation's verdict is the step's, unless it is invalid: then it could
+        # not tell, and the valid failure stands.
+        confirmed = await once(rate)
+        return False if confirmed is None else confirmed
 
     rate = min(start_rps, max_rps)
     lo = 0.0
     hi = math.inf
-    if await measure(rate, decisive=True):
+    first = await measure(rate, decisive=True)
+    client_bound = first is None
+    if first:
         lo = rate
     else:
+        # Ramping down also past an invalid step: a lower rate may be one the client keeps.
         hi = rate
-        if cannot_win(rate):
+        if first is False and cannot_win(rate):
             return result(0.0, pruned=True)
         for _ in range(max_ramp_down):
             if len(steps) >= max_steps:
                 return result(0.0)
             rate /= growth
-            if await measure(rate, decisive=cannot_win(rate)):
+            verdict = await measure(rate, decisive=cannot_win(rate))
+            client_bound = client_bound or verdict is None
+            if verdict:
                 lo = rate
+                if client_bound:  # nothing above the client's ceiling can be measured
+                    return result(lo)
                 break
             hi = rate
-            if cannot_win(rate):
+            if verdict is False and cannot_win(rate):
                 return result(0.0, pruned=True)
         else:
             return result(0.0)
@@ -103,7 +113,11 @@ async def search_capacity(
         if lo >= max_rps or len(steps) >= max_steps:
             return result(lo)
         rate = min(lo * growth, max_rps)
-        if await measure(rate, decisive=True):
+        verdict = await measure(rate, decisive=True)
+        if verdict is None:
+            client_bound = True  # the client's ceiling: nothing above it can be measured
+            return result(lo)
+        if verdict:
             lo = rate
         else:
             hi = rate
@@ -116,11 +130,43 @@ async def search_capacity(
         if len(steps) >= max_steps:
             break
         rate = (lo + hi) / 2.0
-        if await measure(rate, decisive=cannot_win(rate)):
+        verdict = await measure(rate, decisive=cannot_win(rate))
+        if verdict is None:
+            client_bound = True
+            return result(lo)
+        if verdict:
             lo = rate
         else:
             hi = rate
     return result(lo)
+
+
+def _capacity(
+    best: StepResult | None,
+    steps: Sequence[StepResult],
+    sla: SLA,
+    precision: float,
+    pruned: bool,
+    client_bound: bool,
+) -> CapacityResult:
+    """The result at the highest passing step `best`: its goodput (successful requests
+    per second actually achieved) is the effective throughput, not the rate offered."""
+    effective = 0.0
+    if best is not None:
+        effective = best.achieved_rps if best.achieved_rps > 0 else best.offered_rps
+    return CapacityResult(
+        effective_rps=effective,
+        p99_ms=best.p99_ms if best is not None else None,
+        sla=sla,
+        feasible=effective > 0,
+        pruned=pruned,
+        precision=precision,
+        steps=list(steps),
+        client_bound=client_bound,
+        client_ceiling_rps=(best.offered_rps if best is not None else 0.0)
+        if client_bound
+        else None,
+    )
 
 
 def summarise_steps(steps: Sequence[StepResult], *, sla: SLA, precision: float) -> CapacityResult:
@@ -128,21 +174,16 @@ def summarise_steps(steps: Sequence[StepResult], *, sla: SLA, precision: float) 
     own rule: a rate's verdict is its latest step (a confirmation overrides the step it
     repeats), and the effective rate so far is the highest passing rate below the lowest
     failing one, so a pass above a failure never raises the answer."""
-    latest = {s.offered_rps: s for s in steps}
+    latest = {s.offered_rps: s for s in steps if s.valid}
     lowest_fail = min((r for r, s in latest.items() if not s.passed), default=math.inf)
     best = max(
         (s for r, s in latest.items() if s.passed and r < lowest_fail),
         key=lambda s: s.offered_rps,
         default=None,
     )
-    return CapacityResult(
-        effective_rps=best.offered_rps if best is not None else 0.0,
-        p99_ms=best.p99_ms if best is not None else None,
-        sla=sla,
-        feasible=best is not None and best.offered_rps > 0,
-        precision=precision,
-        steps=list(steps),
-    )
+    # Client-bound when an invalid step, not a failure, is what stopped the search.
+    client_bound = any(not s.valid and s.offered_rps < lowest_fail for s in steps)
+    return _capacity(best, steps, sla, precision, False, client_bound)
 
 
 def _validate(

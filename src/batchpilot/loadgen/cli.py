@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import math
 import sys
 
 import click
@@ -18,7 +19,7 @@ from batchpilot.loadgen.protocol_option import build_protocol, protocol_options
 from batchpilot.loadgen.protocols import RequestProtocol, speaking
 from batchpilot.loadgen.report import render_load
 from batchpilot.loadgen.result import LoadResult
-from batchpilot.models import RequestMix
+from batchpilot.models import MAX_LOAD_WORKERS, RequestMix
 
 INTERRUPTED_EXIT = 130
 
@@ -54,6 +55,22 @@ INTERRUPTED_EXIT = 130
 )
 @click.option("--seed", type=int, default=0, show_default=True)
 @protocol_options()
+@click.option(
+    "--worker",
+    "worker_spec",
+    default=None,
+    metavar="I/N",
+    help="Send only share I of N (0 <= I < N) of the seeded schedule: requests I, I+N, ... "
+    "at their times and sizes; N such runs with one --start-at send the whole schedule "
+    "and their --json results merge exactly.",
+)
+@click.option(
+    "--start-at",
+    type=float,
+    default=None,
+    metavar="UNIX_S",
+    help="Wall-clock time (Unix seconds) of the schedule's zero [default: now].",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 def loadtest(
     urls: tuple[str, ...],
@@ -71,6 +88,8 @@ def loadtest(
     body_template: str | None,
     headers: tuple[str, ...],
     path: str | None,
+    worker_spec: str | None,
+    start_at: float | None,
     as_json: bool,
 ) -> None:
     """Offer an open-loop load to URL (several URLs share it round-robin) and report
@@ -89,6 +108,9 @@ def loadtest(
             headers=headers,
             path=path,
         )
+        share = parse_share(worker_spec) if worker_spec is not None else (0, 1)
+        if start_at is not None and not math.isfinite(start_at):
+            raise ValueError(f"--start-at must be a Unix time in seconds, got {start_at}")
     except ValueError as e:
         raise fail(str(e)) from None
     try:
@@ -102,6 +124,8 @@ def loadtest(
                 timeout,
                 seed,
                 request,
+                share,
+                start_at,
             )
         )
     except (UnreachableError, ValueError) as e:
@@ -123,6 +147,8 @@ async def _run(
     timeout_s: float,
     seed: int,
     request: RequestProtocol,
+    share: tuple[int, int],
+    start_at: float | None,
 ) -> LoadResult:
     stop = asyncio.Event()
     on_interrupt(stop.set)
@@ -137,4 +163,20 @@ async def _run(
             timeout_s=timeout_s,
             seed=seed,
             stop=stop,
+            share=share,
+            start_at=start_at,
         )
+
+
+def parse_share(text: str) -> tuple[int, int]:
+    """`I/N` as (I, N), with 0 <= I < N <= MAX_LOAD_WORKERS."""
+    index, sep, count = text.partition("/")
+    try:
+        i, n = int(index), int(count)
+    except ValueError:
+        i, n = -1, 0
+    if not sep or not 0 <= i < n <= MAX_LOAD_WORKERS:
+        raise ValueError(
+            f"--worker takes I/N with 0 <= I < N <= {MAX_LOAD_WORKERS} (e.g. 0/2), got {text!r}"
+        )
+    return i, n

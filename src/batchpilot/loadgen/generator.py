@@ -15,8 +15,10 @@ import contextlib
 import gc
 import math
 import resource
+import time
 from collections import deque
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
+from types import SimpleNamespace
 
 import aiohttp
 from yarl import URL
@@ -33,7 +35,7 @@ from batchpilot.loadgen.result import (
     LoadResult,
     summarise,
 )
-from batchpilot.models import RequestMix
+from batchpilot.models import RequestMix, SizeSampler
 
 MAX_RATE = 1_000_000.0
 MAX_DURATION_S = 24 * 3600.0
@@ -45,6 +47,8 @@ _LEAD_S = 0.005
 _MAX_SLEEP_S = 0.1
 # How often the reaper looks for requests past their deadline (bounded by timeout/10).
 _REAP_INTERVAL_S = 0.01
+# The loop-delay sampler's period: its oversleep past this is how long the loop stalled.
+_LOOP_SAMPLE_S = 0.01
 
 __all__ = ["default_max_connections", "run_load", "synthetic_body"]
 
@@ -69,47 +73,68 @@ async def run_load(
     body_for_size: Callable[[int], bytes] = synthetic_body,
     max_in_flight: int = 50_000,
     max_connections: int | None = None,
+    warmup_s: float = 0.0,
+    share: tuple[int, int] = (0, 1),
+    start_at: float | None = None,
 ) -> LoadResult:
     """Offer `rate` req/s for `duration_s` seconds, spread round-robin over `urls`, and
-    measure. Setting `stop` ends the run early: requests still in flight are cancelled and
-    the partial result is returned with `interrupted=True`. A request protocol put in
-    force around the call (`loadgen.protocols.speaking`) decides the path, bodies and
-    headers instead of `path` and `body_for_size`. Raises ValueError for bad arguments."""
+    measure. Requests scheduled in the first `warmup_s` are sent but left out of the
+    figures. Setting `stop` ends the run early: requests still in flight are cancelled and
+    the partial result is returned with `interrupted=True`.
+
+    With `share=(i, n)` this process sends only requests i, i + n, i + 2n, ... of the one
+    seeded schedule (each at the time and with the size it has there), so n processes
+    started with the same arguments and `start_at` (a wall-clock time, the schedule's
+    zero) send exactly the single schedule between them; `merge_results` makes one run of
+    their results. A request protocol put in force around the call
+    (`loadgen.protocols.speaking`) decides the path, bodies and headers instead of `path`
+    and `body_for_size`. Raises ValueError for bad arguments."""
     headers: Mapping[str, str] = JSON_HEADERS
     if (protocol := in_force()) is not None:
         path, body_for_size, headers = protocol.path, protocol.body, protocol.headers
     bases = normalise_urls(urls)
     process = as_arrival(arrival)
-    _validate(rate, duration_s, timeout_s, max_in_flight)
-    offsets = schedule(rate, duration_s, process, seed)
-    sizes = mix.sampler(seed).draw(len(offsets))
+    _validate(rate, duration_s, timeout_s, max_in_flight, warmup_s)
+    index, of = share
+    if not 0 <= index < of:
+        raise ValueError(f"share must be i of n with 0 ≤ i < n, got {index} of {of}")
+    offsets, sizes, positions = share_of_schedule(
+        schedule(rate, duration_s, process, seed), mix.sampler(seed), index, of
+    )
     bodies = {size: body_for_size(size) for size in set(sizes)}
     targets = [endpoint_url(base, path) for base in bases]
     run = _Run(
         offsets=offsets,
-        requests=[(targets[i % len(targets)], bodies[s]) for i, s in enumerate(sizes)],
+        # the URL is the one the request has in the single schedule: round-robin by position
+        requests=[
+            (targets[k % len(targets)], bodies[s]) for k, s in zip(positions, sizes, strict=True)
+        ],
         timeout_s=timeout_s,
         max_in_flight=max_in_flight,
         stop=stop,
         headers=headers,
+        start_at=start_at,
     )
     connector = aiohttp.TCPConnector(
         limit=max_connections or default_max_connections(), limit_per_host=0
     )
+    health = _HealthProbe()
     async with aiohttp.ClientSession(
         connector=connector,
         cookie_jar=aiohttp.DummyCookieJar(),
         auto_decompress=False,
         # Deadlines run from each request's scheduled time; the run's reaper enforces them.
         timeout=aiohttp.ClientTimeout(total=None),
+        trace_configs=[health.trace_config()],
     ) as session:
         with _rare_gc():
-            window_s = await run.execute(session, duration_s)
+            async with health.sampling():
+                window_s = await run.execute(session, duration_s)
     return summarise(
         urls=bases,
         arrival=describe_arrival(process),
         seed=seed,
-        target_rps=rate,
+        target_rps=rate / of,
         window_s=window_s,
         offsets=offsets,
         outcomes=run.outcomes,
@@ -118,7 +143,69 @@ async def run_load(
         done_at=run.done_at,
         elapsed_s=run.elapsed_s,
         interrupted=run.interrupted,
+        conn_waits_ms=health.conn_waits_ms,
+        loop_delays_ms=health.loop_delays_ms,
+        cpu=health.cpu,
+        warmup_s=warmup_s,
+        timeout_s=timeout_s,
     )
+
+
+def share_of_schedule(
+    offsets: Sequence[float], sizes: SizeSampler, index: int, of: int
+) -> tuple[list[float], list[int], range]:
+    """Share `index` of `of` of one seeded schedule: the send offsets and request sizes of
+    requests index, index + of, ... and their positions in the single schedule. Sizes are
+    drawn for the whole schedule first, so every request keeps the size it has there."""
+    every = sizes.draw(len(offsets))
+    positions = range(index, len(offsets), of)
+    return [offsets[k] for k in positions], [every[k] for k in positions], positions
+
+
+class _HealthProbe:
+    """The client's own health during a run: time requests wait for a free connection
+    (from aiohttp's connection-queue trace), the event loop's stalls (a task that sleeps
+    a fixed period and records how late it wakes) and the process's CPU share."""
+
+    def __init__(self) -> None:
+        self.conn_waits_ms: list[float] = []
+        self.loop_delays_ms: list[float] = []
+        self.cpu = 0.0
+
+    def trace_config(self) -> aiohttp.TraceConfig:
+        trace = aiohttp.TraceConfig()
+        waits = self.conn_waits_ms
+
+        async def queued(_: object, ctx: SimpleNamespace, __: object) -> None:
+            ctx.queued_at = time.monotonic()
+
+        async def dequeued(_: object, ctx: SimpleNamespace, __: object) -> None:
+            waits.append((time.monotonic() - ctx.queued_at) * 1000.0)
+
+        trace.on_connection_queued_start.append(queued)
+        trace.on_connection_queued_end.append(dequeued)
+        return trace
+
+    @contextlib.asynccontextmanager
+    async def sampling(self) -> AsyncIterator[None]:
+        loop = asyncio.get_running_loop()
+        sampler = loop.create_task(self._sample(loop))
+        wall0, cpu0 = time.monotonic(), time.process_time()
+        try:
+            yield
+        finally:
+            wall = time.monotonic() - wall0
+            self.cpu = (time.process_time() - cpu0) / wall if wall > 0 else 0.0
+            sampler.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await sampler
+
+    async def _sample(self, loop: asyncio.AbstractEventLoop) -> None:
+        delays = self.loop_delays_ms
+        while True:
+            before = loop.time()
+            await asyncio.sleep(_LOOP_SAMPLE_S)
+            delays.append(max(loop.time() - before - _LOOP_SAMPLE_S, 0.0) * 1000.0)
 
 
 @contextlib.contextmanager
@@ -134,7 +221,9 @@ def _rare_gc() -> Iterator[None]:
         gc.set_threshold(*thresholds)
 
 
-def _validate(rate: float, duration_s: float, timeout_s: float, max_in_flight: int) -> None:
+def _validate(
+    rate: float, duration_s: float, timeout_s: float, max_in_flight: int, warmup_s: float
+) -> None:
     if not (math.isfinite(rate) and 0 < rate <= MAX_RATE):
         raise ValueError(f"rate must be > 0 and ≤ {MAX_RATE:g} req/s, got {rate:g}")
     if not (math.isfinite(duration_s) and 0 < duration_s <= MAX_DURATION_S):
@@ -148,6 +237,10 @@ def _validate(rate: float, duration_s: float, timeout_s: float, max_in_flight: i
         raise ValueError(f"timeout must be a positive number of seconds, got {timeout_s:g}")
     if max_in_flight < 1:
         raise ValueError(f"max_in_flight must be ≥ 1, got {max_in_flight}")
+    if not (math.isfinite(warmup_s) and 0 <= warmup_s < duration_s):
+        raise ValueError(
+            f"warm-up must be ≥ 0 s and shorter than the run ({duration_s:g} s), got {warmup_s:g}"
+        )
 
 
 class _Run:
@@ -167,9 +260,11 @@ class _Run:
         max_in_flight: int,
         stop: asyncio.Event | None,
         headers: Mapping[str, str] = JSON_HEADERS,
+        start_at: float | None = None,
     ) -> None:
         n = len(offsets)
         self.headers = dict(headers)
+        self.start_at = start_at
         self.offsets = offsets
         self.requests = requests
         self.timeout_s = timeout_s
@@ -191,7 +286,8 @@ class _Run:
         """Run the schedule; returns the scheduling window actually covered (shorter than
         `duration_s` when stopped)."""
         loop = asyncio.get_running_loop()
-        self._t0 = t0 = loop.time() + _LEAD_S
+        lead = _LEAD_S if self.start_at is None else max(self.start_at - time.time(), 0.0)
+        self._t0 = t0 = loop.time() + lead
         window_s = duration_s
         reaper = loop.create_task(self._reap(loop))
         try:

@@ -13,6 +13,8 @@ from batchpilot.models import LatencySummary
 _LOWEST_US = 1
 _HIGHEST_US = 3_600_000_000
 _SIGNIFICANT_DIGITS = 3
+# The largest latency a histogram holds: where a request that never succeeded is recorded.
+TOP_MS = _HIGHEST_US / 1000.0
 
 
 class LatencyHistogram:

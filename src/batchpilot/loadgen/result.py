@@ -11,8 +11,8 @@ from collections.abc import Sequence
 
 from pydantic import BaseModel, ConfigDict
 
-from batchpilot.loadgen.histogram import LatencyHistogram, merge_encoded
-from batchpilot.models import LatencySummary
+from batchpilot.loadgen.histogram import TOP_MS, LatencyHistogram, merge_encoded
+from batchpilot.models import ClientHealth, LatencySummary
 
 OK = "ok"
 TIMEOUT = "timeout"
@@ -36,9 +36,10 @@ class TimelineSecond(BaseModel):
 
 
 class LoadResult(BaseModel):
-    """Everything one run measured. Latency covers successful responses and timeouts (a
+    """Everything one run measured. `latency` covers successful responses and timeouts (a
     timeout counts as at least the timeout); other errors are counted, not timed, since a
-    fast rejection would flatter the percentiles."""
+    fast rejection would flatter the percentiles. `sla_p99_ms` goes further and counts
+    every non-OK attempt as infinitely slow."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
@@ -49,6 +50,10 @@ class LoadResult(BaseModel):
     offered_rps: float  # requests actually scheduled per second of the window
     achieved_rps: float  # successful responses per second (see achieved_rate)
     duration_s: float  # the scheduling window that was run
+    # requests scheduled in the window's first `warmup_s` were sent but left out of every
+    # figure (rates, counts, percentiles); rates are over duration_s - warmup_s
+    warmup_s: float = 0.0
+    timeout_s: float | None = None  # a request's deadline from its scheduled time
     elapsed_s: float  # from the first send until the last response
     requests: int  # completed attempts: ok + errors
     ok: int
@@ -64,6 +69,17 @@ class LoadResult(BaseModel):
     interrupted: bool = False
     timeline: list[TimelineSecond]
     histogram: str  # encoded HDR histogram of the latencies, for exact merging
+    # p99 of every attempt with each non-OK one (error, timeout, give-up, not sent)
+    # recorded at the histogram's top (an hour): the percentile the SLA is judged on.
+    sla_p99_ms: float
+    sla_histogram: str
+    client: ClientHealth
+    # completion times (s from the schedule's zero) of the first and last successful
+    # measured request: generators sharing one schedule merge their goodput exactly
+    ok_first_done_s: float | None = None
+    ok_last_done_s: float | None = None
+    # each generator process's own health when several shared the run (else empty)
+    worker_clients: list[ClientHealth] = []
 
     def latency_histogram(self) -> LatencyHistogram:
         return LatencyHistogram.decode(self.histogram)
@@ -95,36 +111,57 @@ def summarise(
     done_at: Sequence[float],
     elapsed_s: float,
     interrupted: bool,
+    conn_waits_ms: Sequence[float] = (),
+    loop_delays_ms: Sequence[float] = (),
+    cpu: float = 0.0,
+    warmup_s: float = 0.0,
+    timeout_s: float | None = None,
 ) -> LoadResult:
     """Reduce per-request records (index i = i-th scheduled request; outcome None = never
-    sent) to a LoadResult. `done_at` is the completion time relative to the start."""
+    sent) to a LoadResult. `done_at` is the completion time relative to the start.
+
+    Requests scheduled before `warmup_s` are the step's warm-up (connections opening, the
+    server's batcher and caches settling, the previous step's backlog draining): they
+    count in the timeline and the client's health, not in the figures."""
+    if not (math.isfinite(warmup_s) and warmup_s >= 0):
+        raise ValueError(f"warm-up must be ≥ 0 s, got {warmup_s:g}")
+    measured_s = window_s - warmup_s
     histogram = LatencyHistogram()
     from_send = LatencyHistogram()
+    sla_histogram = LatencyHistogram()
     kinds: Counter[str] = Counter()
     ok_done: list[float] = []
     lags: list[float] = []
     per_second: dict[int, _Second] = {}
-    sent = 0
+    measured_sent = 0
     for i, outcome in enumerate(outcomes):
         if outcome is None:
             continue
-        sent += 1
         lags.append(lags_ms[i])
         second = per_second.setdefault(int(offsets[i]), _Second())
         second.scheduled += 1
         second.max_lag_ms = max(second.max_lag_ms, lags_ms[i])
+        measured = offsets[i] >= warmup_s
+        measured_sent += measured
         if outcome == CANCELLED:
             continue
-        kinds[outcome] += 1
         if outcome == OK:
-            ok_done.append(done_at[i])
             second.ok += 1
         else:
             second.errors += 1
         if outcome in (OK, TIMEOUT):
+            second.latencies.append(latencies_ms[i])
+        if not measured:
+            continue
+        kinds[outcome] += 1
+        if outcome == OK:
+            ok_done.append(done_at[i])
+            sla_histogram.record_ms(latencies_ms[i])
+        else:
+            sla_histogram.record_ms(TOP_MS)
+        if outcome in (OK, TIMEOUT):
             histogram.record_ms(latencies_ms[i])
             from_send.record_ms(max(latencies_ms[i] - lags_ms[i], 0.0))
-            second.latencies.append(latencies_ms[i])
     ok = kinds.pop(OK, 0)
     requests = ok + sum(kinds.values())
     return LoadResult(
@@ -132,9 +169,11 @@ def summarise(
         arrival=arrival,
         seed=seed,
         target_rps=target_rps,
-        offered_rps=sent / window_s if window_s > 0 else 0.0,
-        achieved_rps=achieved_rate(ok_done, window_s),
+        offered_rps=measured_sent / measured_s if measured_s > 0 else 0.0,
+        achieved_rps=achieved_rate(ok_done, measured_s) if measured_s > 0 else 0.0,
         duration_s=window_s,
+        warmup_s=warmup_s,
+        timeout_s=timeout_s,
         elapsed_s=elapsed_s,
         requests=requests,
         ok=ok,
@@ -148,6 +187,19 @@ def summarise(
         interrupted=interrupted,
         timeline=[per_second[t].freeze(t) for t in sorted(per_second)],
         histogram=histogram.encode(),
+        sla_p99_ms=sla_histogram.percentile_ms(99),
+        sla_histogram=sla_histogram.encode(),
+        client=ClientHealth(
+            lag_p99_ms=_nearest_rank(sorted(lags), 0.99),
+            lag_max_ms=max(lags, default=0.0),
+            conn_wait_p99_ms=_nearest_rank(sorted(conn_waits_ms), 0.99),
+            conn_wait_max_ms=max(conn_waits_ms, default=0.0),
+            loop_delay_p99_ms=_nearest_rank(sorted(loop_delays_ms), 0.99),
+            loop_delay_max_ms=max(loop_delays_ms, default=0.0),
+            cpu=cpu,
+        ),
+        ok_first_done_s=min(ok_done, default=None),
+        ok_last_done_s=max(ok_done, default=None),
     )
 
 
@@ -181,11 +233,14 @@ def _nearest_rank(ordered: Sequence[float], q: float) -> float:
 
 
 def merge_results(results: Sequence[LoadResult]) -> LoadResult:
-    """Results of generators that ran at the same time (e.g. one per pod) as one run:
-    rates and counts add, histograms merge exactly, the timeline adds second by second."""
+    """Results of generators that ran at the same time (e.g. one per pod, or one per
+    process sharing a schedule) as one run: counts add, histograms merge exactly, the
+    goodput is that of the union of completions (exact when all parts share one start),
+    the timeline adds second by second, and each part's client health is kept."""
     if not results:
         raise ValueError("merge_results needs at least one result")
     histogram = merge_encoded(r.histogram for r in results)
+    sla_histogram = merge_encoded(r.sla_histogram for r in results)
     errors: Counter[str] = Counter()
     for r in results:
         errors.update(r.errors)
@@ -195,15 +250,24 @@ def merge_results(results: Sequence[LoadResult]) -> LoadResult:
     for r in results:
         for s in r.timeline:
             seconds.setdefault(s.t_s, []).append(s)
-    sent = sum(r.offered_rps * r.duration_s for r in results)
+    sent = sum(r.offered_rps * (r.duration_s - r.warmup_s) for r in results)
+    measured_s = max(r.duration_s - r.warmup_s for r in results)
+    firsts = [r.ok_first_done_s for r in results if r.ok_first_done_s is not None]
+    lasts = [r.ok_last_done_s for r in results if r.ok_last_done_s is not None]
+    achieved = sum(r.achieved_rps for r in results)
+    if len(firsts) == len(lasts) == sum(r.ok > 0 for r in results) and ok and measured_s > 0:
+        # the same rule as one generator's achieved_rate, over the union of completions
+        achieved = ok / max(measured_s, max(lasts) - min(firsts))
     return LoadResult(
         urls=[u for r in results for u in r.urls],
         arrival=results[0].arrival,
         seed=results[0].seed,
         target_rps=sum(r.target_rps for r in results),
         offered_rps=sum(r.offered_rps for r in results),
-        achieved_rps=sum(r.achieved_rps for r in results),
+        achieved_rps=achieved,
         duration_s=max(r.duration_s for r in results),
+        warmup_s=max(r.warmup_s for r in results),
+        timeout_s=results[0].timeout_s,
         elapsed_s=max(r.elapsed_s for r in results),
         requests=requests,
         ok=ok,
@@ -216,13 +280,36 @@ def merge_results(results: Sequence[LoadResult]) -> LoadResult:
         latency_from_send=max(results, key=lambda r: r.max_lag_ms).latency_from_send,
         max_lag_ms=max(r.max_lag_ms for r in results),
         mean_lag_ms=(
-            sum(r.mean_lag_ms * r.offered_rps * r.duration_s for r in results) / sent
+            sum(r.mean_lag_ms * r.offered_rps * (r.duration_s - r.warmup_s) for r in results) / sent
             if sent
             else 0.0
         ),
         interrupted=any(r.interrupted for r in results),
         timeline=[_merge_second(t, seconds[t]) for t in sorted(seconds)],
         histogram=histogram.encode(),
+        sla_p99_ms=sla_histogram.percentile_ms(99),
+        sla_histogram=sla_histogram.encode(),
+        client=merge_health([r.client for r in results]),
+        ok_first_done_s=min(firsts, default=None),
+        ok_last_done_s=max(lasts, default=None),
+        worker_clients=[c for r in results for c in (r.worker_clients or [r.client])],
+    )
+
+
+def merge_health(parts: Sequence[ClientHealth]) -> ClientHealth:
+    """Client health of generators that ran side by side: CPU and workers add and the
+    busiest process is kept; lag, connection wait and loop delay take the worst part,
+    since one stalled generator is enough to make a step invalid."""
+    return ClientHealth(
+        lag_p99_ms=max(p.lag_p99_ms for p in parts),
+        lag_max_ms=max(p.lag_max_ms for p in parts),
+        conn_wait_p99_ms=max(p.conn_wait_p99_ms for p in parts),
+        conn_wait_max_ms=max(p.conn_wait_max_ms for p in parts),
+        loop_delay_p99_ms=max(p.loop_delay_p99_ms for p in parts),
+        loop_delay_max_ms=max(p.loop_delay_max_ms for p in parts),
+        cpu=sum(p.cpu for p in parts),
+        workers=sum(p.workers for p in parts),
+        cpu_max_worker=max(p.busiest_cpu() for p in parts),
     )
 
 

@@ -21,6 +21,7 @@ from batchpilot.loadgen.arrivals import (
     trace_from_timestamps,
 )
 from batchpilot.models import (
+    DEFAULT_MIN_REQUESTS,
     MAX_BATCH_SIZE_LIMIT,
     MAX_QUEUE_TIME_MS_LIMIT,
     SLA,
@@ -487,6 +488,15 @@ class LoadSpec(BaseModel):
         description="Client timeout per request, s; a timeout counts as an error.",
         gt=0.0,
         le=600.0,
+    )
+    min_requests: int = Field(
+        default=DEFAULT_MIN_REQUESTS,
+        description=(
+            "Measured requests a step holds at least (it is stretched up to 6 x stepSeconds); "
+            "a step still short is judged on the upper 95 % bound of its p99."
+        ),
+        ge=0,
+        le=1_000_000,
     )
 
     @model_validator(mode="after")

@@ -62,6 +62,16 @@ class TrialEntry(_Status):
     reason: str = Field(default="", description="Why it was pruned, infeasible or failed.")
     started_at: datetime | None = Field(default=None, description="When the trial started.")
     finished_at: datetime | None = Field(default=None, description="When the trial finished.")
+    client_lag_p99_ms: float | None = Field(
+        default=None, description="Worst p99 lag of the load generator's sends, ms."
+    )
+    client_cpu: float | None = Field(
+        default=None, description="Highest CPU share of the load generator (1.0 = one core)."
+    )
+    client_bound: bool = Field(
+        default=False,
+        description="The load generator was the limit: the score is a lower bound (ClientBound).",
+    )
 
 
 class TrialsSummary(_Status):

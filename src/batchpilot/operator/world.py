@@ -322,6 +322,7 @@ class KubeWorld:
             warmup_s=load.warmup_seconds,
             must_beat=must_beat,
             timeout_s=load.request_timeout_seconds,
+            min_requests=load.min_requests,
             seed=self._spec.tuning.seed if seed is None else seed,
             source=source,
             arrival=load.arrival.process_model(),

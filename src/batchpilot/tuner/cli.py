@@ -15,7 +15,7 @@ from rich.console import Console
 from batchpilot.clitools import OneLineErrors
 from batchpilot.loadgen.arrival_option import ARRIVAL_HELP
 from batchpilot.loadgen.arrivals import ARRIVAL_SYNTAX, ArrivalKind
-from batchpilot.models import SLA, RequestMix
+from batchpilot.models import MAX_LOAD_WORKERS, SLA, RequestMix
 from batchpilot.runtimes.registry import DEFAULT_RUNTIME, runtime_names
 from batchpilot.tuner.config import (
     QUICK_FINALISTS,
@@ -52,13 +52,14 @@ def build_config(
     finalists: int | None = None,
     rounds: int | None = None,
     min_gain_percent: float | None = None,
+    workers: int | None = None,
 ) -> TuneConfig:
     """The file's configuration with the flags applied; --quick first, so an explicit
     --trials still wins over it."""
     tuning = base.tuning
     measurement = base.measurement
     if quick:
-        measurement = QUICK_MEASUREMENT
+        measurement = QUICK_MEASUREMENT.model_copy(update={"workers": measurement.workers})
         tuning = tuning.model_copy(
             update={
                 "trials": QUICK_TRIALS,
@@ -81,6 +82,8 @@ def build_config(
     if min_gain_percent is not None:
         updates["min_gain_percent"] = min_gain_percent
     tuning = tuning.model_copy(update=updates)
+    if workers is not None:
+        measurement = measurement.model_copy(update={"workers": workers})
     sla = base.sla
     if sla_p99_ms is not None:
         sla = SLA(p99_ms=sla_p99_ms, max_error_rate=sla.max_error_rate)
@@ -246,6 +249,13 @@ def _storage(spec: str | None) -> str | BaseStorage | None:
     default=None,
     help="Request mix: WEIGHT:SIZE pairs ('80:1,15:4,5:16') or a YAML/JSON file.",
 )
+@click.option(
+    "--workers",
+    type=click.IntRange(1, MAX_LOAD_WORKERS),
+    default=None,
+    help="Load generator processes sharing each step's schedule (--local) [default 1: "
+    "the server runs on this machine too].",
+)
 @click.option("--arrival", default=None, help=ARRIVAL_HELP + " [default poisson]")
 @click.option("--seed", type=int, default=None, help="Seed of the sampler and the load.")
 @click.option(
@@ -274,6 +284,7 @@ def tune(
     finalists: int | None,
     rounds: int | None,
     min_gain_percent: float | None,
+    workers: int | None,
 ) -> None:
     """Find the dynamic-batching configuration with the most effective throughput
     within the p99 SLA, measured in the same run against the baseline and the rule of
@@ -306,6 +317,8 @@ def tune(
             raise TuneError("--replicas applies to simulated runs (--simulator, --profile-url)")
     elif storage is not None:
         raise TuneError("--storage applies to --local runs; a simulated run takes seconds")
+    elif workers is not None:
+        raise TuneError("--workers applies to --local runs; a simulated run sends no load")
     try:
         base = load_config(config_path) if config_path is not None else TuneConfig()
         config = build_config(
@@ -320,6 +333,7 @@ def tune(
             finalists=finalists,
             rounds=rounds,
             min_gain_percent=min_gain_percent,
+            workers=workers,
         )
         space, request_mix = resolve(config)
         process = resolve_arrival(config)

@@ -11,7 +11,12 @@ from typing import Annotated, Any, Literal, Self
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from batchpilot.datafiles import load_yaml_or_json
-from batchpilot.models import MAX_BATCH_SIZE_LIMIT, MAX_QUEUE_TIME_MS_LIMIT, SLA
+from batchpilot.models import (
+    MAX_BATCH_SIZE_LIMIT,
+    MAX_LOAD_WORKERS,
+    MAX_QUEUE_TIME_MS_LIMIT,
+    SLA,
+)
 
 # The default SLA for the reference server on a small machine: its p99 at light load
 # with the server's own defaults is ~50 ms on 2 shared cores (a batch of 8 mostly
@@ -67,6 +72,11 @@ class Measurement(Strict):
     warmup_s: Annotated[float, Field(ge=0.0, le=600.0)] = 1.5
     precision: Annotated[float, Field(gt=0.0, lt=1.0)] = 0.05
     timeout_s: Annotated[float, Field(gt=0.0, le=3600.0)] | None = None
+    # Generator processes sharing each step's schedule. 1 by default: local mode runs
+    # the server on the same machine, and on a 2-core box a second generator process
+    # takes CPU from the server it measures; one process drives several thousand req/s,
+    # far above what the reference server reaches there.
+    workers: Annotated[int, Field(ge=1, le=MAX_LOAD_WORKERS)] = 1
 
 
 class Tuning(Strict):

@@ -8,7 +8,13 @@ from typing import TYPE_CHECKING
 
 from batchpilot.loadgen.protocols import RequestProtocol, speaking
 from batchpilot.loadgen.warmup import RejectedError
-from batchpilot.models import SLA, BatchingConfig, CapacityResult, RequestMix
+from batchpilot.models import (
+    DEFAULT_MIN_REQUESTS,
+    SLA,
+    BatchingConfig,
+    CapacityResult,
+    RequestMix,
+)
 from batchpilot.tuner.interfaces import TargetError
 
 if TYPE_CHECKING:
@@ -43,13 +49,17 @@ class LocalProbe:
         warmup_s: float,
         timeout_s: float | None = None,
         seed: int = 0,
+        min_requests: int = DEFAULT_MIN_REQUESTS,
         arrival: ArrivalKind | str = "poisson",
         protocol: RequestProtocol | None = None,
+        workers: int = 1,
     ) -> None:
         self.url = url.rstrip("/")
         self.protocol = protocol
         # set once a measurement got past the warm-up: the target accepts our requests
         self.accepted = False
+        self.workers = workers
+        self.min_requests = min_requests
         self.arrival = arrival
         self.sla = sla
         self.mix = mix
@@ -79,7 +89,9 @@ class LocalProbe:
                     must_beat=must_beat,
                     timeout_s=self.timeout_s,
                     seed=self.seed,
+                    min_requests=self.min_requests,
                     arrival=self.arrival,
+                    workers=self.workers,
                 )
             except RejectedError as exc:
                 if not self.accepted:

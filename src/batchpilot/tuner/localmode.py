@@ -200,6 +200,7 @@ async def tune_local(run: LocalRun, console: Console) -> TuneSummary:
             seed=cfg.tuning.seed,
             arrival=run.arrival,
             protocol=runtime.protocol(runtime.default_model),
+            workers=cfg.measurement.workers,
         )
         warm = SimulatorWarmStart(tuner, target, run, rules)
         progress = TrialProgress(console, cfg.tuning.trials)

@@ -10,6 +10,9 @@ TrialState = Literal["Running", "Complete", "Pruned", "Infeasible", "Failed"]
 
 # Name of the single Optuna constraint; > 0 means the trial broke the SLA.
 SLA_CONSTRAINT = "sla"
+# The reason of a trial whose capacity the client could not reach: its score is a lower
+# bound. It stays a Complete trial (Optuna sees the bound) and is flagged as such.
+CLIENT_BOUND = "ClientBound"
 
 
 def state_of(result: CapacityResult) -> TrialState:
@@ -52,3 +55,22 @@ def figures_of(result: CapacityResult) -> tuple[float, float | None, float | Non
         None if p99 is None else round(p99, 2),
         None if errors is None else round(errors, 6),
     )
+
+
+def client_figures(result: CapacityResult) -> tuple[float | None, float | None]:
+    """(worst p99 send lag ms, highest client CPU share) over the trial's steps, for a
+    trial record: how close the client came to its limits while measuring."""
+    health = [s.client for s in result.steps if s.client is not None]
+    if not health:
+        return None, None
+    return (
+        round(max(h.lag_p99_ms for h in health), 2),
+        round(max(h.cpu for h in health), 3),
+    )
+
+
+def client_bound_reason(result: CapacityResult) -> str:
+    """The ClientBound reason with the capacity bound and the invalid step's why."""
+    invalid = next((s for s in result.steps if not s.valid), None)
+    why = f": {invalid.reason}" if invalid is not None and invalid.reason else ""
+    return f"{CLIENT_BOUND}: capacity {result.capacity_label()}{why}"

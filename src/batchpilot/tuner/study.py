@@ -31,6 +31,8 @@ from batchpilot.models import BatchingConfig, CapacityResult
 from batchpilot.tuner.outcome import (
     SLA_CONSTRAINT,
     TrialState,
+    client_bound_reason,
+    client_figures,
     figures_of,
     state_of,
     violation_of,
@@ -64,6 +66,9 @@ class TrialRecord(BaseModel):
     reason: str = ""
     started_at: datetime | None = None
     finished_at: datetime | None = None
+    client_lag_p99_ms: float | None = None  # worst p99 send lag of the load generator
+    client_cpu: float | None = None  # highest CPU share (cores) of the load generator
+    client_bound: bool = False  # the score is a lower bound: the client was the limit
 
     def config(self) -> BatchingConfig:
         return SearchSpace.config_of(self.params)
@@ -297,6 +302,10 @@ class Tuner:
         trial = self._take(number)
         state = state_of(result)
         rps, p99, errors = figures_of(result)
+        lag, cpu = client_figures(result)
+        reason = "" if state == "Complete" else self._reason(state, result)
+        if result.client_bound and state == "Complete":
+            reason = client_bound_reason(result)
         rec = self._records[number].model_copy(
             update={
                 "state": state,
@@ -304,7 +313,10 @@ class Tuner:
                 "p99_ms": p99,
                 "error_rate": errors,
                 "finished_at": self._clock(),
-                "reason": "" if state == "Complete" else self._reason(state, result),
+                "reason": reason,
+                "client_lag_p99_ms": lag,
+                "client_cpu": cpu,
+                "client_bound": result.client_bound,
             }
         )
         trial.set_user_attr(RECORD_ATTR, rec.model_dump(mode="json"))
