@@ -24,6 +24,7 @@ from batchpilot.tuner.config import (
     QUICK_TRIALS,
     ConfigError,
     TuneConfig,
+    check_rounds,
     load_config,
 )
 from batchpilot.tuner.samplers import SAMPLERS, sampler_factory
@@ -51,6 +52,7 @@ def build_config(
     finalists: int | None = None,
     rounds: int | None = None,
     min_gain_percent: float | None = None,
+    max_rounds: int | None = None,
 ) -> TuneConfig:
     """The file's configuration with the flags applied; --quick first, so an explicit
     --trials still wins over it."""
@@ -77,9 +79,14 @@ def build_config(
         updates["finalists"] = finalists
     if rounds is not None:
         updates["rounds"] = rounds
+        # a higher --rounds lifts the adaptive cap with it unless --max-rounds says
+        updates["max_rounds"] = max(rounds, tuning.max_rounds)
+    if max_rounds is not None:
+        updates["max_rounds"] = max_rounds
     if min_gain_percent is not None:
         updates["min_gain_percent"] = min_gain_percent
     tuning = tuning.model_copy(update=updates)
+    check_rounds(tuning.rounds, tuning.max_rounds)
     sla = base.sla
     if sla_p99_ms is not None:
         sla = SLA(p99_ms=sla_p99_ms, max_error_rate=sla.max_error_rate)
@@ -224,6 +231,13 @@ def _storage(spec: str | None) -> str | BaseStorage | None:
     help="Interleaved rounds of that re-measurement [default 3].",
 )
 @click.option(
+    "--max-rounds",
+    type=click.IntRange(3, 20),
+    default=None,
+    help="Adaptive confirmation: more rounds while the verdict is undecided, up to this "
+    "many in all [default 6; --rounds when higher].",
+)
+@click.option(
     "--min-gain-percent",
     type=click.FloatRange(0, 1000),
     default=None,
@@ -261,6 +275,7 @@ def tune(
     sampler: str | None,
     finalists: int | None,
     rounds: int | None,
+    max_rounds: int | None,
     min_gain_percent: float | None,
 ) -> None:
     """Find the dynamic-batching configuration with the most effective throughput
@@ -306,6 +321,7 @@ def tune(
             finalists=finalists,
             rounds=rounds,
             min_gain_percent=min_gain_percent,
+            max_rounds=max_rounds,
         )
         space, request_mix = resolve(config)
         process = resolve_arrival(config)
