@@ -345,3 +345,29 @@ def test_late_warm_starts_are_queued_before_the_sampler_without_duplicates() -> 
     assert [a[1] for a in asked[:2]] == [RULES[1], RULES[0]]
     sources = [tuner.records()[a[0]].source for a in asked]
     assert sources == ["warm-start", "warm-start", "sampler"]
+
+
+def test_a_wait_at_or_above_the_sla_p99_is_infeasible_at_light_load() -> None:
+    """Heavy load fills batches at once, so a long wait can score well in the capacity
+    search; a lone request at night waits all of it. Such a trial never becomes the best
+    (nor a finalist), whatever it measured; a batch cap of 1 never waits."""
+    long_wait = BatchingConfig(max_batch_size=16, max_queue_time_ms=100.0)
+    no_batching = BatchingConfig(max_batch_size=1, max_queue_time_ms=100.0)
+    just_below = BatchingConfig(max_batch_size=16, max_queue_time_ms=99.0)
+    tuner = Tuner(SPACE, seed=1, baseline=RULES[0], warm_start=[long_wait, no_batching, just_below])
+    told = []
+    for rps in (100.0, 900.0, 150.0, 120.0):
+        number, _, _ = tuner.ask()
+        told.append(tuner.tell(number, measured(rps)))
+    assert [r.state for r in told] == ["Complete", "Infeasible", "Complete", "Complete"]
+    assert told[1].reason == (
+        "breaks the SLA at light load: a lone request waits the whole 100 ms "
+        "max_queue_time, at or above the 100 ms p99"
+    )
+    assert told[1].effective_rps == 900.0  # what heavy load measured, kept for the record
+    best = tuner.best()
+    assert best is not None
+    assert best.config() == no_batching
+    # a rebuilt study (the operator's path) agrees
+    rebuilt = Tuner(SPACE, seed=1, history=tuner.records())
+    assert rebuilt.best() == best

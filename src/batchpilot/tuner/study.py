@@ -32,6 +32,7 @@ from batchpilot.tuner.outcome import (
     SLA_CONSTRAINT,
     TrialState,
     figures_of,
+    light_load_violation,
     state_of,
     violation_of,
 )
@@ -293,9 +294,15 @@ class Tuner:
         return trial
 
     def tell(self, number: int, result: CapacityResult) -> TrialRecord:
-        """Record a measurement: Complete, Pruned or Infeasible."""
+        """Record a measurement: Complete, Pruned or Infeasible. A configuration that
+        breaks the SLA at light load (`light_load_violation`) is Infeasible whatever
+        the heavy-load search measured: it can never be the best nor a finalist."""
         trial = self._take(number)
         state = state_of(result)
+        reason = "" if state == "Complete" else self._reason(state, result)
+        light = light_load_violation(self._records[number].config(), result.sla)
+        if light:
+            state, reason = "Infeasible", light
         rps, p99, errors = figures_of(result)
         rec = self._records[number].model_copy(
             update={
@@ -304,7 +311,7 @@ class Tuner:
                 "p99_ms": p99,
                 "error_rate": errors,
                 "finished_at": self._clock(),
-                "reason": "" if state == "Complete" else self._reason(state, result),
+                "reason": reason,
             }
         )
         trial.set_user_attr(RECORD_ATTR, rec.model_dump(mode="json"))
