@@ -14,7 +14,7 @@ verdict (`tuner/verdict.py` `decide`). The knobs are the operator's defaults (CR
 The service: each family of `families` (6 smooth, 3 discontinuous) simulated at one
 fixed traffic, measured on a busy machine: every window (step) sees the service slower
 or faster by a log-normal factor of the given spread (0, 5, 10, 20 %) and a slow drift
-(2 % per hundred windows, a run measures about 250). A measured capacity search
+(2 % per hundred windows; a run measures about 200). A measured capacity search
 repeats a decisive failing window (`confirm_failures`), as the measured search does.
 Seeds vary the noise, the sampler and the incumbent.
 
@@ -71,7 +71,7 @@ from families import FAMILIES, Family, NoisyObjective, Objective, edge_configs
 NOISES = (0.0, 0.05, 0.10, 0.20)
 DRIFT = 2.0  # % slower per hundred windows
 SERVICE_SEED = 0  # one traffic per family: the seeds vary the day, not the service
-RATE_RESOLUTION = 0.002
+RATE_RESOLUTION = 0.005
 NEAR = 0.95  # "within 5 % of the optimum"
 MAX_ROUNDS_LIMIT = 20  # as the CRD's
 # The operator's defaults: what a study does unless its spec says otherwise.

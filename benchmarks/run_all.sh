@@ -19,3 +19,4 @@ run tune_local .venv/bin/batchpilot tune --local --json --report "$OUT/tune_loca
 run simulator_validation $py benchmarks/simulator_validation.py --json
 run simulator_speed $py benchmarks/simulator_speed.py --json
 run tuner_efficiency $py benchmarks/tuner_efficiency.py --json
+run decision_quality $py benchmarks/decision_quality.py --json

@@ -17,6 +17,7 @@ from batchpilot.tuner.config import (
     DEFAULT_MAX_ROUNDS,
     DEFAULT_SLA_P99_MS,
     QUICK_FINALISTS,
+    QUICK_MAX_ROUNDS,
     QUICK_MEASUREMENT,
     QUICK_TRIALS,
     ConfigError,
@@ -142,6 +143,7 @@ def test_defaults_and_quick() -> None:
     # the smoke run still proves its recommendation, against fewer finalists
     assert quick.tuning.confirm
     assert (quick.tuning.finalists, quick.tuning.rounds) == (QUICK_FINALISTS, 3)
+    assert quick.tuning.max_rounds == QUICK_MAX_ROUNDS == 3  # no adaptive rounds
     assert quick.tuning.min_gain_percent == 5.0
     verdict_flags = build_config(
         config,
@@ -159,7 +161,7 @@ def test_defaults_and_quick() -> None:
     assert verdict_flags.tuning.min_gain_percent == 2.5
     # adaptive confirmation: up to 6 rounds by default; --rounds above it lifts the cap
     assert (config.tuning.rounds, config.tuning.max_rounds) == (3, DEFAULT_MAX_ROUNDS)
-    assert verdict_flags.tuning.max_rounds == DEFAULT_MAX_ROUNDS
+    assert verdict_flags.tuning.max_rounds == 5  # --quick: a fixed count, lifted by --rounds
 
     def rounds_flags(rounds: int | None, max_rounds: int | None) -> TuneConfig:
         return build_config(

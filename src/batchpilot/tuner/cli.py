@@ -18,6 +18,7 @@ from batchpilot.loadgen.arrivals import ARRIVAL_SYNTAX, ArrivalKind
 from batchpilot.models import SLA, RequestMix
 from batchpilot.tuner.config import (
     QUICK_FINALISTS,
+    QUICK_MAX_ROUNDS,
     QUICK_MEASUREMENT,
     QUICK_SIMULATOR_WARM_STARTS,
     QUICK_TIME_BUDGET_S,
@@ -65,6 +66,7 @@ def build_config(
                 "trials": QUICK_TRIALS,
                 "simulator_warm_starts": QUICK_SIMULATOR_WARM_STARTS,
                 "finalists": QUICK_FINALISTS,  # the smoke run keeps to its three minutes
+                "max_rounds": max(QUICK_MAX_ROUNDS, tuning.rounds),
                 "time_budget_s": QUICK_TIME_BUDGET_S,
             }
         )
@@ -216,7 +218,7 @@ def _storage(spec: str | None) -> str | BaseStorage | None:
 @click.option(
     "--quick",
     is_flag=True,
-    help="Short measurement windows, 6 trials, 2 finalists: about 3 minutes.",
+    help="Short measurement windows, 6 trials, 2 finalists, 3 rounds: about 3 minutes.",
 )
 @click.option(
     "--finalists",

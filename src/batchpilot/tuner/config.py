@@ -127,6 +127,8 @@ QUICK_TRIALS = 6
 QUICK_SIMULATOR_WARM_STARTS = 1
 QUICK_TIME_BUDGET_S = 75.0
 QUICK_FINALISTS = 2
+# the smoke run keeps to a fixed count of rounds (no adaptive ones): its three minutes
+QUICK_MAX_ROUNDS = 3
 
 
 class ConfigError(ValueError):
