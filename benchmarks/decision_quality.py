@@ -38,7 +38,7 @@ the incumbent) scored by its true (noise-free) effective throughput. Rows per no
   the confirmation rounds included.
 
     python benchmarks/decision_quality.py [--json] [--seeds 20] [--seed-base 0]
-        [--noise 0,5,10,20] [--families NAME,...]
+        [--noise 0,5,10,20] [--families NAME,...] [--max-rounds 6] [--jobs CPUS]
 """
 
 from __future__ import annotations
@@ -46,10 +46,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import random
 import statistics
 import time
 from collections.abc import Sequence
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 
 import optuna
@@ -66,7 +68,7 @@ from batchpilot.tuner.runner import run_trials
 from batchpilot.tuner.simulated import SimulatedTarget
 from batchpilot.tuner.space import SearchSpace
 from batchpilot.tuner.study import Tuner
-from families import FAMILIES, Family, NoisyObjective, Objective, edge_configs
+from families import FAMILIES, Family, NoisyObjective, Objective, edge_configs, family
 
 NOISES = (0.0, 0.05, 0.10, 0.20)
 DRIFT = 2.0  # % slower per hundred windows
@@ -285,24 +287,39 @@ def summarise(noise: float, runs: Sequence[RunRow], optimum: dict[str, float]) -
     )
 
 
+def measure_family(
+    name: str, noises: Sequence[float], seeds: Sequence[int], settings: Settings
+) -> tuple[float, list[RunRow]]:
+    """One family's runs and its optimum: every recommendation is a configuration
+    measured, so the optimum covers it too. Runs of one family share one step cache
+    (and so one process); families are independent."""
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    truth = truth_of(family(name))
+    runs = [
+        asyncio.run(pipeline(truth, noise, seed, settings)) for noise in noises for seed in seeds
+    ]
+    return max(truth.optimum, *(r.true_recommended_rps for r in runs)), runs
+
+
 def measure_all(
     families: Sequence[Family],
     noises: Sequence[float],
     seeds: Sequence[int],
     settings: Settings,
+    jobs: int = 1,
 ) -> Report:
+    """Every family's runs, `jobs` families at a time in worker processes. The figures
+    do not depend on `jobs`: each run is a pure function of (family, noise, seed)."""
     started = time.monotonic()
-    runs: list[RunRow] = []
-    optimum: dict[str, float] = {}
-    for fam in families:
-        truth = truth_of(fam)
-        for noise in noises:
-            for seed in seeds:
-                runs.append(asyncio.run(pipeline(truth, noise, seed, settings)))
-        # every recommendation is a configuration measured: the optimum covers it too
-        optimum[fam.name] = max(
-            truth.optimum, *(r.true_recommended_rps for r in runs if r.family == fam.name)
-        )
+    names = [f.name for f in families]
+    if jobs > 1:
+        with ProcessPoolExecutor(max_workers=jobs) as pool:
+            n = len(names)
+            done = list(pool.map(measure_family, names, [noises] * n, [seeds] * n, [settings] * n))
+    else:
+        done = [measure_family(name, noises, seeds, settings) for name in names]
+    optimum = {name: best for name, (best, _) in zip(names, done, strict=True)}
+    runs = [run for _, family_runs in done for run in family_runs]
     rows = [summarise(n, [r for r in runs if r.noise == n], optimum) for n in noises]
     by_family = {
         fam.name: [
@@ -364,6 +381,12 @@ def main() -> None:
     )
     parser.add_argument("--families", default="", help="comma-separated family names [all of them]")
     parser.add_argument(
+        "--jobs",
+        type=int,
+        default=os.cpu_count() or 1,
+        help="families measured at once in worker processes [the CPU count]",
+    )
+    parser.add_argument(
         "--max-rounds",
         type=int,
         default=TUNING.max_confirm_rounds,
@@ -374,6 +397,8 @@ def main() -> None:
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     if args.seeds < 1:
         parser.error("--seeds must be >= 1")
+    if args.jobs < 1:
+        parser.error("--jobs must be >= 1")
     if args.seed_base < 0:
         parser.error("--seed-base must be >= 0")
     if not TUNING.confirm_rounds <= args.max_rounds <= MAX_ROUNDS_LIMIT:
@@ -387,7 +412,9 @@ def main() -> None:
         parser.error(f"unknown families {unknown}; known: {', '.join(known)}")
     families = [known[n] for n in names] if names else list(FAMILIES)
     seeds = list(range(args.seed_base, args.seed_base + args.seeds))
-    report = measure_all(families, args.noise, seeds, Settings(max_rounds=args.max_rounds))
+    report = measure_all(
+        families, args.noise, seeds, Settings(max_rounds=args.max_rounds), jobs=args.jobs
+    )
     if args.json:
         print(json.dumps(report.model_dump(mode="json")))
         return
