@@ -3,7 +3,8 @@ near the optimum, and how often it writes back one that is truly worse than what
 
 The pipeline is the product's, run end to end per instance: the Tuner as `tune --local`
 and `tune --simulator` drive it (the incumbent as baseline, the rules of thumb, TPE,
-refinement, pruning against the best so far; the trial loop `runner.run_trials`), then
+refinement, pruning against the best so far; the trial loop `runner.run_trials`; no
+simulator warm start, as in `tune --simulator`), then
 the confirmation (`tuner/confirm.py`: the top finalists and the incumbent re-measured
 interleaved by `runner.remeasure_interleaved`, each round bracketed around the study's
 figure as `tune --local` does, adaptive rounds while the verdict cannot decide) and the
