@@ -221,31 +221,57 @@ class Objective:
 
 class NoisyObjective(Objective):
     """As `Objective`, measured on a busy machine: window w runs the service slower by a
-    factor exp(noise * z_w) * (1 + drift * w / 100), z_w standard normal from the
+    factor exp(noise * z_w) * (1 + drift/100 * w/100), z_w standard normal from the
     instance's seed, w counting every window measured so far (so the drift is slow: in
     per cent per hundred windows). A window at offered rate r is the noise-free service
     at r times that factor, reported at r: its capacity comes out divided by the factor.
     `best_seen` tracks the true figure of what was measured, never the noisy one."""
 
-    def __init__(self, fam: Family, seed: int, *, noise: float, drift: float = 0.0) -> None:
+    def __init__(
+        self,
+        fam: Family,
+        seed: int,
+        *,
+        noise: float,
+        drift: float = 0.0,
+        noise_seed: int | None = None,
+        rate_resolution: float = 0.0,
+        service: Objective | None = None,
+    ) -> None:
+        """`noise_seed` draws the windows' factors (default: `seed`). `service` shares
+        another instance's traffic and step cache: the same service, measured on another
+        day. `rate_resolution` > 0 rounds a window's effective rate to that relative
+        grid (0.002: 0.2 %), so windows of nearly the same rate share one simulation; far
+        below any noise studied, and what keeps thousands of noisy runs affordable."""
         super().__init__(fam, seed)
         if noise < 0:
             raise ValueError(f"noise must be >= 0, got {noise:g}")
+        if rate_resolution < 0:
+            raise ValueError(f"rate_resolution must be >= 0, got {rate_resolution:g}")
+        if service is not None:
+            self.traffic = service.traffic
+            self.steps = service.steps
         self.noise = noise
         self.drift = drift
+        self.rate_resolution = rate_resolution
         self.windows = 0
-        self._rng = np.random.default_rng([seed, 7])
+        self._rng = np.random.default_rng([seed if noise_seed is None else noise_seed, 7])
 
     def factor(self) -> float:
         """The next window's slow-down factor (advances the window count)."""
         z = float(self._rng.standard_normal())
-        f = math.exp(self.noise * z) * (1.0 + self.drift * self.windows / 100.0)
+        # drift is in per cent per hundred windows, as documented
+        f = math.exp(self.noise * z) * (1.0 + self.drift / 100.0 * self.windows / 100.0)
         self.windows += 1
         return max(f, 1e-3)
 
     def measure_step(self, config: BatchingConfig, offered_rps: float) -> StepResult:
         f = self.factor()
-        key = (config, round(offered_rps * f, 6))
+        rate = offered_rps * f
+        if self.rate_resolution > 0:
+            grid = math.log1p(self.rate_resolution)
+            rate = math.exp(round(math.log(rate) / grid) * grid)
+        key = (config, round(rate, 6))
         step = self.steps.get(key)
         if step is None:
             step = self.steps[key] = simulate_step(self.traffic, config, self.family.sla, key[1])

@@ -20,3 +20,4 @@ run tune_under_noise $py benchmarks/tune_under_noise.py --json  # adds its own C
 run simulator_validation $py benchmarks/simulator_validation.py --json
 run simulator_speed $py benchmarks/simulator_speed.py --json
 run tuner_efficiency $py benchmarks/tuner_efficiency.py --json
+run decision_quality $py benchmarks/decision_quality.py --json

@@ -64,8 +64,9 @@ from batchpilot.models import BatchingConfig, CapacityResult, RequestMix
 from batchpilot.processes import stop_process
 from batchpilot.runtimes.reference import ReferenceControl
 from batchpilot.server.process import ServerProcess
+from batchpilot.tuner.confirm import BRACKET_START
 from batchpilot.tuner.local import LocalProbe
-from batchpilot.tuner.localmode import BRACKET_START, ROUND_SEED_STRIDE
+from batchpilot.tuner.localmode import ROUND_SEED_STRIDE
 from batchpilot.tuner.runner import RoundDone, remeasure_interleaved
 from batchpilot.tuner.summary import TuneSummary
 from batchpilot.tuner.verdict import decide, gain_over_incumbent

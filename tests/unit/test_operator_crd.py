@@ -80,6 +80,8 @@ def test_spec_has_cel_rules_defaults_and_enums() -> None:
     assert "self.p99LatencyMs > 0.0" in rules
     assert "self.method != 'Live' || has(self.live)" in rules
     assert "self.source != 'prometheus' || has(self.prometheus)" in rules
+    assert "self.maxConfirmRounds >= self.confirmRounds" in rules
+    assert props["tuning"]["default"]["maxConfirmRounds"] == 6
     assert props["tuning"]["properties"]["strategy"]["enum"] == ["Canary", "InPlace"]
     assert props["tuning"]["properties"]["writeBack"]["default"] == "Apply"
     # defaults of sections spell out their fields: the API server evaluates a section's

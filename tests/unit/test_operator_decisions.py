@@ -514,7 +514,7 @@ class TestConfirmation:
         assert conf is not None
         order = [*conf.finalists, conf.incumbent]
         taken: list[tuple[int, dict[str, float | int]]] = []
-        while (upcoming := decisions.next_measurement(conf)) is not None:
+        while (upcoming := decisions.next_measurement(conf, spec(finalists=2))) is not None:
             taken.append(upcoming)
             r, params = upcoming
             measured = RoundMeasurement(round=r, params=params, effective_rps=100.0 + r)
@@ -528,6 +528,52 @@ class TestConfirmation:
             expected = "finish" if len(taken) == 9 else "confirm"
             assert decisions.plan(spec(finalists=2), s, 1).kind == expected
         assert taken == [(r, p) for r in range(3) for p in order]
+
+    def confirmation_with(
+        self, figures: dict[int, list[float]], **tuning: Any
+    ) -> tuple[Confirmation, InferenceServiceSpec]:
+        """A confirmation of one finalist (batch 16) against the incumbent (batch 32)
+        with these rounds measured, resumed from its JSON as a restarted operator would."""
+        sp = spec(finalists=1, **tuning)
+        conf = decisions.start_confirmation(sp, list(self.TRIALS), "done")
+        assert conf is not None
+        rounds = len(figures[32])
+        measured = [
+            RoundMeasurement(round=r, params=p, effective_rps=figures[int(p["max_batch_size"])][r])
+            for r in range(rounds)
+            for p in (*conf.finalists, conf.incumbent)
+        ]
+        conf = conf.model_copy(update={"measurements": measured})
+        return Confirmation.model_validate_json(conf.model_dump_json(by_alias=True)), sp
+
+    def test_an_undecided_verdict_measures_more_rounds_up_to_the_cap(self) -> None:
+        # +7 % with a few per cent of noise: the interval reaches across the 5 % margin
+        close = {16: [535.0, 520.0, 548.0], 32: [500.0, 500.0, 500.0]}
+        conf, sp = self.confirmation_with(close, maxConfirmRounds=4)
+        assert conf.max_rounds == 4
+        verdict = decisions.verdict_of(conf, sp)
+        assert verdict.gain_low_percent < 5.0 <= verdict.gain_high_percent
+        assert decisions.next_measurement(conf, sp) == (3, conf.finalists[0])
+        s = status(*self.TRIALS, confirmation=conf)
+        assert decisions.plan(sp, s, 1).kind == "confirm"
+        # the fourth round, however it ends, is the last: the cap
+        fourth = {16: [*close[16], 530.0], 32: [*close[32], 500.0]}
+        capped, sp = self.confirmation_with(fourth, maxConfirmRounds=4)
+        assert decisions.next_measurement(capped, sp) is None
+        assert decisions.plan(sp, status(*self.TRIALS, confirmation=capped), 1).kind == "finish"
+        # a fixed number of rounds (the cap at confirmRounds) never adds one
+        fixed, sp = self.confirmation_with(close, maxConfirmRounds=3)
+        assert decisions.next_measurement(fixed, sp) is None
+
+    def test_a_decided_verdict_or_an_old_status_stops_after_the_rounds(self) -> None:
+        clear = {16: [700.0, 690.0, 720.0], 32: [500.0, 490.0, 505.0]}
+        conf, sp = self.confirmation_with(clear)
+        assert decisions.verdict_of(conf, sp).significant
+        assert decisions.next_measurement(conf, sp) is None
+        close = {16: [535.0, 520.0, 548.0], 32: [500.0, 500.0, 500.0]}
+        old, sp = self.confirmation_with(close)
+        old = old.model_copy(update={"max_rounds": None})  # written before the cap existed
+        assert decisions.next_measurement(old, sp) is None
 
     def test_the_verdict_and_the_results_in_status(self) -> None:
         conf = decisions.start_confirmation(spec(finalists=1), list(self.TRIALS), "done")
@@ -566,6 +612,8 @@ class TestConfirmation:
         ({"finalists": -1}, "tuning.finalists"),
         ({"finalists": 11}, "tuning.finalists"),
         ({"confirmRounds": 2}, "tuning.confirmRounds"),
+        ({"maxConfirmRounds": 21}, "tuning.maxConfirmRounds"),
+        ({"confirmRounds": 5, "maxConfirmRounds": 4}, "tuning.maxConfirmRounds"),
         ({"minGainPercent": -1}, "tuning.minGainPercent"),
     ],
 )

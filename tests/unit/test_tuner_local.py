@@ -17,8 +17,10 @@ from batchpilot.models import SLA, BatchingConfig, RequestMix
 from batchpilot.runtimes.reference import ReferenceControl as LocalTarget
 from batchpilot.tuner.cli import build_config, resolve, tune
 from batchpilot.tuner.config import (
+    DEFAULT_MAX_ROUNDS,
     DEFAULT_SLA_P99_MS,
     QUICK_FINALISTS,
+    QUICK_MAX_ROUNDS,
     QUICK_MEASUREMENT,
     QUICK_TRIALS,
     ConfigError,
@@ -144,6 +146,7 @@ def test_defaults_and_quick() -> None:
     # the smoke run still proves its recommendation, against fewer finalists
     assert quick.tuning.confirm
     assert (quick.tuning.finalists, quick.tuning.rounds) == (QUICK_FINALISTS, 3)
+    assert quick.tuning.max_rounds == QUICK_MAX_ROUNDS == 3  # no adaptive rounds
     assert quick.tuning.min_gain_percent == 5.0
     verdict_flags = build_config(
         config,
@@ -159,6 +162,28 @@ def test_defaults_and_quick() -> None:
     )
     assert (verdict_flags.tuning.finalists, verdict_flags.tuning.rounds) == (4, 5)
     assert verdict_flags.tuning.min_gain_percent == 2.5
+    # adaptive confirmation: up to 6 rounds by default; --rounds above it lifts the cap
+    assert (config.tuning.rounds, config.tuning.max_rounds) == (3, DEFAULT_MAX_ROUNDS)
+    assert verdict_flags.tuning.max_rounds == 5  # --quick: a fixed count, lifted by --rounds
+
+    def rounds_flags(rounds: int | None, max_rounds: int | None) -> TuneConfig:
+        return build_config(
+            config,
+            trials=None,
+            sla_p99_ms=None,
+            seed=None,
+            sampler=None,
+            mix=None,
+            quick=False,
+            rounds=rounds,
+            max_rounds=max_rounds,
+        )
+
+    assert rounds_flags(8, None).tuning.max_rounds == 8
+    fixed = rounds_flags(None, 3)
+    assert (fixed.tuning.rounds, fixed.tuning.max_rounds) == (3, 3)
+    with pytest.raises(ValueError, match=r"max_rounds \(4\) must be >= rounds \(5\)"):
+        rounds_flags(5, 4)
     # an explicit flag wins over --quick
     flagged = build_config(
         config, trials=3, sla_p99_ms=40, seed=9, sampler="Random", mix="1:1", quick=True
@@ -199,6 +224,7 @@ def test_config_file(tmp_path: Path) -> None:
         ("tuning: {rounds: 2}", "tuning.rounds: Input should be greater than or equal to 3"),
         ("measurement: {workers: 0}", "measurement.workers: Input should be greater than"),
         ("tuning: {min_gain_percent: -1}", "tuning.min_gain_percent: Input should be greater"),
+        ("tuning: {rounds: 5, max_rounds: 4}", r"max_rounds \(4\) must be >= rounds \(5\)"),
         ("parameters: {max_batch_size: {min: 8, max: 2}}", "min 8 must be <= max 2"),
         ("parameters: {max_batch_size: {min: 1.5, max: 2}}", "max_batch_size.min"),
         ("[1, 2]", "must be a mapping of sections"),

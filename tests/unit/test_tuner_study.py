@@ -369,3 +369,29 @@ def test_a_client_bound_trial_is_complete_with_a_lower_bound_and_flagged() -> No
     assert rec.reason.startswith("ClientBound: capacity ≥ 80.0 req/s, client-bound")
     assert tuner.study.trials[0].state == OptunaState.COMPLETE
     assert TrialRecord.model_validate_json(rec.model_dump_json()) == rec
+
+
+def test_a_wait_at_or_above_the_sla_p99_is_infeasible_at_light_load() -> None:
+    """Heavy load fills batches at once, so a long wait can score well in the capacity
+    search; a lone request at night waits all of it. Such a trial never becomes the best
+    (nor a finalist), whatever it measured; a batch cap of 1 never waits."""
+    long_wait = BatchingConfig(max_batch_size=16, max_queue_time_ms=100.0)
+    no_batching = BatchingConfig(max_batch_size=1, max_queue_time_ms=100.0)
+    just_below = BatchingConfig(max_batch_size=16, max_queue_time_ms=99.0)
+    tuner = Tuner(SPACE, seed=1, baseline=RULES[0], warm_start=[long_wait, no_batching, just_below])
+    told = []
+    for rps in (100.0, 900.0, 150.0, 120.0):
+        number, _, _ = tuner.ask()
+        told.append(tuner.tell(number, measured(rps)))
+    assert [r.state for r in told] == ["Complete", "Infeasible", "Complete", "Complete"]
+    assert told[1].reason == (
+        "breaks the SLA at light load: a lone request waits the whole 100 ms "
+        "max_queue_time, at or above the 100 ms p99"
+    )
+    assert told[1].effective_rps == 900.0  # what heavy load measured, kept for the record
+    best = tuner.best()
+    assert best is not None
+    assert best.config() == no_batching
+    # a rebuilt study (the operator's path) agrees
+    rebuilt = Tuner(SPACE, seed=1, history=tuner.records())
+    assert rebuilt.best() == best

@@ -34,7 +34,13 @@ from batchpilot.operator.status import (
 
 # backoff_delay lives with the retry helper; handlers and tests know it by this name too.
 from batchpilot.retry import backoff_delay as backoff_delay
-from batchpilot.tuner.verdict import Estimate, Verdict, decide, gain_over_incumbent
+from batchpilot.tuner.verdict import (
+    Estimate,
+    Verdict,
+    decide,
+    gain_over_incumbent,
+    undecided,
+)
 
 PlanKind = Literal["idle", "new-study", "record-original", "trial", "confirm", "finish", "fail"]
 FINISHED_STATES = frozenset({"Complete", "Pruned", "Infeasible"})
@@ -59,7 +65,7 @@ def plan(spec: InferenceServiceSpec, status: InferenceServiceStatus, generation:
         return Plan("record-original", "the target's configuration is not recorded yet")
     confirmation = status.confirmation
     if confirmation is not None:
-        if next_measurement(confirmation) is None:
+        if next_measurement(confirmation, spec) is None:
             return Plan("finish", confirmation.reason)
         return Plan("confirm", confirmation.reason)
     if len(status.trials) >= TRIALS_KEPT:
@@ -117,22 +123,31 @@ def start_confirmation(
         finalists=finalists,
         incumbent=dict(baseline.params),
         rounds=spec.tuning.confirm_rounds,
+        max_rounds=spec.tuning.max_confirm_rounds,
     )
 
 
-def next_measurement(confirmation: Confirmation) -> tuple[int, Params] | None:
+def next_measurement(
+    confirmation: Confirmation, spec: InferenceServiceSpec
+) -> tuple[int, Params] | None:
     """(round, params) of the next measurement: the finalists in order, then the
-    incumbent, round after round; None once every round is measured. Rebuilt from the
-    measurements in status alone, so a restarted operator resumes where it stopped."""
+    incumbent, round after round; None once every round is measured. After `rounds`
+    rounds, another whole round while the verdict is undecided (`verdict.undecided`), up
+    to `max_rounds`. Rebuilt from the measurements in status alone, so a restarted
+    operator resumes where it stopped."""
     order = [*confirmation.finalists, confirmation.incumbent]
     done = len(confirmation.measurements)
-    if done >= len(order) * confirmation.rounds:
+    completed, within = divmod(done, len(order))
+    if within or completed < confirmation.rounds:
+        return completed, dict(order[within])
+    cap = confirmation.max_rounds if confirmation.max_rounds is not None else confirmation.rounds
+    if completed >= cap or not undecided(verdict_of(confirmation, spec)):
         return None
-    return done // len(order), dict(order[done % len(order)])
+    return completed, dict(order[0])
 
 
 def verdict_of(confirmation: Confirmation, spec: InferenceServiceSpec) -> Verdict:
-    """The verdict on a finished confirmation (tuner/verdict.py)."""
+    """The verdict on the confirmation's complete rounds (tuner/verdict.py)."""
     rounds: dict[BatchingConfig, list[float]] = {}
     for m in confirmation.measurements:
         rounds.setdefault(batching_config(m.params), []).append(m.effective_rps)

@@ -511,10 +511,17 @@ class LoadSpec(BaseModel):
         )
 
 
+# Adaptive confirmation's cap: 3 rounds, then up to this many while undecided.
+DEFAULT_MAX_CONFIRM_ROUNDS = 6
+_ROUNDS_MESSAGE = "tuning.maxConfirmRounds must be greater than or equal to tuning.confirmRounds"
+
+
 class TuningSpec(BaseModel):
     """How the study runs and what happens to its result."""
 
-    model_config = _model_config()
+    model_config = _model_config(
+        cel("self.maxConfirmRounds >= self.confirmRounds", _ROUNDS_MESSAGE),
+    )
 
     strategy: Literal["Canary", "InPlace"] = Field(
         default="Canary",
@@ -571,6 +578,15 @@ class TuningSpec(BaseModel):
         ge=3,
         le=20,
     )
+    max_confirm_rounds: int = Field(
+        default=DEFAULT_MAX_CONFIRM_ROUNDS,
+        description="Adaptive confirmation: after confirmRounds, further rounds are "
+        "measured while the verdict is undecided (a finalist's gain interval reaches across "
+        "minGainPercent), up to this many rounds in all. Equal to confirmRounds: a fixed "
+        "number of rounds.",
+        ge=3,
+        le=20,
+    )
     min_gain_percent: float = Field(
         default=5.0,
         description="Write back (or recommend) a finalist only when the lower bound of its "
@@ -579,6 +595,12 @@ class TuningSpec(BaseModel):
         ge=0.0,
         le=1000.0,
     )
+
+    @model_validator(mode="after")
+    def _rounds_ordered(self) -> TuningSpec:
+        if self.max_confirm_rounds < self.confirm_rounds:
+            raise ValueError(_ROUNDS_MESSAGE)
+        return self
 
 
 class InferenceServiceSpec(BaseModel):

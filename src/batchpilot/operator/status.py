@@ -132,6 +132,11 @@ class Confirmation(_Status):
     finalists: list[dict[str, float | int]] = Field(description="Finalists, best first.")
     incumbent: dict[str, float | int] = Field(description="What ran before the study.")
     rounds: int = Field(description="Rounds to measure.")
+    max_rounds: int | None = Field(
+        default=None,
+        description="Rounds at most: after `rounds`, more while the verdict is undecided "
+        "(unset: exactly `rounds`).",
+    )
     measurements: list[RoundMeasurement] = Field(
         default_factory=list, description="Measurements so far, in the order taken."
     )

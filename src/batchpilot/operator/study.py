@@ -323,7 +323,7 @@ class StudyRunner:
             await self._save(confirmation=confirmation, phase="Confirming", message=message)
             self._event("Normal", "Confirming", message)
             return
-        upcoming = decisions.next_measurement(confirmation)
+        upcoming = decisions.next_measurement(confirmation, self.spec)
         if upcoming is None:
             return
         round_index, params = upcoming
@@ -356,8 +356,15 @@ class StudyRunner:
         confirmation = confirmation.model_copy(
             update={"measurements": [*confirmation.measurements, measured]}
         )
+        extra = round_index >= confirmation.rounds  # an adaptive round: still undecided
         text = (
-            f"confirming, round {round_index + 1}/{confirmation.rounds}: "
+            f"confirming, round {round_index + 1}"
+            + (
+                f" (undecided after {confirmation.rounds}, up to {confirmation.max_rounds})"
+                if extra
+                else f"/{confirmation.rounds}"
+            )
+            + ": "
             f"{decisions.describe_params(params)} → {rps:.0f} req/s"
             + (f" (failed: {why[:200]})" if why else "")
         )

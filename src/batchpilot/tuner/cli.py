@@ -19,12 +19,14 @@ from batchpilot.models import MAX_LOAD_WORKERS, SLA, RequestMix
 from batchpilot.runtimes.registry import DEFAULT_RUNTIME, runtime_names
 from batchpilot.tuner.config import (
     QUICK_FINALISTS,
+    QUICK_MAX_ROUNDS,
     QUICK_MEASUREMENT,
     QUICK_SIMULATOR_WARM_STARTS,
     QUICK_TIME_BUDGET_S,
     QUICK_TRIALS,
     ConfigError,
     TuneConfig,
+    check_rounds,
     load_config,
 )
 from batchpilot.tuner.samplers import SAMPLERS, sampler_factory
@@ -53,6 +55,7 @@ def build_config(
     rounds: int | None = None,
     min_gain_percent: float | None = None,
     workers: int | None = None,
+    max_rounds: int | None = None,
 ) -> TuneConfig:
     """The file's configuration with the flags applied; --quick first, so an explicit
     --trials still wins over it."""
@@ -65,6 +68,7 @@ def build_config(
                 "trials": QUICK_TRIALS,
                 "simulator_warm_starts": QUICK_SIMULATOR_WARM_STARTS,
                 "finalists": QUICK_FINALISTS,  # the smoke run keeps to its three minutes
+                "max_rounds": max(QUICK_MAX_ROUNDS, tuning.rounds),
                 "time_budget_s": QUICK_TIME_BUDGET_S,
             }
         )
@@ -79,11 +83,16 @@ def build_config(
         updates["finalists"] = finalists
     if rounds is not None:
         updates["rounds"] = rounds
+        # a higher --rounds lifts the adaptive cap with it unless --max-rounds says
+        updates["max_rounds"] = max(rounds, tuning.max_rounds)
+    if max_rounds is not None:
+        updates["max_rounds"] = max_rounds
     if min_gain_percent is not None:
         updates["min_gain_percent"] = min_gain_percent
     tuning = tuning.model_copy(update=updates)
     if workers is not None:
         measurement = measurement.model_copy(update={"workers": workers})
+    check_rounds(tuning.rounds, tuning.max_rounds)
     sla = base.sla
     if sla_p99_ms is not None:
         sla = SLA(p99_ms=sla_p99_ms, max_error_rate=sla.max_error_rate)
@@ -223,7 +232,7 @@ def _storage(spec: str | None) -> str | BaseStorage | None:
 @click.option(
     "--quick",
     is_flag=True,
-    help="Short measurement windows, 6 trials, 2 finalists: about 3 minutes.",
+    help="Short measurement windows, 6 trials, 2 finalists, 3 rounds: about 3 minutes.",
 )
 @click.option(
     "--finalists",
@@ -236,6 +245,13 @@ def _storage(spec: str | None) -> str | BaseStorage | None:
     type=click.IntRange(3, 20),
     default=None,
     help="Interleaved rounds of that re-measurement [default 3].",
+)
+@click.option(
+    "--max-rounds",
+    type=click.IntRange(3, 20),
+    default=None,
+    help="Adaptive confirmation: more rounds while the verdict is undecided, up to this "
+    "many in all [default 6; --rounds when higher].",
 )
 @click.option(
     "--min-gain-percent",
@@ -283,6 +299,7 @@ def tune(
     sampler: str | None,
     finalists: int | None,
     rounds: int | None,
+    max_rounds: int | None,
     min_gain_percent: float | None,
     workers: int | None,
 ) -> None:
@@ -334,6 +351,7 @@ def tune(
             rounds=rounds,
             min_gain_percent=min_gain_percent,
             workers=workers,
+            max_rounds=max_rounds,
         )
         space, request_mix = resolve(config)
         process = resolve_arrival(config)

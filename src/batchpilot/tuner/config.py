@@ -25,6 +25,10 @@ from batchpilot.models import (
 DEFAULT_SLA_P99_MS = 100.0
 
 
+# Adaptive confirmation's cap (as the operator's tuning.maxConfirmRounds).
+DEFAULT_MAX_ROUNDS = 6
+
+
 class Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -86,17 +90,32 @@ class Tuning(Strict):
     rule_of_thumb: bool = True
     simulator_warm_starts: Annotated[int, Field(ge=0, le=20)] = 2
     # After the study, re-measure the top `finalists` and the baseline interleaved for
-    # `rounds` rounds and recommend a finalist only when the lower bound of its gain over
-    # the baseline is at least `min_gain_percent` (tuner/verdict.py).
+    # `rounds` rounds, then more while the verdict is undecided up to `max_rounds`
+    # (tuner/confirm.py), and recommend a finalist only when the lower bound of its gain
+    # over the baseline is at least `min_gain_percent` (tuner/verdict.py).
     confirm: bool = True
     finalists: Annotated[int, Field(ge=1, le=10)] = 3
     rounds: Annotated[int, Field(ge=3, le=20)] = 3
+    max_rounds: Annotated[int, Field(ge=3, le=20)] = DEFAULT_MAX_ROUNDS
     min_gain_percent: Annotated[float, Field(ge=0.0, le=1000.0)] = 5.0
     # No new trial starts after this many seconds of study; the one in flight and the
     # interleaved re-measurement (12 capacity searches bracketed around the study's
     # figures, about 4 minutes) still run. Keeps the default run inside 10 minutes on a
     # busy 2-core machine whatever mix of full and pruned trials it meets.
     time_budget_s: Annotated[float, Field(gt=0.0, le=7 * 24 * 3600.0)] = 200.0
+
+    @model_validator(mode="after")
+    def _rounds_ordered(self) -> Self:
+        check_rounds(self.rounds, self.max_rounds)
+        return self
+
+
+def check_rounds(rounds: int, max_rounds: int) -> None:
+    if max_rounds < rounds:
+        raise ValueError(
+            f"max_rounds ({max_rounds}) must be >= rounds ({rounds}): adaptive confirmation "
+            "adds rounds after the first `rounds`, it never measures fewer"
+        )
 
 
 class TuneConfig(Strict):
@@ -118,6 +137,8 @@ QUICK_TRIALS = 6
 QUICK_SIMULATOR_WARM_STARTS = 1
 QUICK_TIME_BUDGET_S = 75.0
 QUICK_FINALISTS = 2
+# the smoke run keeps to a fixed count of rounds (no adaptive ones): its three minutes
+QUICK_MAX_ROUNDS = 3
 
 
 class ConfigError(ValueError):

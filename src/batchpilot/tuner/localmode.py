@@ -27,28 +27,15 @@ from batchpilot.runtimes.base import Profiled
 from batchpilot.runtimes.figures import runtime_figures
 from batchpilot.runtimes.registry import DEFAULT_RUNTIME, get_runtime
 from batchpilot.tuner.config import TuneConfig
+from batchpilot.tuner.confirm import BRACKET_START, Confirmed, confirm_study, study_figures
 from batchpilot.tuner.interfaces import Target
 from batchpilot.tuner.local import LocalProbe
 from batchpilot.tuner.progress import TrialProgress
 from batchpilot.tuner.rules import rules_of_thumb
-from batchpilot.tuner.runner import (
-    Remeasured,
-    RoundDone,
-    TrialDone,
-    TrialStart,
-    remeasure_interleaved,
-    run_trials,
-)
+from batchpilot.tuner.runner import RoundDone, TrialDone, TrialStart, run_trials
 from batchpilot.tuner.space import SearchSpace
 from batchpilot.tuner.study import Tuner
-from batchpilot.tuner.summary import (
-    TuneSummary,
-    finalists,
-    label_of,
-    summary_of_study,
-    with_verdict,
-)
-from batchpilot.tuner.verdict import decide
+from batchpilot.tuner.summary import TuneSummary, label_of, summary_of_study, with_verdict
 from batchpilot.tuner.watch import Watch, WatchedProbe, WatchedTarget
 
 log = logging.getLogger(__name__)
@@ -259,10 +246,6 @@ async def tune_local(run: LocalRun, console: Console) -> TuneSummary:
 # Round r offers every configuration the schedule of seed + ROUND_SEED_STRIDE * (r + 1):
 # the same arrivals for all of a round, fresh ones each round, none shared with a trial.
 ROUND_SEED_STRIDE = 7919
-# A round's capacity search starts at this share of the configuration's study figure:
-# the first step passes on all but the worst drift, the next (twice as high) brackets
-# the capacity, and the bisection has no far ramp to climb.
-BRACKET_START = 0.8
 
 
 async def _confirm(
@@ -274,29 +257,30 @@ async def _confirm(
     console: Console,
     started: float,
 ) -> TuneSummary:
-    """Re-measure the finalists and the incumbent interleaved, and recommend by the
-    verdict (tuner/verdict.py)."""
+    """Re-measure the finalists and the incumbent interleaved (tuner/confirm.py), and
+    recommend by the verdict (tuner/verdict.py)."""
     incumbent = next((r.config() for r in tuner.records() if r.source == "baseline"), None)
     if incumbent is None:
         return summary
-    chosen = finalists(tuner.records(), incumbent, cfg.tuning.finalists)
-    if not chosen:
-        return summary  # nothing met the SLA besides, perhaps, the incumbent
-    study_figure = {
-        r.config(): r.effective_rps
-        for r in reversed(tuner.records())
-        if r.state == "Complete" and r.effective_rps
-    }
-    names = ", ".join(c.label() for c in chosen)
-    console.print(
-        f"Re-measuring the finalists ({names}) and the incumbent {incumbent.label()} "
-        f"interleaved, {cfg.tuning.rounds} rounds ...",
-        highlight=False,
-    )
+    study_figure = study_figures(tuner.records())
+    tuning = cfg.tuning
+
+    def announce(chosen: list[BatchingConfig]) -> None:
+        names = ", ".join(c.label() for c in chosen)
+        more = (
+            f" (up to {tuning.max_rounds} while undecided)"
+            if tuning.max_rounds > tuning.rounds
+            else ""
+        )
+        console.print(
+            f"Re-measuring the finalists ({names}) and the incumbent {incumbent.label()} "
+            f"interleaved, {tuning.rounds} rounds{more} ...",
+            highlight=False,
+        )
 
     async def measure(config: BatchingConfig, round_index: int) -> CapacityResult:
         round_probe = copy.copy(probe)
-        round_probe.seed = cfg.tuning.seed + ROUND_SEED_STRIDE * (round_index + 1)
+        round_probe.seed = tuning.seed + ROUND_SEED_STRIDE * (round_index + 1)
         figure = study_figure.get(config)
         return await round_probe.measure(
             config,
@@ -305,34 +289,42 @@ async def _confirm(
         )
 
     def done(event: RoundDone) -> None:
+        of = f"/{tuning.rounds}" if event.round < tuning.rounds else " (undecided, extra)"
         console.print(
-            f"  round {event.round + 1}/{cfg.tuning.rounds} {event.config.label():<24} "
+            f"  round {event.round + 1}{of} {event.config.label():<24} "
             f"{event.result.effective_rps:.0f} req/s",
             highlight=False,
         )
 
-    task = remeasure_interleaved(
-        target, measure, chosen, incumbent, rounds=cfg.tuning.rounds, on_done=done
-    )
-    holder: list[Remeasured] = []
+    holder: list[Confirmed | None] = []
 
     async def run() -> None:
-        holder.append(await task)
+        holder.append(
+            await confirm_study(
+                tuner.records(),
+                incumbent,
+                target,
+                measure,
+                finalists_wanted=tuning.finalists,
+                rounds=tuning.rounds,
+                max_rounds=tuning.max_rounds,
+                min_gain_percent=tuning.min_gain_percent,
+                seed=tuning.seed,
+                on_start=announce,
+                on_done=done,
+            )
+        )
 
     stopped = await _until_signal(run())
     timing = {"duration_s": round(time.monotonic() - started, 1)}
     if stopped or not holder:
         return summary.model_copy(update={"interrupted": True, **timing})
-    remeasured = holder[0]
-    for config, why in remeasured.refused.items():
+    confirmed = holder[0]
+    if confirmed is None:
+        return summary  # nothing met the SLA besides, perhaps, the incumbent
+    for config, why in confirmed.remeasured.refused.items():
         console.print(f"[yellow]{config.label()} left out: {why}[/]", highlight=False)
-    verdict = decide(
-        remeasured.rounds(),
-        incumbent,
-        min_gain_percent=cfg.tuning.min_gain_percent,
-        seed=cfg.tuning.seed,
-    )
-    return with_verdict(summary, verdict).model_copy(update=timing)
+    return with_verdict(summary, confirmed.verdict).model_copy(update=timing)
 
 
 def _summary(

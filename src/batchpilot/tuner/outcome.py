@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from batchpilot.models import CapacityResult, StepResult
+from batchpilot.models import SLA, BatchingConfig, CapacityResult, StepResult
 
 TrialState = Literal["Running", "Complete", "Pruned", "Infeasible", "Failed"]
 
@@ -24,6 +24,23 @@ def state_of(result: CapacityResult) -> TrialState:
     if not result.feasible:
         return "Infeasible"
     return "Complete"
+
+
+def light_load_violation(config: BatchingConfig, sla: SLA) -> str:
+    """Why `config` breaks the SLA whenever traffic is too light to fill a batch, or ""
+    when it need not. With a batch cap above 1, a request that arrives alone waits the
+    whole max_queue_time before its batch runs, so its latency exceeds the wait; a wait
+    at or above the SLA's p99 then breaks the SLA at light load (at night, between
+    bursts), however well it scores under the capacity search's heavy load. The
+    measured searches start near the rate to beat and never visit light load, so this
+    is decided here, from the configuration alone."""
+    if config.max_batch_size > 1 and config.max_queue_time_ms >= sla.p99_ms:
+        return (
+            f"breaks the SLA at light load: a lone request waits the whole "
+            f"{config.max_queue_time_ms:g} ms max_queue_time, at or above the "
+            f"{sla.p99_ms:g} ms p99"
+        )
+    return ""
 
 
 def violation_of(state: TrialState) -> float:

@@ -108,6 +108,10 @@ class Remeasured:
         """Effective req/s per round: the table `verdict.decide` judges."""
         return {c: [r.effective_rps for r in rs] for c, rs in self.results.items()}
 
+    def completed_rounds(self) -> int:
+        """Rounds in which every configuration still in the table was measured."""
+        return min((len(rs) for rs in self.results.values()), default=0)
+
 
 async def remeasure_interleaved(
     target: Target,
@@ -116,6 +120,8 @@ async def remeasure_interleaved(
     incumbent: BatchingConfig,
     *,
     rounds: int,
+    max_rounds: int | None = None,
+    undecided: Callable[[Remeasured], bool] = lambda _: False,
     on_done: Callable[[RoundDone], None] = lambda _: None,
 ) -> Remeasured:
     """Apply and measure the finalists and the incumbent interleaved (`interleaved_order`),
@@ -123,20 +129,30 @@ async def remeasure_interleaved(
     scores what is live; it is given the round so that every configuration of a round
     can be offered the same schedule (the same seeds). A finalist the target refuses is
     dropped from every round; the incumbent ran before the study, so its refusal is the
-    target's fault and raises TargetError."""
+    target's fault and raises TargetError.
+
+    After `rounds` rounds, another whole round follows while `undecided(so far)` says
+    the table cannot be judged yet, up to `max_rounds` (default: `rounds`, no more)."""
+    cap = rounds if max_rounds is None else max_rounds
+    if cap < rounds:
+        raise ValueError(f"max_rounds ({cap}) must be >= rounds ({rounds})")
     out = Remeasured(results={}, refused={})
-    for r, config in interleaved_order(finalists, incumbent, rounds):
-        if config in out.refused:
-            continue
-        try:
-            await target.apply(config)
-        except TargetError as exc:
-            if config == incumbent:
-                raise
-            out.refused[config] = str(exc)
-            out.results.pop(config, None)
-            continue
-        result = await measure(config, r)
-        out.results.setdefault(config, []).append(result)
-        on_done(RoundDone(r, config, result))
+    one_round = [c for _, c in interleaved_order(finalists, incumbent, 1)]
+    r = 0
+    while r < rounds or (r < cap and undecided(out)):
+        for config in one_round:
+            if config in out.refused:
+                continue
+            try:
+                await target.apply(config)
+            except TargetError as exc:
+                if config == incumbent:
+                    raise
+                out.refused[config] = str(exc)
+                out.results.pop(config, None)
+                continue
+            result = await measure(config, r)
+            out.results.setdefault(config, []).append(result)
+            on_done(RoundDone(r, config, result))
+        r += 1
     return out

@@ -34,6 +34,7 @@ from batchpilot.tuner.outcome import (
     client_bound_reason,
     client_figures,
     figures_of,
+    light_load_violation,
     state_of,
     violation_of,
 )
@@ -298,7 +299,9 @@ class Tuner:
         return trial
 
     def tell(self, number: int, result: CapacityResult) -> TrialRecord:
-        """Record a measurement: Complete, Pruned or Infeasible."""
+        """Record a measurement: Complete, Pruned or Infeasible. A configuration that
+        breaks the SLA at light load (`light_load_violation`) is Infeasible whatever
+        the heavy-load search measured: it can never be the best nor a finalist."""
         trial = self._take(number)
         state = state_of(result)
         rps, p99, errors = figures_of(result)
@@ -306,6 +309,10 @@ class Tuner:
         reason = "" if state == "Complete" else self._reason(state, result)
         if result.client_bound and state == "Complete":
             reason = client_bound_reason(result)
+        # last, so it wins over whatever heavy load measured
+        light = light_load_violation(self._records[number].config(), result.sla)
+        if light:
+            state, reason = "Infeasible", light
         rec = self._records[number].model_copy(
             update={
                 "state": state,

@@ -192,6 +192,24 @@ def gain_over_incumbent(verdict: Verdict, estimate: Estimate) -> tuple[float, fl
     return (_percent(diff), _percent(diff - spread), _percent(diff + spread))
 
 
+def undecided(verdict: Verdict) -> bool:
+    """Whether more rounds could change the verdict: some finalist that met the SLA in
+    every round has a gain interval reaching across the margin (its lower bound below
+    `min_gain_percent`, its upper bound at or above it), and none is proven yet. Adaptive
+    confirmation measures another round while this holds (up to its cap): more rounds
+    narrow every interval by the square root of their number and move t towards its
+    limit, so a real gain near the margin is proven and a lucky one falls back."""
+    if verdict.significant:
+        return False
+    for estimate in verdict.ranking:
+        if estimate.config == verdict.incumbent.config or min(estimate.rounds) <= 0.0:
+            continue
+        _, low, high = gain_over_incumbent(verdict, estimate)
+        if low < verdict.min_gain_percent <= high:
+            return True
+    return False
+
+
 def _percent(log_ratio: float) -> float:
     return 100.0 * (math.exp(log_ratio) - 1.0)
 

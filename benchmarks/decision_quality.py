@@ -1,0 +1,455 @@
+"""Decision quality under noise: how often the whole pipeline recommends a configuration
+near the optimum, and how often it writes back one that is truly worse than what ran.
+
+The pipeline is the product's, run end to end per instance: the Tuner as `tune --local`
+and `tune --simulator` drive it (the incumbent as baseline, the rules of thumb, TPE,
+refinement, pruning against the best so far; the trial loop `runner.run_trials`; no
+simulator warm start, as in `tune --simulator`), then
+the confirmation (`tuner/confirm.py`: the top finalists and the incumbent re-measured
+interleaved by `runner.remeasure_interleaved`, each round bracketed around the study's
+figure as `tune --local` does, adaptive rounds while the verdict cannot decide) and the
+verdict (`tuner/verdict.py` `decide`). The knobs are the operator's defaults (CRD
+`tuning.maxTrials`, `finalists`, `confirmRounds`, `maxConfirmRounds`, `minGainPercent`,
+`load.precision`): the operator is what writes back.
+
+The service: each family of `families` (6 smooth, 3 discontinuous) simulated at one
+fixed traffic, measured on a busy machine: every window (step) sees the service slower
+or faster by a log-normal factor of the given spread (0, 5, 10, 20 %) and a slow drift
+(2 % per hundred windows; a run measures about 200). A measured capacity search
+repeats a decisive failing window (`confirm_failures`), as the measured search does.
+Seeds vary the noise, the sampler and the incumbent.
+
+The incumbent (what ran before the study): on even seeds the product's rule of thumb
+(`rules.rule_of_thumb`), which is within 5 % of the optimum on five of the nine
+families, so the NoSignificantGain path is exercised; on odd seeds a random
+configuration of the space.
+
+Per run: the recommendation (the written winner when the verdict proves the gain, else
+the incumbent) scored by its true (noise-free) effective throughput. Rows per noise:
+- p_within_5pct: share of runs whose recommendation is within 5 % of the optimum (the
+  best true figure of the family's coarse grid, its edge batch sizes and every
+  recommendation made);
+- p_false_gain: share of runs that write back a configuration truly worse than the
+  incumbent;
+- p_written: share of runs that write back at all;
+- median_trials: trials the study used;
+- median_measure_s: load time the run would spend on a real service, by the model
+  windows x `load.stepSeconds` + capacity searches x `load.warmupSeconds` (the CRD's
+  defaults, 5 s and 2 s), every window counted: pruned ramps, repeated failures and
+  the confirmation rounds included.
+
+    python benchmarks/decision_quality.py [--json] [--seeds 20] [--seed-base 0]
+        [--noise 0,5,10,20] [--families NAME,...] [--max-rounds 6] [--jobs CPUS]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import statistics
+import time
+from collections.abc import Sequence
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass
+
+import optuna
+from pydantic import BaseModel
+
+from batchpilot.capacity.search import search_capacity
+from batchpilot.models import BatchingConfig, CapacityResult, StepResult
+from batchpilot.operator.spec import LoadSpec, TuningSpec
+from batchpilot.simulator.propose import grid_configs, queue_grid
+from batchpilot.tuner.confirm import BRACKET_START, confirm_study, study_figures
+from batchpilot.tuner.local import start_rate
+from batchpilot.tuner.rules import rule_of_thumb, rules_of_thumb
+from batchpilot.tuner.runner import run_trials
+from batchpilot.tuner.simulated import SimulatedTarget
+from batchpilot.tuner.space import SearchSpace
+from batchpilot.tuner.study import Tuner
+from families import FAMILIES, Family, NoisyObjective, Objective, edge_configs, family
+
+NOISES = (0.0, 0.05, 0.10, 0.20)
+DRIFT = 2.0  # % slower per hundred windows
+SERVICE_SEED = 0  # one traffic per family: the seeds vary the day, not the service
+RATE_RESOLUTION = 0.005
+NEAR = 0.95  # "within 5 % of the optimum"
+MAX_ROUNDS_LIMIT = 20  # as the CRD's
+# The operator's defaults: what a study does unless its spec says otherwise.
+TUNING = TuningSpec.model_validate({})
+LOAD_STEP_S = LoadSpec.model_fields["step_seconds"].default
+LOAD_WARMUP_S = LoadSpec.model_fields["warmup_seconds"].default
+PRECISION = LoadSpec.model_fields["precision"].default
+
+
+@dataclass(frozen=True)
+class Settings:
+    trials: int = TUNING.max_trials
+    finalists: int = TUNING.finalists
+    rounds: int = TUNING.confirm_rounds
+    max_rounds: int = TUNING.max_confirm_rounds
+    min_gain_percent: float = TUNING.min_gain_percent
+    drift: float = DRIFT
+
+
+class NoisyProbe:
+    """A measured capacity search of the noisy service: the product's search with its
+    measured-search settings (precision, decisive failures repeated, the ramp starting
+    at half the rate to beat). Counts the searches, for the time model."""
+
+    def __init__(self, service: NoisyObjective) -> None:
+        self.service = service
+        self.searches = 0
+
+    async def measure(
+        self, config: BatchingConfig, *, must_beat: float | None, start_rps: float | None = None
+    ) -> CapacityResult:
+        self.searches += 1
+        service = self.service
+        scenario = service.traffic.scenario
+
+        async def step(offered_rps: float) -> StepResult:
+            return service.measure_step(config, offered_rps)
+
+        start = start_rps or start_rate(must_beat) or 0.5 * scenario.service_bound_rps(1)
+        return await search_capacity(
+            step,
+            sla=service.family.sla,
+            start_rps=start,
+            precision=PRECISION,
+            max_rps=2.0 * scenario.service_bound_rps(config.max_batch_size),
+            must_beat=must_beat,
+            confirm_failures=True,
+        )
+
+
+class RunRow(BaseModel):
+    family: str
+    kind: str
+    noise: float
+    seed: int
+    incumbent: str
+    incumbent_kind: str  # "rule of thumb" or "random"
+    recommended: str
+    written: bool
+    true_incumbent_rps: float
+    true_recommended_rps: float
+    trials: int
+    rounds: int
+    windows: int
+    searches: int
+    measure_s: float
+
+
+class NoiseRow(BaseModel):
+    noise: float
+    p_within_5pct: float
+    p_false_gain: float
+    p_written: float
+    median_trials: float
+    median_measure_s: float
+    median_rounds: float
+    runs: int
+
+
+class Report(BaseModel):
+    rows: list[NoiseRow]
+    by_family: dict[str, list[NoiseRow]]
+    families: list[str]
+    seeds: int
+    seed_base: int
+    drift_percent_per_100_windows: float
+    settings: dict[str, float | int]
+    time_model: str
+    incumbent: str
+    optimum: dict[str, float]  # per family, true effective req/s
+    runs: list[RunRow]
+    elapsed_s: float
+
+
+@dataclass
+class Truth:
+    """A family's noise-free service: the optimum and any configuration's true figure."""
+
+    objective: Objective
+    space: SearchSpace
+    optimum: float
+
+    def __call__(self, config: BatchingConfig) -> float:
+        return self.objective.truth(config)
+
+
+def truth_of(fam: Family) -> Truth:
+    objective = Objective(fam, SERVICE_SEED)
+    space = SearchSpace.from_bounds(
+        max_batch_size=fam.batch_bounds, max_queue_time_ms=fam.wait_bounds
+    )
+    candidates = [*grid_configs(space), *edge_configs(fam, queue_grid(*space.queue_bounds))]
+    optimum = max(objective.truth(c) for c in candidates)
+    return Truth(objective, space, optimum)
+
+
+def incumbent_of(truth: Truth, seed: int) -> tuple[BatchingConfig, str]:
+    """The rule of thumb on even seeds, a random configuration on odd ones."""
+    space, sla = truth.space, truth.objective.family.sla
+    if seed % 2 == 0:
+        return rule_of_thumb(space, sla), "rule of thumb"
+    rng = random.Random(seed)
+    b_lo, b_hi = space.batch_bounds
+    q_lo, q_hi = space.queue_bounds
+    config = BatchingConfig(
+        max_batch_size=rng.randint(b_lo, b_hi),
+        max_queue_time_ms=round(rng.uniform(q_lo, q_hi), 1),
+    )
+    return config, "random"
+
+
+async def pipeline(truth: Truth, noise: float, seed: int, settings: Settings) -> RunRow:
+    """One run of the product's pipeline on the noisy service."""
+    fam = truth.objective.family
+    service = NoisyObjective(
+        fam,
+        SERVICE_SEED,
+        noise=noise,
+        drift=settings.drift,
+        noise_seed=seed,
+        rate_resolution=RATE_RESOLUTION,
+        service=truth.objective,
+    )
+    probe = NoisyProbe(service)
+    incumbent, kind = incumbent_of(truth, seed)
+    rules = rules_of_thumb(truth.space, fam.sla)
+    tuner = Tuner(
+        truth.space,
+        sampler="TPE",
+        seed=seed,
+        baseline=incumbent,
+        warm_start=rules,
+        max_trials=settings.trials,
+    )
+    target = SimulatedTarget(incumbent)
+    await run_trials(tuner, target, probe, trials=settings.trials, full=rules)
+    figures = study_figures(tuner.records())
+
+    async def measure(config: BatchingConfig, round_index: int) -> CapacityResult:
+        figure = figures.get(config)
+        return await probe.measure(
+            config, must_beat=None, start_rps=BRACKET_START * figure if figure else None
+        )
+
+    confirmed = await confirm_study(
+        tuner.records(),
+        incumbent,
+        target,
+        measure,
+        finalists_wanted=settings.finalists,
+        rounds=settings.rounds,
+        max_rounds=settings.max_rounds,
+        min_gain_percent=settings.min_gain_percent,
+        seed=seed,
+    )
+    chosen = confirmed.verdict.chosen if confirmed is not None else incumbent
+    written = confirmed is not None and confirmed.verdict.significant
+    rounds = confirmed.remeasured.completed_rounds() if confirmed is not None else 0
+    return RunRow(
+        family=fam.name,
+        kind=fam.kind,
+        noise=noise,
+        seed=seed,
+        incumbent=incumbent.label(),
+        incumbent_kind=kind,
+        recommended=chosen.label(),
+        written=written,
+        true_incumbent_rps=round(truth(incumbent), 1),
+        true_recommended_rps=round(truth(chosen), 1),
+        trials=tuner.measured_count(),
+        rounds=rounds,
+        windows=service.windows,
+        searches=probe.searches,
+        measure_s=service.windows * LOAD_STEP_S + probe.searches * LOAD_WARMUP_S,
+    )
+
+
+def summarise(noise: float, runs: Sequence[RunRow], optimum: dict[str, float]) -> NoiseRow:
+    n = len(runs)
+    near = sum(1 for r in runs if r.true_recommended_rps >= NEAR * optimum[r.family])
+    false_gain = sum(1 for r in runs if r.written and r.true_recommended_rps < r.true_incumbent_rps)
+    return NoiseRow(
+        noise=noise,
+        p_within_5pct=round(near / n, 3),
+        p_false_gain=round(false_gain / n, 3),
+        p_written=round(sum(r.written for r in runs) / n, 3),
+        median_trials=statistics.median(r.trials for r in runs),
+        median_measure_s=statistics.median(r.measure_s for r in runs),
+        median_rounds=statistics.median(r.rounds for r in runs),
+        runs=n,
+    )
+
+
+def measure_family(
+    name: str, noises: Sequence[float], seeds: Sequence[int], settings: Settings
+) -> tuple[float, list[RunRow]]:
+    """One family's runs and its optimum: every recommendation is a configuration
+    measured, so the optimum covers it too. Runs of one family share one step cache
+    (and so one process); families are independent."""
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    truth = truth_of(family(name))
+    runs = [
+        asyncio.run(pipeline(truth, noise, seed, settings)) for noise in noises for seed in seeds
+    ]
+    return max(truth.optimum, *(r.true_recommended_rps for r in runs)), runs
+
+
+def measure_all(
+    families: Sequence[Family],
+    noises: Sequence[float],
+    seeds: Sequence[int],
+    settings: Settings,
+    jobs: int = 1,
+) -> Report:
+    """Every family's runs, `jobs` families at a time in worker processes. The figures
+    do not depend on `jobs`: each run is a pure function of (family, noise, seed)."""
+    started = time.monotonic()
+    names = [f.name for f in families]
+    if jobs > 1:
+        with ProcessPoolExecutor(max_workers=jobs) as pool:
+            n = len(names)
+            done = list(pool.map(measure_family, names, [noises] * n, [seeds] * n, [settings] * n))
+    else:
+        done = [measure_family(name, noises, seeds, settings) for name in names]
+    optimum = {name: best for name, (best, _) in zip(names, done, strict=True)}
+    runs = [run for _, family_runs in done for run in family_runs]
+    rows = [summarise(n, [r for r in runs if r.noise == n], optimum) for n in noises]
+    by_family = {
+        fam.name: [
+            summarise(n, [r for r in runs if r.noise == n and r.family == fam.name], optimum)
+            for n in noises
+        ]
+        for fam in families
+    }
+    return Report(
+        rows=rows,
+        by_family=by_family,
+        families=[f.name for f in families],
+        seeds=len(seeds),
+        seed_base=seeds[0],
+        drift_percent_per_100_windows=settings.drift,
+        settings={
+            "trials": settings.trials,
+            "finalists": settings.finalists,
+            "rounds": settings.rounds,
+            "max_rounds": settings.max_rounds,
+            "min_gain_percent": settings.min_gain_percent,
+            "precision": PRECISION,
+        },
+        time_model=(
+            f"windows x {LOAD_STEP_S:g} s (load.stepSeconds) + capacity searches x "
+            f"{LOAD_WARMUP_S:g} s (load.warmupSeconds)"
+        ),
+        incumbent="the rule of thumb on even seeds, a random configuration on odd seeds",
+        optimum={k: round(v, 1) for k, v in optimum.items()},
+        runs=runs,
+        elapsed_s=round(time.monotonic() - started, 1),
+    )
+
+
+def _noises(text: str) -> list[float]:
+    try:
+        values = [float(v) / 100.0 for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"--noise takes per cent values separated by commas (e.g. 0,5,10,20), got {text!r}"
+        ) from None
+    if not values or any(not 0.0 <= v <= 1.0 for v in values):
+        raise argparse.ArgumentTypeError(
+            f"--noise values must lie between 0 and 100 per cent, got {text!r}"
+        )
+    return values
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    parser.add_argument("--seeds", type=int, default=20, help="seeds per family and noise")
+    parser.add_argument("--seed-base", type=int, default=0, help="first seed")
+    parser.add_argument(
+        "--noise",
+        type=_noises,
+        default=list(NOISES),
+        help="per-window noise levels in per cent, comma-separated [0,5,10,20]",
+    )
+    parser.add_argument("--families", default="", help="comma-separated family names [all of them]")
+    parser.add_argument(
+        "--jobs",
+        type=int,
+        default=os.cpu_count() or 1,
+        help="families measured at once in worker processes [the CPU count]",
+    )
+    parser.add_argument(
+        "--max-rounds",
+        type=int,
+        default=TUNING.max_confirm_rounds,
+        help="adaptive confirmation's cap (tuning.maxConfirmRounds); "
+        f"{TUNING.confirm_rounds}: fixed rounds [{TUNING.max_confirm_rounds}]",
+    )
+    args = parser.parse_args()
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    if args.seeds < 1:
+        parser.error("--seeds must be >= 1")
+    if args.jobs < 1:
+        parser.error("--jobs must be >= 1")
+    if args.seed_base < 0:
+        parser.error("--seed-base must be >= 0")
+    if not TUNING.confirm_rounds <= args.max_rounds <= MAX_ROUNDS_LIMIT:
+        parser.error(
+            f"--max-rounds must lie between {TUNING.confirm_rounds} and {MAX_ROUNDS_LIMIT}"
+        )
+    names = [n.strip() for n in args.families.split(",") if n.strip()]
+    known = {f.name: f for f in FAMILIES}
+    unknown = [n for n in names if n not in known]
+    if unknown:
+        parser.error(f"unknown families {unknown}; known: {', '.join(known)}")
+    families = [known[n] for n in names] if names else list(FAMILIES)
+    seeds = list(range(args.seed_base, args.seed_base + args.seeds))
+    report = measure_all(
+        families, args.noise, seeds, Settings(max_rounds=args.max_rounds), jobs=args.jobs
+    )
+    if args.json:
+        print(json.dumps(report.model_dump(mode="json")))
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(
+        title=f"Decision quality ({len(families)} families x {args.seeds} seeds, drift "
+        f"{DRIFT:g} %/100 windows, up to {args.max_rounds} rounds)"
+    )
+    for column in (
+        "noise",
+        "within 5 %",
+        "false gain",
+        "written",
+        "trials",
+        "rounds",
+        "load time (model)",
+    ):
+        table.add_column(column)
+    for row in report.rows:
+        table.add_row(
+            f"{row.noise:.0%}",
+            f"{row.p_within_5pct:.2f}",
+            f"{row.p_false_gain:.3f}",
+            f"{row.p_written:.2f}",
+            f"{row.median_trials:g}",
+            f"{row.median_rounds:g}",
+            f"{row.median_measure_s / 60:.0f} min",
+        )
+    console = Console()
+    console.print(table)
+    console.print(f"{report.elapsed_s:.0f} s")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,78 @@
+"""The confirmation after a study, shared by every driver that has a target to measure
+(`tune --local`, the decision-quality benchmark): the finalists and the incumbent
+re-measured interleaved (`runner.remeasure_interleaved`), then the verdict
+(`verdict.decide`).
+
+Each round's capacity search starts at `BRACKET_START` of the configuration's study
+figure: the first step passes on all but the worst drift, the next (twice as high)
+brackets the capacity, and the bisection has no far ramp to climb."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from batchpilot.models import BatchingConfig
+from batchpilot.tuner.interfaces import Target
+from batchpilot.tuner.runner import MeasureRound, Remeasured, RoundDone, remeasure_interleaved
+from batchpilot.tuner.study import TrialRecord
+from batchpilot.tuner.summary import finalists
+from batchpilot.tuner.verdict import Verdict, decide, undecided
+
+BRACKET_START = 0.8
+
+
+@dataclass(frozen=True)
+class Confirmed:
+    finalists: list[BatchingConfig]
+    remeasured: Remeasured
+    verdict: Verdict
+
+
+def study_figures(records: Sequence[TrialRecord]) -> dict[BatchingConfig, float]:
+    """Each configuration's effective req/s in the study (its first complete trial)."""
+    return {
+        r.config(): r.effective_rps
+        for r in reversed(records)
+        if r.state == "Complete" and r.effective_rps
+    }
+
+
+async def confirm_study(
+    records: Sequence[TrialRecord],
+    incumbent: BatchingConfig,
+    target: Target,
+    measure: MeasureRound,
+    *,
+    finalists_wanted: int,
+    rounds: int,
+    max_rounds: int | None = None,
+    min_gain_percent: float,
+    seed: int = 0,
+    on_start: Callable[[list[BatchingConfig]], None] = lambda _: None,
+    on_done: Callable[[RoundDone], None] = lambda _: None,
+) -> Confirmed | None:
+    """Re-measure the study's top `finalists_wanted` and the incumbent interleaved and
+    judge them: `rounds` rounds, then more while the verdict is `undecided`, up to
+    `max_rounds` (default `rounds`: a fixed number). None when no configuration besides
+    the incumbent met the SLA in the study (nothing to confirm)."""
+    chosen = finalists(records, incumbent, finalists_wanted)
+    if not chosen:
+        return None
+    on_start(chosen)
+
+    def judge(so_far: Remeasured) -> Verdict:
+        return decide(so_far.rounds(), incumbent, min_gain_percent=min_gain_percent, seed=seed)
+
+    remeasured = await remeasure_interleaved(
+        target,
+        measure,
+        chosen,
+        incumbent,
+        rounds=rounds,
+        max_rounds=max_rounds,
+        undecided=lambda so_far: undecided(judge(so_far)),
+        on_done=on_done,
+    )
+    verdict = judge(remeasured)
+    return Confirmed(finalists=chosen, remeasured=remeasured, verdict=verdict)
