@@ -163,6 +163,16 @@ async def test_two_configurations_applied_live_are_what_the_replica_runs(
     assert await control.native() == {"max_batch_size": 2, "batch_wait_timeout_s": 0.0}
 
 
+async def test_a_malformed_request_is_refused_saying_what_the_app_takes(
+    ray: RayServeProcess,
+) -> None:
+    async with aiohttp.ClientSession() as session:
+        for body in ({"size": 0}, {"rows": 3}, [1]):
+            async with session.post(ray.url + "/", json=body) as r:
+                assert r.status == 400
+                assert 'expected a JSON object {"size": N}' in (await r.json())["error"]
+
+
 async def test_capacity_is_measured_with_the_apps_protocol(ray: RayServeProcess) -> None:
     runtime = get_runtime("ray")
     await control_of(ray).apply(START)

@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 from ray import serve  # type: ignore[import-not-found]
 from starlette.requests import Request  # type: ignore[import-not-found]
+from starlette.responses import JSONResponse  # type: ignore[import-not-found]
 
 WIDTH = 256
 CLASSES = 16
@@ -58,13 +59,18 @@ class BatchModel:
         }
         return [{"scores": scores[i].tolist(), **record} for i in range(len(sizes))]
 
-    async def __call__(self, request: Request) -> dict[str, Any]:
-        body = await request.json()
+    async def __call__(self, request: Request) -> Any:
+        try:
+            body = await request.json()
+        except ValueError:
+            body = None
         size = body.get("size") if isinstance(body, dict) else None
-        if not isinstance(size, int) or size < 1:
-            raise ValueError(f'expected {{"size": N}} with N >= 1, got {body!r}')
-        result: dict[str, Any] = await self.infer(size)
-        return result
+        if not isinstance(size, int) or isinstance(size, bool) or size < 1:
+            return JSONResponse(
+                {"error": f'expected a JSON object {{"size": N}} with N >= 1, got {body!r}'},
+                status_code=400,
+            )
+        return await self.infer(size)
 
 
 # Serve would cap every batch at its default of 5 requests in flight per replica.
