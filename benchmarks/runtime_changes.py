@@ -36,7 +36,7 @@ from batchpilot.runtimes.base import LaunchError, Runtime
 from batchpilot.runtimes.registry import get_runtime
 from batchpilot.tuner.local import LocalProbe
 
-RUNTIMES = ("triton", "mlserver")
+RUNTIMES = ("triton", "mlserver", "ray")
 START = BatchingConfig(max_batch_size=8, max_queue_time_ms=5.0)
 # The two configurations a change alternates between; the last change lands on TUNED.
 TUNED = BatchingConfig(max_batch_size=16, max_queue_time_ms=10.0)

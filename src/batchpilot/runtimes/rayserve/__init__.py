@@ -1,0 +1,1 @@
+"""Ray Serve as a BatchPilot runtime (`--runtime ray`)."""

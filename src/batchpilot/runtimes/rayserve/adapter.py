@@ -1,0 +1,155 @@
+"""Ray Serve as a BatchPilot runtime: `@serve.batch`'s `max_batch_size` (requests) and
+`batch_wait_timeout_s` (seconds), carried by the deployment's `user_config` and applied
+live (Serve calls the replica's reconfigure(), which sets them on the batcher); verified
+by reading the user_config back through the Serve REST API and by the batcher values and
+batch sizes the bundled app reports in its answers; kept by the RayService's
+serveConfigV2 snippet (recommend-only)."""
+
+from __future__ import annotations
+
+import json
+from typing import ClassVar
+from urllib.parse import urlsplit
+
+from batchpilot.loadgen.protocols import JSON_HEADERS, RequestProtocol
+from batchpilot.models import MAX_BATCH_SIZE_LIMIT, MAX_QUEUE_TIME_MS_LIMIT, BatchingConfig
+from batchpilot.runtimes.base import (
+    HowApplied,
+    Knob,
+    LaunchError,
+    LocalServer,
+    Metrics,
+    Persistence,
+    Runtime,
+)
+from batchpilot.runtimes.rayserve.config import (
+    APP_NAME,
+    BATCH_KEY,
+    DEPLOYMENT,
+    WAIT_KEY,
+    service_snippet,
+    split_model,
+)
+from batchpilot.runtimes.rayserve.control import RayServeControl
+from batchpilot.runtimes.rayserve.process import RAY_VERSION, RayServeProcess
+
+# Ray's default dashboard port (the Serve REST API), for a cluster BatchPilot did not start.
+DEFAULT_DASHBOARD_PORT = 8265
+APP_PATH = "/"
+
+KNOBS: tuple[Knob, Knob] = (
+    Knob(
+        canonical="max_batch_size",
+        native=BATCH_KEY,
+        unit="requests",
+        integer=True,
+        minimum=1,
+        maximum=MAX_BATCH_SIZE_LIMIT,
+    ),
+    Knob(
+        canonical="max_queue_time_ms",
+        native=WAIT_KEY,
+        unit="s",
+        integer=False,
+        minimum=0.0,
+        maximum=MAX_QUEUE_TIME_MS_LIMIT / 1000.0,
+    ),
+)
+
+
+def app_body(size: int) -> bytes:
+    """The bundled app's request: {"size": N}."""
+    if size < 1:
+        raise ValueError(f"size must be >= 1, got {size}")
+    return json.dumps({"size": size}).encode()
+
+
+def ray_protocol(path: str = APP_PATH) -> RequestProtocol:
+    return RequestProtocol("ray-json", path, app_body, JSON_HEADERS)
+
+
+class RayServeRuntime(Runtime):
+    name: ClassVar[str] = "ray"
+    title: ClassVar[str] = f"Ray Serve {RAY_VERSION}"
+    knobs: ClassVar[tuple[Knob, Knob]] = KNOBS
+    how_applied: ClassVar[HowApplied] = "live"
+    metrics: ClassVar[Metrics] = Metrics(
+        port_note=":8080/metrics on every node (ray start --metrics-export-port), ~10 s late",
+        latency_histogram="ray_serve_http_request_latency_ms",
+        latency_unit="ms",
+        latency_matchers=f'application="{APP_NAME}"',
+        ok_requests=f'ray_serve_num_http_requests_total{{application="{APP_NAME}",'
+        'status_code=~"2.."}',
+        total_requests=f'ray_serve_num_http_requests_total{{application="{APP_NAME}"}}',
+        batch_size="sum(rate(ray_serve_actual_batch_size_sum[1m])) / "
+        "sum(rate(ray_serve_actual_batch_size_count[1m]))",
+    )
+    # APP or APP/DEPLOYMENT
+    default_model: ClassVar[str | None] = f"{APP_NAME}/{DEPLOYMENT}"
+
+    def protocol(self, model: str | None = None) -> RequestProtocol:
+        """The bundled app's JSON at its route prefix; the model names a deployment, not
+        a path, so it does not change the requests."""
+        return ray_protocol()
+
+    def control(
+        self,
+        url: str,
+        *,
+        model: str | None = None,
+        server: LocalServer | None = None,
+        dashboard_url: str | None = None,
+    ) -> RayServeControl:
+        """`dashboard_url` (the Serve REST API) defaults to the local cluster's, else
+        port 8265 on the URL's host."""
+        if dashboard_url is None:
+            if isinstance(server, RayServeProcess):
+                dashboard_url = server.dashboard_url
+            else:
+                host = urlsplit(url).hostname or "127.0.0.1"
+                dashboard_url = f"http://{host}:{DEFAULT_DASHBOARD_PORT}"
+        name = model or f"{APP_NAME}/{DEPLOYMENT}"
+        try:
+            split_model(name)
+        except ValueError as exc:
+            raise LaunchError(str(exc)) from None
+        return RayServeControl(
+            url,
+            dashboard_url=dashboard_url,
+            model=name,
+            knobs=self.knobs,
+            protocol=self.protocol(name),
+        )
+
+    def launcher(
+        self,
+        start: BatchingConfig,
+        *,
+        threads: int | None = None,
+        workload: str | None = None,
+    ) -> RayServeProcess:
+        if workload is not None:
+            raise LaunchError(
+                f"Ray Serve serves one bundled app ({APP_NAME}); there is no workload "
+                f"{workload!r} to choose"
+            )
+        try:
+            native = self.native(start)
+        except ValueError as exc:
+            raise LaunchError(f"cannot start Ray Serve at {start.label()}: {exc}") from None
+        return RayServeProcess(native, threads=threads)
+
+    def persistence(self, config: BatchingConfig, *, model: str | None = None) -> Persistence:
+        app, deployment = split_model(model or f"{APP_NAME}/{DEPLOYMENT}")
+        return Persistence(
+            kind="recommend",
+            where=(
+                f"set the user_config of deployment {deployment or DEPLOYMENT!r} in "
+                f"application {app!r} in the RayService's spec.serveConfigV2 (or the "
+                "config file `serve deploy` takes; a live change is lost when the cluster "
+                "restarts)"
+            ),
+            snippet=service_snippet(
+                self.native(config), app=app, deployment=deployment or DEPLOYMENT
+            ),
+        )

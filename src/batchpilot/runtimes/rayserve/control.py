@@ -1,0 +1,179 @@
+"""The tuner's Target for one Ray Serve deployment: a change is a PUT of the running
+deploy configuration with the deployment's user_config changed (Serve calls the replica's
+reconfigure(), no restart), verified by reading the deployment back through the Serve
+REST API and by what the bundled app's answers report: the batcher's values and the size
+of the batch each request ran in."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import Mapping
+from typing import Any
+
+import aiohttp
+
+from batchpilot.loadgen.protocols import RequestProtocol
+from batchpilot.models import BatchingConfig
+from batchpilot.runtimes.base import Knob, NativeValues, Verification, from_native, to_native
+from batchpilot.runtimes.http import ControlClient
+from batchpilot.runtimes.rayserve.config import (
+    RECORD_KEYS,
+    DeploymentState,
+    RayServeError,
+    batch_sizes,
+    check_answers,
+    deployment_state,
+    native_of,
+    redeploy_config,
+    same_values,
+)
+from batchpilot.tuner.interfaces import TargetError
+
+APPLICATIONS_PATH = "/api/serve/applications/"
+# A verification burst: twice the cap in concurrent requests fills at least one batch to
+# the cap when Serve can; bounded so a large cap does not make it a load test.
+_BURST_PER_BATCH = 2
+_BURST_MIN = 8
+_BURST_MAX = 64
+_POLL_S = 0.1
+
+
+class RayServeControl:
+    """Changes and reads one deployment's batching knobs through the dashboard's Serve
+    REST API (`dashboard_url`), and verifies them through the app (`url`)."""
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        dashboard_url: str,
+        model: str,
+        knobs: tuple[Knob, Knob],
+        protocol: RequestProtocol,
+        timeout_s: float = 30.0,
+        settle_timeout_s: float = 60.0,
+    ) -> None:
+        self._app = ControlClient(url, timeout_s=timeout_s)
+        self._dashboard = ControlClient(dashboard_url, timeout_s=timeout_s)
+        # A PUT that timed out may still be under way: never sent twice.
+        self._deployer = ControlClient(dashboard_url, timeout_s=timeout_s, attempts=1)
+        self.url = self._app.url
+        self.dashboard_url = self._dashboard.url
+        self.model = model
+        self.knobs = knobs
+        self.protocol = protocol
+        self._timeout_s = timeout_s
+        self._settle_timeout_s = settle_timeout_s
+        self.last_verification: Verification | None = None
+
+    async def details(self) -> dict[str, Any]:
+        data = await self._dashboard.call("GET", APPLICATIONS_PATH)
+        if not isinstance(data, dict):
+            raise RayServeError(f"GET {APPLICATIONS_PATH} did not answer a JSON object")
+        return data
+
+    async def state(self) -> DeploymentState:
+        return deployment_state(await self.details(), self.model)
+
+    async def native(self) -> NativeValues:
+        state = await self.state()
+        return native_of(state.user_config, f"deployment {state.app}/{state.deployment}")
+
+    async def current(self) -> BatchingConfig:
+        return from_native(self.knobs, await self.native())
+
+    async def burst(self, n: int) -> list[dict[str, Any]]:
+        """`n` concurrent requests to the app; the answers' records. TargetError on any
+        non-2xx answer or an answer without the bundled app's record."""
+        url = self.url + self.protocol.path
+        body = self.protocol.body(1)
+        timeout = aiohttp.ClientTimeout(total=self._timeout_s)
+
+        async def one(session: aiohttp.ClientSession) -> dict[str, Any]:
+            async with session.post(url, data=body, headers=dict(self.protocol.headers)) as r:
+                text = await r.text()
+                if not 200 <= r.status < 300:
+                    raise RayServeError(f"POST {url} answered HTTP {r.status}: {text[:200]}")
+            data = json.loads(text)
+            if not isinstance(data, dict) or any(key not in data for key in RECORD_KEYS):
+                raise RayServeError(
+                    f"{url} does not report its batches (not the bundled app?): {text[:200]}"
+                )
+            return data
+
+        try:
+            async with aiohttp.ClientSession(timeout=timeout) as session:
+                return list(await asyncio.gather(*(one(session) for _ in range(n))))
+        except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
+            raise RayServeError(f"inference on {url} failed: {exc or type(exc).__name__}") from exc
+
+    async def apply(self, config: BatchingConfig) -> None:
+        try:
+            native = to_native(self.knobs, config)
+        except ValueError as exc:
+            raise RayServeError(str(exc)) from None
+        started = time.monotonic()
+        details = await self.details()
+        before = deployment_state(details, self.model)
+        try:
+            await self._deployer.call(
+                "PUT", APPLICATIONS_PATH, redeploy_config(details, before, native), empty_ok=True
+            )
+        except TargetError as exc:
+            raise RayServeError(f"Ray Serve refused the new user_config: {exc}") from None
+        after = await self._settled(native)
+        answers, problems = await self._served(native)
+        if problems:
+            raise RayServeError(
+                f"asked for {config.label()}, the replicas do not run it: {'; '.join(problems)}"
+            )
+        same = bool(before.replica_pids) and after.replica_pids == before.replica_pids
+        n = len(answers)
+        self.last_verification = Verification(
+            requested=config,
+            live=from_native(self.knobs, native_of(after.user_config, "the deployment")),
+            native=native,
+            batch_sizes=batch_sizes(answers),
+            verified_by=(
+                "user_config read-back"
+                + (" (same replica processes)" if same else " (replicas replaced)")
+                + f"; batcher values and batch sizes reported by {n} concurrent requests"
+            ),
+            change_s=time.monotonic() - started,
+        )
+
+    async def _settled(self, native: Mapping[str, float]) -> DeploymentState:
+        """Poll the REST API until the deployment reports the new user_config and is
+        healthy again."""
+        deadline = time.monotonic() + self._settle_timeout_s
+        while True:
+            state = await self.state()
+            reported = state.user_config
+            if (
+                state.settled
+                and all(k in reported for k in native)
+                and same_values(native_of(reported, "the deployment"), native)
+            ):
+                return state
+            if time.monotonic() >= deadline:
+                raise RayServeError(
+                    f"deployment {state.app}/{state.deployment} did not settle on "
+                    f"{dict(native)} within {self._settle_timeout_s:g} s: application "
+                    f"{state.app_status}, deployment {state.status}, user_config {reported}"
+                )
+            await asyncio.sleep(_POLL_S)
+
+    async def _served(self, native: Mapping[str, float]) -> tuple[list[dict[str, Any]], list[str]]:
+        """Bursts until every answer comes from a batcher with the new values (a replica
+        runs reconfigure() shortly after the controller records the change), within the
+        settle timeout."""
+        n = min(max(_BURST_PER_BATCH * int(native["max_batch_size"]), _BURST_MIN), _BURST_MAX)
+        deadline = time.monotonic() + self._settle_timeout_s
+        while True:
+            answers = await self.burst(n)
+            problems = check_answers(answers, native)
+            if not problems or time.monotonic() >= deadline:
+                return answers, problems
+            await asyncio.sleep(_POLL_S)

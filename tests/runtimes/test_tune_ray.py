@@ -1,0 +1,57 @@
+"""`batchpilot tune --local --runtime ray --quick --json` end to end: a single-node Ray
+cluster with the bundled Serve app, the app's JSON protocol, configurations changed live
+through the deployment's user_config, the result also in Ray Serve's own names and
+units."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from batchpilot.runtimes.rayserve.process import VENV
+
+from .support import require_runtime
+
+pytestmark = [pytest.mark.runtimes, pytest.mark.timeout(420)]
+
+
+def test_tune_local_runtime_ray_gives_the_knobs_in_ray_serves_terms(tmp_path: Path) -> None:
+    require_runtime(VENV, "ray")
+    config = tmp_path / "tune.yaml"
+    config.write_text("tuning:\n  confirm: false\n", encoding="utf-8")
+    done = subprocess.run(
+        [
+            sys.executable,
+            *("-m", "batchpilot", "tune", "--local", "--runtime", "ray", "--quick"),
+            *("--trials", "1", "--config", str(config), "--json"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=400,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    out = json.loads(done.stdout)
+    assert [t["state"] for t in out["trials"]] == ["Complete"]
+    assert out["best"]["effective_rps"] > 0
+    figures = out["runtime"]
+    assert figures["name"] == "ray"
+    assert figures["how_applied"] == "live"
+    assert figures["knobs"] == {
+        "max_batch_size": "max_batch_size (requests)",
+        "max_queue_time_ms": "batch_wait_timeout_s (s)",
+    }
+    assert figures["baseline"] == {"max_batch_size": 8, "batch_wait_timeout_s": 0.005}
+    best = out["best"]
+    assert figures["best"]["max_batch_size"] == best["max_batch_size"]
+    assert figures["best"]["batch_wait_timeout_s"] == pytest.approx(
+        best["max_queue_time_ms"] / 1000
+    )
+    assert figures["persist_kind"] == "recommend"
+    assert "serveConfigV2" in figures["persist_where"]
+    assert "batch_wait_timeout_s:" in figures["persist_snippet"]
+    assert figures["verified_by"].startswith("user_config read-back (same replica processes)")
