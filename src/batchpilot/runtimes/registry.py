@@ -12,6 +12,7 @@ _ADAPTERS: dict[str, str] = {
     "reference": "batchpilot.runtimes.reference:ReferenceRuntime",
     "mlserver": "batchpilot.runtimes.mlserver:MLServerRuntime",
     "triton": "batchpilot.runtimes.triton.adapter:TritonRuntime",
+    "torchserve": "batchpilot.runtimes.torchserve.adapter:TorchServeRuntime",
 }
 DEFAULT_RUNTIME = "reference"
 
