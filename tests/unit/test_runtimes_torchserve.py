@@ -185,6 +185,11 @@ class FakeTorchServe:
         async def describe_all(request: web.Request) -> web.Response:
             return web.json_response([self.describe(v) for v in self.versions])
 
+        async def describe_one(request: web.Request) -> web.Response:
+            self.calls.append(f"describe {request.match_info['v']}")
+            entry = self.describe(request.match_info["v"])
+            return web.json_response([{**entry, "jobQueueStatus": {"pendingRequests": 0}}])
+
         async def set_default(request: web.Request) -> web.Response:
             self.calls.append(f"set-default {request.match_info['v']}")
             self.default = request.match_info["v"]
@@ -204,6 +209,7 @@ class FakeTorchServe:
         app.router.add_post("/models", register)
         app.router.add_get(f"/models/{MODEL}", describe)
         app.router.add_get(f"/models/{MODEL}/all", describe_all)
+        app.router.add_get(f"/models/{MODEL}/{{v}}", describe_one)
         app.router.add_put(f"/models/{MODEL}/{{v}}/set-default", set_default)
         app.router.add_delete(f"/models/{MODEL}/{{v}}", delete)
         app.router.add_post(f"/predictions/{MODEL}", predict)
@@ -232,7 +238,13 @@ async def test_apply_registers_a_new_version_makes_it_default_and_deletes_the_ol
     assert await control.native() == {"batch_size": 8, "max_batch_delay": 5}
     config = BatchingConfig(max_batch_size=4, max_queue_time_ms=20.0)
     await control.apply(config)
-    assert server.calls == [f"register {MODEL}-v2.mar", "set-default 2", "delete 1"]
+    # the old version is drained (nothing queued) before it is deleted
+    assert server.calls == [
+        f"register {MODEL}-v2.mar",
+        "set-default 2",
+        "describe 1",
+        "delete 1",
+    ]
     assert await control.current() == config
     assert store.versions() == [2]
     verification = control.last_verification

@@ -35,6 +35,10 @@ MODEL = "batchpilot-mlp"
 _BURST_PER_BATCH = 2
 _BURST_MIN = 8
 _BURST_MAX = 64
+# How long an old version may take to finish what it was given before it is deleted anyway
+_DRAIN_TIMEOUT_S = 10.0
+_DRAIN_POLL_S = 0.05
+_DRAIN_MARGIN_S = 0.25
 
 KNOBS: tuple[Knob, Knob] = (
     Knob(
@@ -102,6 +106,10 @@ def default_version(described: Sequence[Mapping[str, Any]]) -> Mapping[str, Any]
 
 def described_native(entry: Mapping[str, Any]) -> NativeValues:
     return {"batch_size": int(entry["batchSize"]), "max_batch_delay": int(entry["maxBatchDelay"])}
+
+
+def pending_requests(entry: Mapping[str, Any]) -> int:
+    return int((entry.get("jobQueueStatus") or {}).get("pendingRequests", 0))
 
 
 def ready_workers(entry: Mapping[str, Any]) -> int:
@@ -253,10 +261,26 @@ class TorchServeControl:
             self.store.remove(version)
             raise
         for stale in old:
+            await self._drain(stale)
             await self._management.call("DELETE", f"/models/{self.model}/{stale}")
             if stale.isdigit():
                 self.store.remove(int(stale))
         self.last_verification = await self._verify(config, native, str(version), started)
+
+    async def _drain(self, version: str) -> None:
+        """Wait until `version` (no longer the default) has no request queued, and then
+        for one more batch window: TorchServe's DELETE drops what the version still
+        holds, and its clients get errors or no answer."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + _DRAIN_TIMEOUT_S
+        while loop.time() < deadline:
+            described = await self._management.call("GET", f"/models/{self.model}/{version}")
+            entry = default_version(described if isinstance(described, list) else [])
+            if pending_requests(entry) == 0:
+                # what a worker took from the queue last is still in its batch
+                await asyncio.sleep(int(entry["maxBatchDelay"]) / 1000.0 + _DRAIN_MARGIN_S)
+                return
+            await asyncio.sleep(_DRAIN_POLL_S)
 
     async def _verify(
         self, config: BatchingConfig, native: NativeValues, version: str, started: float
