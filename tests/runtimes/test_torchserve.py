@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import ipaddress
 import os
+import signal
 from collections import Counter
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -158,6 +159,21 @@ async def test_no_request_fails_while_configurations_change_under_load(
         await asyncio.gather(*workers)
     assert during > 0, "the load kept going through the changes"
     assert set(outcomes) == {"200"}, outcomes
+
+
+async def test_a_restart_after_a_crash_keeps_the_address_and_starts_at_the_start_values(
+    torchserve: tuple[TorchServeProcess, TorchServeControl],
+) -> None:
+    server, control = torchserve
+    await control.apply(LARGE)
+    url, management = server.url, server.management_url
+    os.killpg(server.pid, signal.SIGKILL)
+    assert await server.exit_code(5.0) is not None
+    await server.restart()
+    assert (server.url, server.management_url) == (url, management)
+    assert await control.current() == START
+    await control.apply(SMALL)  # the control still reaches the model store
+    assert await control.current() == SMALL
 
 
 async def test_a_stop_leaves_no_process_behind(
