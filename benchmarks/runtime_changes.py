@@ -9,7 +9,7 @@ adapter's `apply`: the runtime's own change path and its verification (read-back
 the batch sizes it executed), whose `change_s` is reported.
 
     python benchmarks/runtime_changes.py [--json] [--runtime triton --runtime mlserver]
-        [--changes 10] [--clients 16]
+        [--changes 10] [--clients 16]   (runtimes: triton, mlserver, torchserve)
 
 A runtime whose environment is missing (scripts/runtimes) is left out with a note.
 Figures move with whatever else runs on the machine: the capacities are one capacity
@@ -36,7 +36,7 @@ from batchpilot.runtimes.base import LaunchError, Runtime
 from batchpilot.runtimes.registry import get_runtime
 from batchpilot.tuner.local import LocalProbe
 
-RUNTIMES = ("triton", "mlserver", "ray")
+RUNTIMES = ("triton", "mlserver", "ray", "torchserve")
 START = BatchingConfig(max_batch_size=8, max_queue_time_ms=5.0)
 # The two configurations a change alternates between; the last change lands on TUNED.
 TUNED = BatchingConfig(max_batch_size=16, max_queue_time_ms=10.0)

@@ -13,6 +13,7 @@ _ADAPTERS: dict[str, str] = {
     "mlserver": "batchpilot.runtimes.mlserver:MLServerRuntime",
     "triton": "batchpilot.runtimes.triton.adapter:TritonRuntime",
     "ray": "batchpilot.runtimes.rayserve.adapter:RayServeRuntime",
+    "torchserve": "batchpilot.runtimes.torchserve.adapter:TorchServeRuntime",
 }
 DEFAULT_RUNTIME = "reference"
 

@@ -1,0 +1,103 @@
+"""TorchServe 0.12 as a BatchPilot runtime: knobs `batch_size` (requests) and
+`max_batch_delay` (whole milliseconds), fixed at registration, so applied live by a new
+model version (register, set-default, delete the old) and verified by the management
+API's description and the batch sizes the bundled handler reports."""
+
+from __future__ import annotations
+
+import json
+from typing import ClassVar
+from urllib.parse import urlsplit, urlunsplit
+
+from batchpilot.loadgen.protocols import JSON_HEADERS, RequestProtocol
+from batchpilot.models import BatchingConfig
+from batchpilot.runtimes.base import (
+    HowApplied,
+    Knob,
+    LaunchError,
+    LocalServer,
+    Metrics,
+    Persistence,
+    Runtime,
+    to_native,
+)
+from batchpilot.runtimes.torchserve.archive import models_entry
+from batchpilot.runtimes.torchserve.control import KNOBS, MODEL, TorchServeControl, request_body
+from batchpilot.runtimes.torchserve.process import TorchServeProcess
+
+# TorchServe's own defaults: inference on 8080, management on 8081
+_MANAGEMENT_PORT_OFFSET = 1
+
+
+def management_url(url: str) -> str:
+    """The management address of a TorchServe BatchPilot did not start: same host, the
+    inference port + 1 (TorchServe's defaults are 8080 and 8081)."""
+    parts = urlsplit(url.rstrip("/"))
+    if parts.port is None:
+        raise ValueError(f"{url!r} names no port: give TorchServe's inference address")
+    netloc = f"{parts.hostname}:{parts.port + _MANAGEMENT_PORT_OFFSET}"
+    return urlunsplit((parts.scheme, netloc, "", "", ""))
+
+
+class TorchServeRuntime(Runtime):
+    name: ClassVar[str] = "torchserve"
+    title: ClassVar[str] = "TorchServe 0.12"
+    knobs: ClassVar[tuple[Knob, Knob]] = KNOBS
+    how_applied: ClassVar[HowApplied] = "reload"
+    metrics: ClassVar[Metrics] = Metrics(
+        port_note="metrics_address (default :8082), /metrics with metrics_mode=prometheus",
+        # TorchServe keeps running latency totals, no histogram: the client's p99 decides
+        latency_histogram=None,
+        latency_unit="us",
+        ok_requests="Requests2XX",
+        total_requests='{__name__=~"Requests(2|4|5)XX"}',
+    )
+    default_model: ClassVar[str | None] = MODEL
+
+    def protocol(self, model: str | None = None) -> RequestProtocol:
+        return RequestProtocol(
+            "torchserve-json", f"/predictions/{model or MODEL}", request_body, JSON_HEADERS
+        )
+
+    def control(
+        self, url: str, *, model: str | None = None, server: LocalServer | None = None
+    ) -> TorchServeControl:
+        if isinstance(server, TorchServeProcess):
+            return TorchServeControl(
+                url, management=server.management_url, model=model or MODEL, store=server.store
+            )
+        return TorchServeControl(url, management=management_url(url), model=model or MODEL)
+
+    def launcher(
+        self,
+        start: BatchingConfig,
+        *,
+        threads: int | None = None,
+        workload: str | None = None,
+    ) -> TorchServeProcess:
+        if workload is not None:
+            raise LaunchError(f"TorchServe serves its bundled model {MODEL}, not {workload!r}")
+        try:
+            to_native(KNOBS, start)
+        except ValueError as exc:
+            raise LaunchError(f"cannot start TorchServe at {start.label()}: {exc}") from None
+        return TorchServeProcess(start, threads=threads)
+
+    def persistence(self, config: BatchingConfig, *, model: str | None = None) -> Persistence:
+        native = to_native(KNOBS, config)
+        name = model or MODEL
+        entry = models_entry(name, "1.0", f"{name}.mar", native)
+        snippet = (
+            f"models={json.dumps(entry, separators=(',', ':'))}\n"
+            f"# or at run time: POST /models?url={name}.mar&model_name={name}"
+            f"&batch_size={int(native['batch_size'])}"
+            f"&max_batch_delay={int(native['max_batch_delay'])}&initial_workers=1"
+        )
+        return Persistence(
+            kind="recommend",
+            where=(
+                f"register model {name} with these values in config.properties (models=, "
+                "with your archive's name and version) or through the management API"
+            ),
+            snippet=snippet,
+        )

@@ -1,0 +1,310 @@
+"""Changing and verifying TorchServe's batching while it serves.
+
+TorchServe fixes `batch_size` and `max_batch_delay` when a model version is registered
+(`PUT /models/M?batch_size=` is accepted and silently ignored). A change is therefore a
+new version: its archive is written to the model store, registered with the new values
+(synchronously, so its worker is up), made the default and the old version deleted;
+requests keep being served by one version or the other throughout. A change is verified
+twice: the management API's description of the default version, and the batches a burst
+of concurrent requests was computed in, as the bundled handler reports them."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import time
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlencode
+
+import aiohttp
+
+from batchpilot.loadgen.protocols import JSON_HEADERS
+from batchpilot.models import MAX_BATCH_SIZE_LIMIT, MAX_QUEUE_TIME_MS_LIMIT, BatchingConfig
+from batchpilot.runtimes.base import Knob, NativeValues, Verification, from_native, to_native
+from batchpilot.runtimes.http import ControlClient
+from batchpilot.runtimes.torchserve.archive import archive_name, handler_source, model_archive
+from batchpilot.tuner.interfaces import TargetError
+
+MODEL = "batchpilot-mlp"
+# A verification burst: this many concurrent single-row requests per unit of batch cap,
+# between _BURST_MIN and _BURST_MAX; enough for batches to fill if batching is on.
+_BURST_PER_BATCH = 2
+_BURST_MIN = 8
+_BURST_MAX = 64
+# How long an old version may take to finish what it was given before it is deleted anyway
+_DRAIN_TIMEOUT_S = 10.0
+_DRAIN_POLL_S = 0.05
+_DRAIN_MARGIN_S = 0.25
+
+KNOBS: tuple[Knob, Knob] = (
+    Knob(
+        canonical="max_batch_size",
+        native="batch_size",
+        unit="requests",
+        integer=True,
+        minimum=1,
+        maximum=MAX_BATCH_SIZE_LIMIT,
+    ),
+    # whole milliseconds: a canonical wait is rounded to the nearest ms (halves to even)
+    Knob(
+        canonical="max_queue_time_ms",
+        native="max_batch_delay",
+        unit="ms",
+        integer=True,
+        minimum=0,
+        maximum=MAX_QUEUE_TIME_MS_LIMIT,
+    ),
+)
+
+
+def request_body(size: int) -> bytes:
+    """The bundled handler's request: JSON {"size": N}."""
+    return json.dumps({"size": size}).encode()
+
+
+class ModelStore:
+    """The model store folder of a TorchServe this machine started: one archive per
+    registered version of the bundled model (`<model>-v<N>.mar`)."""
+
+    def __init__(self, root: Path, model: str = MODEL) -> None:
+        self.root = root
+        self.model = model
+        self._handler = handler_source()
+
+    def versions(self) -> list[int]:
+        prefix, suffix = f"{self.model}-v", ".mar"
+        found = (
+            p.name[len(prefix) : -len(suffix)]
+            for p in self.root.glob(f"{self.model}-v*.mar")
+            if p.name.startswith(prefix)
+        )
+        return sorted(int(v) for v in found if v.isdigit())
+
+    def add(self) -> tuple[int, str]:
+        """Write the next version's archive; (version, archive file name)."""
+        old = self.versions()
+        version = (old[-1] + 1) if old else 1
+        name = archive_name(self.model, version)
+        (self.root / name).write_bytes(model_archive(self.model, version, self._handler))
+        return version, name
+
+    def remove(self, version: int) -> None:
+        (self.root / archive_name(self.model, version)).unlink(missing_ok=True)
+
+
+def default_version(described: Sequence[Mapping[str, Any]]) -> Mapping[str, Any]:
+    """The entry of `GET /models/M` (it describes the default version); TargetError when
+    the answer is not a description."""
+    if not described or not isinstance(described[0], Mapping) or "batchSize" not in described[0]:
+        raise TargetError(f"TorchServe described the model as {str(described)[:200]}")
+    return described[0]
+
+
+def described_native(entry: Mapping[str, Any]) -> NativeValues:
+    return {"batch_size": int(entry["batchSize"]), "max_batch_delay": int(entry["maxBatchDelay"])}
+
+
+def pending_requests(entry: Mapping[str, Any]) -> int:
+    return int((entry.get("jobQueueStatus") or {}).get("pendingRequests", 0))
+
+
+def ready_workers(entry: Mapping[str, Any]) -> int:
+    return sum(1 for w in entry.get("workers") or [] if w.get("status") == "READY")
+
+
+class Observed:
+    """The answers of one verification burst (the handler's record of each batch)."""
+
+    def __init__(self, answers: Sequence[Mapping[str, Any]]) -> None:
+        self.answers = list(answers)
+
+    def one(self, key: str) -> set[Any]:
+        return {a.get(key) for a in self.answers}
+
+    def batch_sizes(self) -> dict[int, int]:
+        """Batch size (requests) -> batches: every request of a batch of n reports n."""
+        requests = Counter(int(a["batch_requests"]) for a in self.answers)
+        return {n: math.ceil(count / n) for n, count in sorted(requests.items())}
+
+
+def check_described(
+    entry: Mapping[str, Any], native: Mapping[str, float], version: str
+) -> list[str]:
+    """What is wrong with the default version's description for `native` at `version`."""
+    problems = []
+    if str(entry.get("modelVersion")) != version:
+        problems.append(f"the default version is {entry.get('modelVersion')}, expected {version}")
+    if described_native(entry) != {k: int(v) for k, v in native.items()}:
+        problems.append(
+            f"it runs batchSize {entry['batchSize']}, maxBatchDelay {entry['maxBatchDelay']}"
+        )
+    if ready_workers(entry) < 1:
+        problems.append("it has no ready worker")
+    return problems
+
+
+def check_observed(observed: Observed, native: Mapping[str, float], version: str) -> list[str]:
+    """What is wrong with the burst's answers for `native` at `version`; empty when they
+    prove the configuration serves."""
+    problems = []
+    if observed.one("model_version") != {version}:
+        versions = sorted(map(str, observed.one("model_version")))
+        problems.append(f"answers came from versions {versions}, expected only {version}")
+    cap = int(native["batch_size"])
+    if observed.one("batch_size") != {cap}:
+        problems.append(f"the worker runs batch_size {sorted(observed.one('batch_size'))}")
+    largest = max(observed.batch_sizes(), default=0)
+    if largest > cap:
+        problems.append(f"a batch of {largest} requests was served, above the cap of {cap}")
+    return problems
+
+
+class TorchServeControl:
+    """The tuner's Target for one TorchServe: `url` its inference address, `management`
+    its management address. Changes need the model store on this machine (`store`);
+    without one the control reads and verifies only (recommend-only)."""
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        management: str,
+        model: str = MODEL,
+        store: ModelStore | None = None,
+        timeout_s: float = 60.0,
+        verify_attempts: int = 3,
+    ) -> None:
+        self.url = url.rstrip("/")
+        self._management = ControlClient(management, timeout_s=timeout_s)
+        self.model = model
+        self.store = store
+        self._timeout_s = timeout_s
+        self._verify_attempts = verify_attempts
+        self.last_verification: Verification | None = None
+
+    async def describe(self) -> Mapping[str, Any]:
+        """The management API's description of the model's default version."""
+        described = await self._management.call("GET", f"/models/{self.model}")
+        return default_version(described if isinstance(described, list) else [])
+
+    async def versions(self) -> list[str]:
+        described = await self._management.call("GET", f"/models/{self.model}/all")
+        return [str(entry["modelVersion"]) for entry in described]
+
+    async def native(self) -> NativeValues:
+        return described_native(await self.describe())
+
+    async def current(self) -> BatchingConfig:
+        return from_native(KNOBS, await self.native())
+
+    async def burst(self, n: int) -> Observed:
+        """`n` concurrent single-row requests; the handler's record from each answer.
+        TargetError on any non-2xx answer or an answer without the record."""
+        url = f"{self.url}/predictions/{self.model}"
+        timeout = aiohttp.ClientTimeout(total=self._timeout_s)
+
+        async def one(session: aiohttp.ClientSession) -> Mapping[str, Any]:
+            async with session.post(url, data=request_body(1), headers=JSON_HEADERS) as response:
+                text = await response.text()
+                if response.status != 200:
+                    raise TargetError(f"POST {url} answered HTTP {response.status}: {text[:200]}")
+            answer = json.loads(text)
+            if not isinstance(answer, dict) or "batch_requests" not in answer:
+                raise TargetError(
+                    f"{url} does not report its batches (not the bundled handler?): {text[:200]}"
+                )
+            return answer
+
+        try:
+            async with aiohttp.ClientSession(timeout=timeout) as session:
+                answers = await asyncio.gather(*(one(session) for _ in range(n)))
+        except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
+            raise TargetError(f"inference on {url} failed: {exc or type(exc).__name__}") from exc
+        return Observed(list(answers))
+
+    async def apply(self, config: BatchingConfig) -> None:
+        if self.store is None:
+            raise TargetError(
+                "this TorchServe's model store is not on this machine: BatchPilot can only "
+                "recommend (register the model with the values shown) for it"
+            )
+        try:
+            native = to_native(KNOBS, config)
+        except ValueError as exc:
+            raise TargetError(str(exc)) from None
+        started = time.monotonic()
+        old = await self.versions()
+        version, archive = self.store.add()
+        query = urlencode(
+            {
+                "url": archive,
+                "model_name": self.model,
+                "batch_size": int(native["batch_size"]),
+                "max_batch_delay": int(native["max_batch_delay"]),
+                "initial_workers": 1,
+                "synchronous": "true",
+            }
+        )
+        try:
+            await self._management.call("POST", f"/models?{query}")
+        except TargetError:
+            self.store.remove(version)
+            raise
+        try:
+            await self._management.call("PUT", f"/models/{self.model}/{version}/set-default")
+        except TargetError:
+            await self._management.call("DELETE", f"/models/{self.model}/{version}")
+            self.store.remove(version)
+            raise
+        for stale in old:
+            await self._drain(stale)
+            await self._management.call("DELETE", f"/models/{self.model}/{stale}")
+            if stale.isdigit():
+                self.store.remove(int(stale))
+        self.last_verification = await self._verify(config, native, str(version), started)
+
+    async def _drain(self, version: str) -> None:
+        """Wait until `version` (no longer the default) has no request queued, and then
+        for one more batch window: TorchServe's DELETE drops what the version still
+        holds, and its clients get errors or no answer."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + _DRAIN_TIMEOUT_S
+        while loop.time() < deadline:
+            described = await self._management.call("GET", f"/models/{self.model}/{version}")
+            entry = default_version(described if isinstance(described, list) else [])
+            if pending_requests(entry) == 0:
+                # what a worker took from the queue last is still in its batch
+                await asyncio.sleep(int(entry["maxBatchDelay"]) / 1000.0 + _DRAIN_MARGIN_S)
+                return
+            await asyncio.sleep(_DRAIN_POLL_S)
+
+    async def _verify(
+        self, config: BatchingConfig, native: NativeValues, version: str, started: float
+    ) -> Verification:
+        problems = check_described(await self.describe(), native, version)
+        if problems:
+            raise TargetError(f"TorchServe did not take {config.label()}: {'; '.join(problems)}")
+        n = min(max(_BURST_PER_BATCH * int(native["batch_size"]), _BURST_MIN), _BURST_MAX)
+        for _ in range(self._verify_attempts):
+            observed = await self.burst(n)
+            problems = check_observed(observed, native, version)
+            if not problems:
+                sizes = observed.batch_sizes()
+                return Verification(
+                    requested=config,
+                    live=from_native(KNOBS, native),
+                    native=native,
+                    batch_sizes=sizes,
+                    verified_by=(
+                        f"management describe (version {version}: batchSize "
+                        f"{native['batch_size']}, maxBatchDelay {native['max_batch_delay']} ms), "
+                        f"batch sizes of {n} concurrent requests within the cap "
+                        f"(largest {max(sizes)})"
+                    ),
+                    change_s=time.monotonic() - started,
+                )
+        raise TargetError(f"TorchServe did not take {config.label()}: {'; '.join(problems)}")

@@ -1,0 +1,250 @@
+"""TorchServe started on this machine: the `torchserve` launcher of its own environment
+in the foreground (it runs the Java front end, which starts one Python worker per model
+version), every listener on 127.0.0.1, a model store and logs in a temporary folder."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import shutil
+import signal
+import tempfile
+import time
+from pathlib import Path
+from typing import IO
+
+import aiohttp
+
+from batchpilot.models import BatchingConfig
+from batchpilot.processes import ChildProcess, free_port, read_tail
+from batchpilot.runtimes.base import LaunchError, to_native
+from batchpilot.runtimes.torchserve.archive import config_properties, models_entry
+from batchpilot.runtimes.torchserve.control import (
+    KNOBS,
+    MODEL,
+    ModelStore,
+    default_version,
+    ready_workers,
+)
+from batchpilot.runtimes.venvs import venv_executable
+
+VENV = "torchserve-0.12.0"
+PORT_NAMES = ("inference", "management", "metrics", "grpc_inference", "grpc_management")
+_STDERR_TAIL = 4000
+
+
+def group_members(pgid: int) -> list[int]:
+    """The live (not zombie) processes of process group `pgid`, from /proc."""
+    members = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        # the fields after the command name (which may hold spaces) in parentheses
+        fields = stat.rsplit(")", 1)[1].split()
+        if fields[0] != "Z" and int(fields[2]) == pgid:
+            members.append(int(entry.name))
+    return members
+
+
+async def wait_group_gone(pgid: int, timeout_s: float, poll_s: float = 0.05) -> bool:
+    """Whether every process of group `pgid` has gone within `timeout_s`."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        if not group_members(pgid):
+            return True
+        if time.monotonic() >= deadline:
+            return False
+        await asyncio.sleep(poll_s)
+
+
+class TorchServeProcess(ChildProcess):
+    """TorchServe 0.12 from its own environment serving the bundled handler, started at
+    `start`. Its own process group: a stop waits until the launcher, the Java front end
+    and every worker have gone."""
+
+    def __init__(
+        self,
+        start: BatchingConfig,
+        *,
+        threads: int | None = None,
+        ready_timeout_s: float = 120.0,
+        stop_timeout_s: float = 15.0,
+    ) -> None:
+        self.start_config = start
+        self.native_start = to_native(KNOBS, start)
+        self.host = "127.0.0.1"
+        self.threads = threads
+        self.ports: dict[str, int] = {}
+        self._ready_timeout_s = ready_timeout_s
+        self._stop_timeout_s = stop_timeout_s
+        self._proc: asyncio.subprocess.Process | None = None
+        self._stderr: IO[bytes] | None = None
+        self._final_stderr = ""
+        self._workdir: Path | None = None
+        self.store: ModelStore | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.ports.get('inference', 0)}"
+
+    @property
+    def management_url(self) -> str:
+        return f"http://{self.host}:{self.ports.get('management', 0)}"
+
+    @property
+    def metrics_url(self) -> str:
+        return f"http://{self.host}:{self.ports.get('metrics', 0)}/metrics"
+
+    @property
+    def pid(self) -> int:
+        if self._proc is None:
+            raise RuntimeError("TorchServe has not been started")
+        return self._proc.pid
+
+    def _prepare(self) -> tuple[Path, dict[str, str]]:
+        """The config.properties for a (re)start: ports chosen once, the start values
+        registered from a new archive version in the store."""
+        if self._workdir is None or self.store is None:
+            self._workdir = Path(tempfile.mkdtemp(prefix="batchpilot-torchserve-"))
+            (self._workdir / "store").mkdir()
+            self.store = ModelStore(self._workdir / "store")
+            self.ports = {name: free_port(self.host) for name in PORT_NAMES}
+        stale = self.store.versions()
+        version, archive = self.store.add()
+        for old in stale:
+            self.store.remove(old)
+        models = models_entry(MODEL, str(version), archive, self.native_start)
+        config = self._workdir / "config.properties"
+        config.write_text(
+            config_properties(
+                host=self.host,
+                ports=self.ports,
+                model_store=str(self.store.root),
+                load_models=archive,
+                models=models,
+            )
+        )
+        threads = str(self.threads or 1)
+        env = {
+            **os.environ,
+            # TorchServe's launcher keeps a pid file in the temp folder and refuses to start
+            # while another TorchServe's is there: each instance gets its own
+            "TMPDIR": str(self._workdir),
+            "TEMP": str(self._workdir),
+            "OMP_NUM_THREADS": threads,
+            "MKL_NUM_THREADS": threads,
+        }
+        for name in [k for k in env if k.startswith("TS_")]:
+            del env[name]  # TorchServe reads TS_* variables as configuration
+        return config, env
+
+    async def start(self) -> None:
+        """Start TorchServe and wait until the model has a ready worker. A restart keeps
+        the ports and the store, at the start-up configuration again (a newer version)."""
+        program = venv_executable(VENV, "torchserve", runtime="TorchServe")
+        if shutil.which("java") is None:
+            raise LaunchError(
+                "TorchServe needs Java 11 or later and no `java` is on PATH: run "
+                "scripts/system-deps (it installs Debian's openjdk-17-jre-headless)"
+            )
+        config, env = self._prepare()
+        assert self._workdir is not None
+        self._stderr = tempfile.TemporaryFile()  # noqa: SIM115 - lives as long as the server
+        self._proc = await asyncio.create_subprocess_exec(
+            str(program),
+            "--start",
+            "--foreground",
+            "--ncs",
+            "--ts-config",
+            str(config),
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=self._stderr,
+            stderr=self._stderr,
+            env=env,
+            cwd=self._workdir,  # its logs go to ./logs
+            start_new_session=True,
+        )
+        try:
+            await self._wait_ready()
+        except LaunchError as exc:
+            tail = self.stderr_tail(1500)
+            await self.stop()
+            raise LaunchError(f"TorchServe {exc} (on {self.url}); its log:\n{tail}") from None
+        except BaseException:
+            await self.stop()
+            raise
+
+    async def _wait_ready(self) -> None:
+        """Until the model's default version has a ready worker: TorchServe answers
+        /ping "Healthy" before its worker has imported torch."""
+        assert self._proc is not None
+        deadline = time.monotonic() + self._ready_timeout_s
+        url = f"{self.management_url}/models/{MODEL}"
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=2.0)) as session:
+            while True:
+                if self._proc.returncode is not None:
+                    raise LaunchError(f"exited with {self._proc.returncode} before it was ready")
+                with contextlib.suppress(aiohttp.ClientError, TimeoutError, ValueError):
+                    async with session.get(url) as response:
+                        if response.status == 200 and ready_workers(
+                            default_version(await response.json())
+                        ):
+                            return
+                if time.monotonic() >= deadline:
+                    raise LaunchError(f"had no ready worker within {self._ready_timeout_s:g} s")
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._proc.wait(), 0.25)
+
+    async def stop(self) -> None:
+        """Stop the whole process group and remove the temporary folder."""
+        await self._terminate()
+        if self._workdir is not None:
+            shutil.rmtree(self._workdir, ignore_errors=True)
+            self._workdir = None
+            self.store = None
+
+    async def _terminate(self) -> None:
+        proc = self._proc
+        if proc is not None:
+            # Java and its workers first: the launcher waits for Java and reaps it, then
+            # exits by itself (signalled first, it would leave Java an unreaped orphan)
+            for pid in group_members(proc.pid):
+                if pid != proc.pid:
+                    with contextlib.suppress(ProcessLookupError, PermissionError):
+                        os.kill(pid, signal.SIGTERM)
+            if not await wait_group_gone(proc.pid, self._stop_timeout_s):
+                _signal_group(proc.pid, signal.SIGKILL)
+                await wait_group_gone(proc.pid, self._stop_timeout_s)
+            if proc.returncode is None:
+                await proc.wait()
+        if self._stderr is not None:
+            self._final_stderr = read_tail(self._stderr, _STDERR_TAIL)
+            self._stderr.close()
+            self._stderr = None
+
+    async def restart(self) -> None:
+        await self._terminate()
+        await self.start()
+
+    async def exit_code(self, grace_s: float = 0.0) -> int | None:
+        if self._proc is None:
+            return None
+        if self._proc.returncode is None and grace_s > 0:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._proc.wait(), grace_s)
+        return self._proc.returncode
+
+    def stderr_tail(self, limit: int = _STDERR_TAIL) -> str:
+        if self._stderr is None:
+            return self._final_stderr[-limit:]
+        return read_tail(self._stderr, limit)
+
+
+def _signal_group(pid: int, sig: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pid, sig)
