@@ -30,7 +30,7 @@ def test_quick_tune_of_mlserver_reports_native_knobs() -> None:
             "mlserver",
             "--quick",
             "--trials",
-            "3",
+            "2",
             "--finalists",
             "1",
             "--seed",
