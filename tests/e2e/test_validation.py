@@ -81,6 +81,14 @@ def _set(path: str, value: Any) -> Callable[[dict[str, Any]], None]:
     return mutate
 
 
+def _both(*mutations: Callable[[dict[str, Any]], None]) -> Callable[[dict[str, Any]], None]:
+    def mutate(spec: dict[str, Any]) -> None:
+        for mutation in mutations:
+            mutation(spec)
+
+    return mutate
+
+
 def _extra(*params: dict[str, Any]) -> Callable[[dict[str, Any]], None]:
     return _set("parameters.extra", list(params))
 
@@ -142,6 +150,11 @@ CEL_CASES = [
         "Trace without timestamps",
         _set("load.arrival", {"process": "Trace"}),
         cel_key="timestamps is required for process Trace",
+    ),
+    Case(
+        "confirmation cap below its rounds",
+        _both(_set("tuning.confirmRounds", 5), _set("tuning.maxConfirmRounds", 4)),
+        cel_key="maxConfirmRounds must be greater than or equal",
     ),
     Case(
         "Env extra without variable",
