@@ -23,6 +23,29 @@ def free_port(host: str = "127.0.0.1") -> int:
         return port
 
 
+def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
+    """`count` distinct ports free on `host` now, ascending (see `free_port`)."""
+    ports: set[int] = set()
+    while len(ports) < count:
+        ports.add(free_port(host))
+    return sorted(ports)
+
+
+def signal_group(pgid: int, sig: int) -> None:
+    """Signal a process group that may already be gone."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, sig)
+
+
+async def exit_code_of(process: asyncio.subprocess.Process, grace_s: float) -> int | None:
+    """The exit code once `process` has exited (waiting up to `grace_s` for the event
+    loop to notice), None while it runs."""
+    if process.returncode is None and grace_s > 0:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(process.wait(), grace_s)
+    return process.returncode
+
+
 class ChildProcess(ABC):
     """`async with` a child process: start() on entry (which cleans up after itself if
     it fails), stop() on exit."""

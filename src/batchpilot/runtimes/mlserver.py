@@ -33,7 +33,15 @@ import aiohttp
 
 from batchpilot.loadgen.protocols import RequestProtocol, kserve_v2, v2_body, v2_path
 from batchpilot.models import MAX_BATCH_SIZE_LIMIT, MAX_QUEUE_TIME_MS_LIMIT, BatchingConfig
-from batchpilot.processes import ChildProcess, NotReady, free_port, read_tail, wait_ready
+from batchpilot.processes import (
+    ChildProcess,
+    NotReady,
+    exit_code_of,
+    free_ports,
+    read_tail,
+    signal_group,
+    wait_ready,
+)
 from batchpilot.runtimes.base import (
     HowApplied,
     Knob,
@@ -343,7 +351,7 @@ class MLServerProcess(ChildProcess):
         models = workdir / "models"
         self.repository = ModelRepository(models)
         self.repository.write(self.native_start)
-        self.http_port, self.grpc_port, self.metrics_port = (free_port(self.host) for _ in "abc")
+        self.http_port, self.grpc_port, self.metrics_port = free_ports(3, self.host)
         settings = {
             "host": self.host,
             "http_port": self.http_port,
@@ -419,15 +427,15 @@ class MLServerProcess(ChildProcess):
         proc = self._proc
         if proc is not None:
             if proc.returncode is None:
-                _signal_group(proc.pid, signal.SIGTERM)
+                signal_group(proc.pid, signal.SIGTERM)
                 try:
                     await asyncio.wait_for(proc.wait(), self._stop_timeout_s)
                 except TimeoutError:
-                    _signal_group(proc.pid, signal.SIGKILL)
+                    signal_group(proc.pid, signal.SIGKILL)
                     await proc.wait()
             else:
                 # the leader is gone; anything it left in its group goes too
-                _signal_group(proc.pid, signal.SIGKILL)
+                signal_group(proc.pid, signal.SIGKILL)
         if self._stderr is not None:
             self._final_stderr = read_tail(self._stderr, _STDERR_TAIL)
             self._stderr.close()
@@ -440,20 +448,12 @@ class MLServerProcess(ChildProcess):
     async def exit_code(self, grace_s: float = 0.0) -> int | None:
         if self._proc is None:
             return None
-        if self._proc.returncode is None and grace_s > 0:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._proc.wait(), grace_s)
-        return self._proc.returncode
+        return await exit_code_of(self._proc, grace_s)
 
     def stderr_tail(self, limit: int = _STDERR_TAIL) -> str:
         if self._stderr is None:
             return self._final_stderr[-limit:]
         return read_tail(self._stderr, limit)
-
-
-def _signal_group(pid: int, sig: int) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pid, sig)
 
 
 class MLServerRuntime(Runtime):

@@ -4,7 +4,6 @@ use to get a real server on a loopback port and be sure it is gone afterwards.""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
 import sys
 import tempfile
@@ -14,6 +13,7 @@ from typing import IO
 from batchpilot.processes import (
     ChildProcess,
     NotReady,
+    exit_code_of,
     free_port,
     read_tail,
     stop_process,
@@ -159,10 +159,7 @@ class ServerProcess(ChildProcess):
         event loop to notice), None while it runs."""
         if self._proc is None:
             return None
-        if self._proc.returncode is None and grace_s > 0:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._proc.wait(), grace_s)
-        return self._proc.returncode
+        return await exit_code_of(self._proc, grace_s)
 
     async def restart(self) -> None:
         """Stop the process (if it still runs) and start it again with the same flags."""

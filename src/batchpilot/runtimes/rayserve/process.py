@@ -21,7 +21,14 @@ from typing import IO
 
 import aiohttp
 
-from batchpilot.processes import ChildProcess, NotReady, free_port, read_tail, wait_ready
+from batchpilot.processes import (
+    ChildProcess,
+    NotReady,
+    exit_code_of,
+    free_ports,
+    read_tail,
+    wait_ready,
+)
 from batchpilot.runtimes.base import LaunchError
 from batchpilot.runtimes.rayserve.config import deploy_config
 from batchpilot.runtimes.venvs import venv_dir, venv_executable
@@ -174,7 +181,7 @@ class RayServeProcess(ChildProcess):
         source = resources.files("batchpilot.runtimes.models").joinpath(APP_FILE)
         (app_dir / APP_FILE).write_text(source.read_text(encoding="utf-8"), encoding="utf-8")
         if not self.ports:
-            self.ports = _free_ports(len(PORT_NAMES))
+            self.ports = dict(zip(PORT_NAMES, free_ports(len(PORT_NAMES), HOST), strict=True))
         self.returncode = None
         # A file rather than a pipe: nobody reads the log while Ray runs.
         self._log = tempfile.TemporaryFile()  # noqa: SIM115 - lives as long as Ray
@@ -267,23 +274,13 @@ class RayServeProcess(ChildProcess):
         proc = self._proc
         if proc is None:
             return self.returncode
-        if proc.returncode is None and grace_s > 0:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(proc.wait(), grace_s)
-        return proc.returncode
+        return await exit_code_of(proc, grace_s)
 
     def stderr_tail(self, limit: int = LOG_TAIL_BYTES) -> str:
         """The end of `ray start`'s output, also after it exited."""
         if self._log is None:
             return self._final_log[-limit:]
         return read_tail(self._log, limit)
-
-
-def _free_ports(n: int) -> dict[str, int]:
-    ports: set[int] = set()
-    while len(ports) < n:
-        ports.add(free_port(HOST))
-    return dict(zip(PORT_NAMES, sorted(ports), strict=True))
 
 
 async def _end_session(sid: int, grace_s: float) -> None:

@@ -17,7 +17,13 @@ from typing import IO
 import aiohttp
 
 from batchpilot.models import BatchingConfig
-from batchpilot.processes import ChildProcess, free_port, read_tail
+from batchpilot.processes import (
+    ChildProcess,
+    exit_code_of,
+    free_ports,
+    read_tail,
+    signal_group,
+)
 from batchpilot.runtimes.base import LaunchError, to_native
 from batchpilot.runtimes.torchserve.archive import config_properties, models_entry
 from batchpilot.runtimes.torchserve.control import (
@@ -113,7 +119,7 @@ class TorchServeProcess(ChildProcess):
             self._workdir = Path(tempfile.mkdtemp(prefix="batchpilot-torchserve-"))
             (self._workdir / "store").mkdir()
             self.store = ModelStore(self._workdir / "store")
-            self.ports = {name: free_port(self.host) for name in PORT_NAMES}
+            self.ports = dict(zip(PORT_NAMES, free_ports(len(PORT_NAMES), self.host), strict=True))
         stale = self.store.versions()
         version, archive = self.store.add()
         for old in stale:
@@ -218,7 +224,7 @@ class TorchServeProcess(ChildProcess):
                     with contextlib.suppress(ProcessLookupError, PermissionError):
                         os.kill(pid, signal.SIGTERM)
             if not await wait_group_gone(proc.pid, self._stop_timeout_s):
-                _signal_group(proc.pid, signal.SIGKILL)
+                signal_group(proc.pid, signal.SIGKILL)
                 await wait_group_gone(proc.pid, self._stop_timeout_s)
             if proc.returncode is None:
                 await proc.wait()
@@ -234,17 +240,9 @@ class TorchServeProcess(ChildProcess):
     async def exit_code(self, grace_s: float = 0.0) -> int | None:
         if self._proc is None:
             return None
-        if self._proc.returncode is None and grace_s > 0:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._proc.wait(), grace_s)
-        return self._proc.returncode
+        return await exit_code_of(self._proc, grace_s)
 
     def stderr_tail(self, limit: int = _STDERR_TAIL) -> str:
         if self._stderr is None:
             return self._final_stderr[-limit:]
         return read_tail(self._stderr, limit)
-
-
-def _signal_group(pid: int, sig: int) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pid, sig)

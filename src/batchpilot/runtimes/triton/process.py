@@ -6,7 +6,6 @@ python backend's stub processes included)."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
 import shutil
 import signal
@@ -14,7 +13,15 @@ import tempfile
 from pathlib import Path
 from typing import IO
 
-from batchpilot.processes import ChildProcess, NotReady, free_port, read_tail, wait_ready
+from batchpilot.processes import (
+    ChildProcess,
+    NotReady,
+    exit_code_of,
+    free_ports,
+    read_tail,
+    signal_group,
+    wait_ready,
+)
 from batchpilot.runtimes.base import LaunchError
 from batchpilot.runtimes.triton.install import TritonInstall, find_install
 from batchpilot.runtimes.triton.repository import MODEL_NAME, TritonBatching, write_repository
@@ -103,7 +110,7 @@ class TritonProcess(ChildProcess):
         keep = self.http_port != 0
         for attempt in range(_PORT_ATTEMPTS):
             if not keep or attempt > 0:
-                self.http_port, self.grpc_port, self.metrics_port = _three_ports(self.host)
+                self.http_port, self.grpc_port, self.metrics_port = free_ports(3, self.host)
             try:
                 await self._start_once()
                 return
@@ -174,14 +181,14 @@ class TritonProcess(ChildProcess):
             return
         try:
             if proc.returncode is None:
-                _signal_group(proc.pid, signal.SIGTERM)
+                signal_group(proc.pid, signal.SIGTERM)
                 try:
                     await asyncio.wait_for(proc.wait(), self._stop_timeout_s)
                 except TimeoutError:
-                    _signal_group(proc.pid, signal.SIGKILL)
+                    signal_group(proc.pid, signal.SIGKILL)
                     await proc.wait()
             # stubs that outlived their server (it was killed) go too
-            _signal_group(proc.pid, signal.SIGKILL)
+            signal_group(proc.pid, signal.SIGKILL)
             self.returncode = proc.returncode
         finally:
             self._proc = None
@@ -201,26 +208,10 @@ class TritonProcess(ChildProcess):
         proc = self._proc
         if proc is None:
             return self.returncode
-        if proc.returncode is None and grace_s > 0:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(proc.wait(), grace_s)
-        return proc.returncode
+        return await exit_code_of(proc, grace_s)
 
     def stderr_tail(self, limit: int = LOG_TAIL_BYTES) -> str:
         """The end of Triton's log (stdout and stderr), also after it exited."""
         if self._log is None:
             return self._final_log[-limit:]
         return read_tail(self._log, limit)
-
-
-def _three_ports(host: str) -> tuple[int, int, int]:
-    ports: set[int] = set()
-    while len(ports) < 3:
-        ports.add(free_port(host))
-    http, grpc, metrics = sorted(ports)
-    return http, grpc, metrics
-
-
-def _signal_group(pgid: int, sig: signal.Signals) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pgid, sig)
