@@ -318,6 +318,7 @@ async def test_rayservice_trials_are_live_and_the_winner_goes_to_serve_config(
     assert applies_to(kmock, "rayservices") == []  # trials do not touch the RayService
 
     await w.write_back({"max_batch_size": 32, "max_queue_time_ms": 25.0})
+    assert server.values == {"max_batch_size": 32, "max_queue_time_ms": 25.0}
     patches = applies_to(kmock, "rayservices")
     assert len(patches) == 1
     assert patches[0].params == {"fieldManager": FIELD_MANAGER, "force": "true"}

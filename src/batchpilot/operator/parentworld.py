@@ -84,6 +84,10 @@ class ParentWorld(KubeWorld):
         if parent.get("kind") != "RayService":
             await super().write_back(params)
             return
+        # the serving pods run the winner now, as a Deployment's would after its
+        # rollout; KubeRay then hands the same user_config to the replicas again
+        if self._spec.apply.method == "Live":
+            await self._apply_live(parent, params)
         await self._apply_user_config(parent, parents.user_config_values(params))
 
     async def restore(self, original: OriginalConfig) -> None:
