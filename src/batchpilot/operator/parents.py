@@ -172,7 +172,9 @@ def merged_env(
         value = env[name]
         if value is not None:
             result.append({"name": name, "value": value})
-    result += [{"name": k, "value": v} for k, v in sorted(env.items()) if k not in seen and v]
+    result += [
+        {"name": k, "value": v} for k, v in sorted(env.items()) if k not in seen and v is not None
+    ]
     return result
 
 
