@@ -22,6 +22,7 @@ from pydantic import ValidationError
 from batchpilot.operator import decisions, metrics
 from batchpilot.operator.crd import GROUP, PLURAL, VERSION
 from batchpilot.operator.kube import Connection, Kube, KubeError, isvc_path
+from batchpilot.operator.parentworld import ParentWorld
 from batchpilot.operator.spec import InferenceServiceSpec, explain_validation_error, parse_spec
 from batchpilot.operator.status import InferenceServiceStatus
 from batchpilot.operator.study import (
@@ -56,7 +57,8 @@ def kube_world(
     owner: Mapping[str, Any],
     on_problem: ProblemSink,
 ) -> World:
-    return KubeWorld(kube, spec=spec, namespace=namespace, owner=owner, on_problem=on_problem)
+    world = ParentWorld if spec.target.is_parent else KubeWorld
+    return world(kube, spec=spec, namespace=namespace, owner=owner, on_problem=on_problem)
 
 
 @kopf.on.login()
