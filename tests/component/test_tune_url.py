@@ -1,0 +1,73 @@
+"""`batchpilot tune --url URL` end to end against a real reference server BatchPilot did
+not start: the study runs through the server's control and protocol, the result carries
+the knobs in the runtime's names, and the server is left at the configuration it was
+found at, or at the recommended one with --keep-winner. Clear errors for nothing at the
+URL. Assertions are about behaviour, never speed."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+
+import pytest
+
+from batchpilot.models import BatchingConfig
+from batchpilot.runtimes.registry import get_runtime
+from batchpilot.server.process import ServerProcess, free_port
+
+# Bounds against a hang, not timing assertions: a quick run takes 2-4 minutes on 2 cores.
+pytestmark = [pytest.mark.component, pytest.mark.timeout(540)]
+
+TUNE = [sys.executable, "-m", "batchpilot", "tune"]
+# deliberately not the --local start-up default, so the restore is seen
+FOUND = BatchingConfig(max_batch_size=4, max_queue_time_ms=2.0)
+
+
+def _tune(args: list[str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([*TUNE, *args], capture_output=True, text=True, timeout=480, check=False)
+
+
+async def test_tune_url_tunes_a_running_server_and_puts_its_configuration_back() -> None:
+    server = ServerProcess(
+        max_batch_size=FOUND.max_batch_size, max_queue_time_ms=FOUND.max_queue_time_ms, threads=1
+    )
+    async with server:
+        control = get_runtime("reference").control(server.url)
+        # a full endpoint URL is cut back to the server's base URL
+        args = ["--url", f"{server.url}/v1/predict", "--runtime", "reference", "--quick"]
+        args += ["--trials", "2", "--finalists", "1", "--seed", "5", "--sla-p99-ms", "1000"]
+        args += ["--json"]
+        done = await asyncio.to_thread(_tune, args)
+        assert done.returncode == 0, done.stderr[-3000:]
+        out = json.loads(done.stdout)
+        assert out["trials"][0]["label"] == "baseline"
+        baseline = out["baseline"]
+        assert (baseline["max_batch_size"], baseline["max_queue_time_ms"]) == (4, 2.0)
+        # (whether anything met the SLA is this machine's business; see test_tune_local)
+        assert out["runtime"]["name"] == "reference"
+        assert out["runtime"]["baseline"] == {"max_batch_size": 4, "max_queue_time_ms": 2.0}
+        assert await control.current() == FOUND
+        assert f"Put the starting {FOUND.label()} back" in done.stderr
+
+        kept = await asyncio.to_thread(_tune, [*args, "--keep-winner"])
+        assert kept.returncode == 0, kept.stderr[-3000:]
+        recommended = json.loads(kept.stdout)["recommended"]
+        # nothing recommended over it (a busy machine): the found one stays
+        expected = BatchingConfig.model_validate(recommended) if recommended else FOUND
+        assert await control.current() == expected
+
+
+def test_tune_url_with_nothing_there_says_so() -> None:
+    url = f"http://127.0.0.1:{free_port()}"
+    done = _tune(["--url", url, "--runtime", "mlserver", "--quick"])
+    assert done.returncode == 2
+    assert f"--url {url}: nothing answers there" in done.stderr
+    assert "MLServer" in done.stderr
+
+
+def test_model_and_keep_winner_belong_to_url_runs() -> None:
+    done = _tune(["--local", "--keep-winner"])
+    assert done.returncode == 2
+    assert "--keep-winner applies to --url runs" in done.stderr
