@@ -13,6 +13,7 @@ import sys
 
 import pytest
 
+from batchpilot.capacity.prometheus_process import PrometheusProcess
 from batchpilot.models import BatchingConfig
 from batchpilot.runtimes.registry import get_runtime
 from batchpilot.server.process import ServerProcess, free_port
@@ -71,3 +72,26 @@ def test_model_and_keep_winner_belong_to_url_runs() -> None:
     done = _tune(["--local", "--keep-winner"])
     assert done.returncode == 2
     assert "--keep-winner applies to --url runs" in done.stderr
+
+
+async def test_tune_url_with_prometheus_decides_steps_on_the_servers_metrics() -> None:
+    server = ServerProcess(max_batch_size=8, max_queue_time_ms=5.0, threads=1)
+    # --quick steps are 1.2 s: four scrapes fit in one at 0.25 s
+    async with server, PrometheusProcess([server.url], scrape_interval_s=0.25) as prometheus:
+        await prometheus.wait_for_scrape()
+        args = ["--url", server.url, "--prometheus", prometheus.url, "--quick", "--json"]
+        args += ["--prometheus-selector", f'job="{prometheus.job}"', "--trials", "2"]
+        args += ["--finalists", "1", "--seed", "5", "--sla-p99-ms", "1000"]
+        done = await asyncio.to_thread(_tune, args)
+        assert done.returncode == 0, done.stderr[-3000:]
+        out = json.loads(done.stdout)
+        steps = [s for m in out["measurements"].values() for s in m["steps"]]
+        assert steps
+        assert {s["source"] for s in steps} == {"prometheus"}
+        # a Prometheus that scrapes too seldom for the steps is refused before any load
+        async with PrometheusProcess([server.url], scrape_interval_s=1.0) as slow:
+            refused = await asyncio.to_thread(
+                _tune, ["--url", server.url, "--prometheus", slow.url, "--quick"]
+            )
+        assert refused.returncode == 2
+        assert "shorter than 4 scrape intervals" in refused.stderr

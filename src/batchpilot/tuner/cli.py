@@ -481,7 +481,10 @@ def tune(
     try:
         summary = asyncio.run(tune_local(run, console))
     except (ServerStartError, LaunchError) as exc:
-        raise click.ClickException(f"{what} did not start: " + str(exc).splitlines()[0]) from None
+        first = str(exc).splitlines()[0]
+        raise click.ClickException(
+            f"{what}: {first}" if attach is not None else f"{what} did not start: {first}"
+        ) from None
     except TargetError as exc:
         why = f"{what}: {exc}" if attach is not None else f"{what} misbehaved: {exc}"
         raise click.ClickException(why) from None
