@@ -113,3 +113,12 @@ async def test_p99_is_read_in_the_histograms_unit_and_late_by_the_export_delay(
     assert set(source.asked_at) == {1010.0 + metrics.export_delay_s}
     assert (metrics.export_delay_s > 0) is (name == "ray")
     assert math.isfinite(step.p99_ms)
+
+
+def test_triton_names_its_summary_and_labels_by_model() -> None:
+    metrics = get_runtime("triton").metrics_for("resnet")
+    assert metrics.latency_summary == "nv_inference_request_summary_us"
+    assert metrics.latency_matchers == 'model="resnet"'
+    assert metrics.ok_requests == 'nv_inference_request_success{model="resnet"}'
+    with pytest.raises(NoLatencyHistogram, match="summary nv_inference_request_summary_us"):
+        PrometheusStepSource.for_runtime(URL, get_runtime("triton"))

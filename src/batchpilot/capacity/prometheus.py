@@ -119,10 +119,16 @@ class PrometheusStepSource:
         (default: its bundled one). NoLatencyHistogram when the runtime exports none."""
         metrics = runtime.metrics_for(model)
         if metrics.latency_histogram is None:
+            summary = (
+                f"; its summary {metrics.latency_summary} holds quantiles over its own "
+                "sliding window, mixing earlier steps into each"
+                if metrics.latency_summary
+                else ""
+            )
             raise NoLatencyHistogram(
-                f"{runtime.title} exports no latency histogram ({metrics.port_note}), so "
-                "its p99 cannot come from Prometheus; leave the Prometheus source out and "
-                "steps are decided on the client's p99"
+                f"{runtime.title} exports no latency histogram ({metrics.port_note}){summary}"
+                ", so a step's p99 cannot come from Prometheus; leave the Prometheus source "
+                "out and steps are decided on the client's p99"
             )
         return cls(
             url,
