@@ -1,8 +1,9 @@
 """`batchpilot tune --url URL` end to end against a real reference server BatchPilot did
 not start: the study runs through the server's control and protocol, the result carries
 the knobs in the runtime's names, and the server is left at the configuration it was
-found at, or at the recommended one with --keep-winner. Clear errors for nothing at the
-URL. Assertions are about behaviour, never speed."""
+found at, or at the recommended one with --keep-winner; with --prometheus every step is
+decided on the server's own metrics. Clear errors for nothing at the URL. Assertions are
+about behaviour, never speed."""
 
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ pytestmark = [pytest.mark.component, pytest.mark.timeout(540)]
 TUNE = [sys.executable, "-m", "batchpilot", "tune"]
 # deliberately not the --local start-up default, so the restore is seen
 FOUND = BatchingConfig(max_batch_size=4, max_queue_time_ms=2.0)
+START = BatchingConfig(max_batch_size=8, max_queue_time_ms=5.0)
 
 
 def _tune(args: list[str]) -> subprocess.CompletedProcess[str]:
@@ -52,13 +54,6 @@ async def test_tune_url_tunes_a_running_server_and_puts_its_configuration_back()
         assert await control.current() == FOUND
         assert f"Put the starting {FOUND.label()} back" in done.stderr
 
-        kept = await asyncio.to_thread(_tune, [*args, "--keep-winner"])
-        assert kept.returncode == 0, kept.stderr[-3000:]
-        recommended = json.loads(kept.stdout)["recommended"]
-        # nothing recommended over it (a busy machine): the found one stays
-        expected = BatchingConfig.model_validate(recommended) if recommended else FOUND
-        assert await control.current() == expected
-
 
 def test_tune_url_with_nothing_there_says_so() -> None:
     url = f"http://127.0.0.1:{free_port()}"
@@ -74,20 +69,26 @@ def test_model_and_keep_winner_belong_to_url_runs() -> None:
     assert "--keep-winner applies to --url runs" in done.stderr
 
 
-async def test_tune_url_with_prometheus_decides_steps_on_the_servers_metrics() -> None:
-    server = ServerProcess(max_batch_size=8, max_queue_time_ms=5.0, threads=1)
+async def test_tune_url_with_prometheus_decides_steps_on_the_servers_metrics_and_keeps() -> None:
+    server = ServerProcess(
+        max_batch_size=START.max_batch_size, max_queue_time_ms=START.max_queue_time_ms, threads=1
+    )
     # --quick steps are 1.2 s: four scrapes fit in one at 0.25 s
     async with server, PrometheusProcess([server.url], scrape_interval_s=0.25) as prometheus:
         await prometheus.wait_for_scrape()
         args = ["--url", server.url, "--prometheus", prometheus.url, "--quick", "--json"]
         args += ["--prometheus-selector", f'job="{prometheus.job}"', "--trials", "2"]
-        args += ["--finalists", "1", "--seed", "5", "--sla-p99-ms", "1000"]
+        args += ["--finalists", "1", "--seed", "5", "--sla-p99-ms", "1000", "--keep-winner"]
         done = await asyncio.to_thread(_tune, args)
         assert done.returncode == 0, done.stderr[-3000:]
         out = json.loads(done.stdout)
         steps = [s for m in out["measurements"].values() for s in m["steps"]]
         assert steps
         assert {s["source"] for s in steps} == {"prometheus"}
+        # --keep-winner: the recommendation stays live (the found one when there is none)
+        recommended = out["recommended"]
+        expected = BatchingConfig.model_validate(recommended) if recommended else START
+        assert await get_runtime("reference").control(server.url).current() == expected
         # a Prometheus that scrapes too seldom for the steps is refused before any load
         async with PrometheusProcess([server.url], scrape_interval_s=1.0) as slow:
             refused = await asyncio.to_thread(

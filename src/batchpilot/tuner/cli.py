@@ -343,7 +343,8 @@ def tune(
 ) -> None:
     """Find the dynamic-batching configuration with the most effective throughput
     within the p99 SLA, measured in the same run against the baseline and the rule of
-    thumb (--local), or simulated from a cost model (--simulator, --profile-url)."""
+    thumb (--local, or --url for a server already running), or simulated from a cost
+    model (--simulator, --profile-url)."""
     simulated = cost_file is not None or profile_url is not None
     modes = [
         flag
