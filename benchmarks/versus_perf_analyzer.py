@@ -18,9 +18,10 @@ from __future__ import annotations
 
 import json
 import os
+import resource
 import statistics
 import tempfile
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +31,7 @@ from batchpilot.loadgen.protocols import RequestProtocol, speaking, v2_path
 from batchpilot.models import RequestMix
 from batchpilot.runtimes.base import LaunchError
 from batchpilot.runtimes.triton.adapter import triton_protocol
+from batchpilot.runtimes.triton.control import TritonControl, TritonCounters
 from batchpilot.runtimes.triton.process import TritonProcess
 from batchpilot.runtimes.triton.repository import (
     BATCH_SIZE_OUTPUT,
@@ -109,6 +111,7 @@ def spread(values: Sequence[float]) -> dict[str, float]:
 async def ours(
     url: str, rate: float, duration_s: float, seed: int, protocol: RequestProtocol
 ) -> dict[str, float]:
+    cpu0 = cpu_seconds(resource.RUSAGE_SELF)
     with speaking(protocol):
         result = await run_load(
             url,
@@ -128,6 +131,9 @@ async def ours(
         "from_send_p99_ms": result.latency_from_send.p99_ms,
         "max_lag_ms": result.max_lag_ms,
         "errors": float(sum(result.errors.values())),
+        "cpu_us_per_request": per_request(
+            cpu_seconds(resource.RUSAGE_SELF) - cpu0, result.requests
+        ),
     }
 
 
@@ -153,10 +159,52 @@ async def theirs(
             windows=WINDOWS,
             tensor_format=tensor_format,
         )
+        # Triton, the other child, runs on: only Perf Analyzer's use ends up here.
+        cpu0 = cpu_seconds(resource.RUSAGE_CHILDREN)
         figures, output = await pa.run(
             analyzer, args, csv_file, timeout_s=WINDOWS * interval_ms / 1000 * 4 + 60
         )
-    return {**figures, "delayed_percent": pa.delayed_percent(output)}
+        cpu = cpu_seconds(resource.RUSAGE_CHILDREN) - cpu0
+    # the whole run, not only the windows the figures cover
+    sent = figures["throughput_rps"] * WINDOWS * interval_ms / 1000
+    return {
+        **figures,
+        "delayed_percent": pa.delayed_percent(output),
+        "cpu_us_per_request": per_request(cpu, round(sent)),
+    }
+
+
+def cpu_seconds(who: int) -> float:
+    usage = resource.getrusage(who)
+    return usage.ru_utime + usage.ru_stime
+
+
+def per_request(cpu_s: float, requests: int) -> float:
+    return cpu_s / requests * 1e6 if requests else float("nan")
+
+
+async def server_side(
+    control: TritonControl, run: Callable[[], Awaitable[dict[str, float]]]
+) -> dict[str, float]:
+    """`run`'s figures with Triton's own view of the same requests: the mean time a
+    request spent inside the server and the mean batch executed. Equal server figures
+    beside different client ones put a difference on the clients' side."""
+    before = await control.counters()
+    figures = await run()
+    served = server_figures((await control.counters()).since(before))
+    return {**figures, **served}
+
+
+def server_figures(delta: TritonCounters) -> dict[str, float]:
+    requests = delta.success + delta.failure
+    return {
+        "server_mean_ms": delta.request_us / requests / 1000 if requests else float("nan"),
+        "server_mean_batch": delta.mean_batch,
+    }
+
+
+def has(runs: Sequence[Mapping[str, float]], key: str) -> bool:
+    return all(key in run for run in runs)
 
 
 def summarise(
@@ -164,10 +212,13 @@ def summarise(
 ) -> dict[str, Any]:
     """Medians and spread of each side at one rate, and ours over theirs: of the medians,
     and per repeat (paired runs)."""
-    keys = ("p50_ms", "p99_ms", "throughput_rps")
+    keys = ("p50_ms", "p99_ms", "throughput_rps", "cpu_us_per_request", "server_mean_ms")
     ours_keys = (*keys, "from_send_p50_ms", "from_send_p99_ms", "max_lag_ms")
-    ours_summary = {k: spread([r[k] for r in ours_runs]) for k in ours_keys}
-    theirs_summary = {k: spread([r[k] for r in theirs_runs]) for k in (*keys, "delayed_percent")}
+    ours_summary = {k: spread([r[k] for r in ours_runs]) for k in ours_keys if has(ours_runs, k)}
+    theirs_keys = (*keys, "delayed_percent")
+    theirs_summary = {
+        k: spread([r[k] for r in theirs_runs]) for k in theirs_keys if has(theirs_runs, k)
+    }
 
     def ratio(our_key: str, their_key: str) -> dict[str, Any]:
         paired = [o[our_key] / t[their_key] for o, t in zip(ours_runs, theirs_runs, strict=True)]
@@ -222,6 +273,7 @@ async def versus_perf_analyzer(
     finally:
         pin(0, generator_cpu)  # Perf Analyzer inherits this one
     per_rate: list[dict[str, Any]] = []
+    control = TritonControl(triton.url, triton.metrics_url, MODEL_NAME, timeout_s=30.0)
     try:
         with tempfile.TemporaryDirectory(prefix="batchpilot-pa-") as tmp:
             input_file = Path(tmp) / "input.json"
@@ -233,15 +285,20 @@ async def versus_perf_analyzer(
                 ours_runs: list[dict[str, float]] = []
                 theirs_runs: list[dict[str, float]] = []
                 for repeat in range(repeats):
-                    if repeat % 2 == 0:
-                        ours_runs.append(await ours(triton.url, rate, duration_s, repeat, protocol))
-                    theirs_runs.append(
-                        await theirs(
+
+                    async def our_run(seed: int = repeat, rate: float = rate) -> dict[str, float]:
+                        return await ours(triton.url, rate, duration_s, seed, protocol)
+
+                    async def their_run(rate: float = rate) -> dict[str, float]:
+                        return await theirs(
                             analyzer, triton.url, rate, interval_ms, input_file, tensor_format
                         )
-                    )
+
+                    if repeat % 2 == 0:
+                        ours_runs.append(await server_side(control, our_run))
+                    theirs_runs.append(await server_side(control, their_run))
                     if repeat % 2 == 1:
-                        ours_runs.append(await ours(triton.url, rate, duration_s, repeat, protocol))
+                        ours_runs.append(await server_side(control, our_run))
                 per_rate.append(summarise(rate, ours_runs, theirs_runs))
     except pa.PerfAnalyzerError as exc:
         return {"failed": str(exc), "triton_log": triton.stderr_tail(1500)}
@@ -329,6 +386,8 @@ def show(report: Mapping[str, Any]) -> None:
         "ours p99 spread",
         "PA p99 spread",
         "PA delayed %",
+        "server mean ms (ours / PA)",
+        "client CPU µs/req (ours / PA)",
     ):
         table.add_column(column, justify="right")
     for r in result["rates"]:
@@ -342,6 +401,9 @@ def show(report: Mapping[str, Any]) -> None:
             f"{ours_['p99_ms']['relative_spread']:.2f}",
             f"{theirs_['p99_ms']['relative_spread']:.2f}",
             f"{theirs_['delayed_percent']['median']:.1f}",
+            f"{ours_['server_mean_ms']['median']:.2f} / {theirs_['server_mean_ms']['median']:.2f}",
+            f"{ours_['cpu_us_per_request']['median']:.0f} / "
+            f"{theirs_['cpu_us_per_request']['median']:.0f}",
         )  # fmt: skip
     console.print(table)
     console.print(f"targets: {report['targets']}")

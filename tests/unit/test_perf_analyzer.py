@@ -12,6 +12,7 @@ import pytest
 
 import perf_analyzer as pa
 import versus_perf_analyzer as vpa
+from batchpilot.runtimes.triton.control import TritonCounters
 
 # What Perf Analyzer 2.51 wrote with -f for one request-rate run against the bundled model.
 REPORT = (
@@ -202,3 +203,10 @@ def test_the_summary_gives_medians_spread_and_paired_ratios() -> None:
     assert summary["within_10pct"]["p50_ratio"] is True
     assert vpa.targets({"rates": [summary]})["p50_p99_within_10pct_of_perf_analyzer"] is True
     assert vpa.targets({"skipped": "no"}) == {"p50_p99_within_10pct_of_perf_analyzer": None}
+
+
+def test_the_server_side_figures_are_means_over_the_run() -> None:
+    delta = TritonCounters(success=9, failure=1, inferences=10, executions=4, request_us=50_000)
+    served = vpa.server_figures(delta)
+    assert served["server_mean_ms"] == pytest.approx(5.0)
+    assert served["server_mean_batch"] == pytest.approx(2.5)
