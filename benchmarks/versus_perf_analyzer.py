@@ -130,6 +130,9 @@ async def ours(
         "from_send_p50_ms": result.latency_from_send.p50_ms,
         "from_send_p99_ms": result.latency_from_send.p99_ms,
         "max_lag_ms": result.max_lag_ms,
+        "mean_lag_ms": result.mean_lag_ms,
+        # how late the generator's event loop woke: the CPU it did not get when it needed it
+        "loop_delay_p99_ms": result.client.loop_delay_p99_ms,
         "errors": float(sum(result.errors.values())),
         "cpu_us_per_request": per_request(
             cpu_seconds(resource.RUSAGE_SELF) - cpu0, result.requests
@@ -213,7 +216,14 @@ def summarise(
     """Medians and spread of each side at one rate, and ours over theirs: of the medians,
     and per repeat (paired runs)."""
     keys = ("p50_ms", "p99_ms", "throughput_rps", "cpu_us_per_request", "server_mean_ms")
-    ours_keys = (*keys, "from_send_p50_ms", "from_send_p99_ms", "max_lag_ms")
+    ours_keys = (
+        *keys,
+        "from_send_p50_ms",
+        "from_send_p99_ms",
+        "max_lag_ms",
+        "mean_lag_ms",
+        "loop_delay_p99_ms",
+    )
     ours_summary = {k: spread([r[k] for r in ours_runs]) for k in ours_keys if has(ours_runs, k)}
     theirs_keys = (*keys, "delayed_percent")
     theirs_summary = {
