@@ -25,6 +25,9 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from rich.console import Console
+from rich.table import Table
+
 import perf_analyzer as pa
 from batchpilot.loadgen.generator import run_load
 from batchpilot.loadgen.protocols import RequestProtocol, speaking, v2_path
@@ -371,49 +374,53 @@ async def main(
     return report
 
 
-def show(report: Mapping[str, Any]) -> None:
-    from rich.console import Console
-    from rich.table import Table
+def pair(at_rate: Mapping[str, Any], key: str, digits: int) -> str:
+    """ "ours / theirs" of one figure's medians at one rate."""
+    ours_, theirs_ = at_rate["batchpilot"][key], at_rate["perf_analyzer"][key]
+    return f"{ours_['median']:.{digits}f} / {theirs_['median']:.{digits}f}"
 
-    console = Console()
+
+def show(report: Mapping[str, Any], console: Console | None = None) -> None:
+    console = console or Console()
     result = report["versus_perf_analyzer"]
     if "rates" not in result:
         console.print(f"Perf Analyzer comparison did not run: {result}")
         return
     table = Table(
-        title=f"Against Triton, medians of {result['repeats']} repeats "
-        f"({result['request']}; spread = (max - min) / median)"
+        title=f"Against Triton, medians of {result['repeats']} repeats ({result['request']})"
     )
     for column in (
-        "rate",
-        "ours p50",
-        "PA p50",
-        "p50 ratio",
-        "ours p99",
-        "PA p99",
-        "p99 ratio",
-        "from-send p99 ratio",
-        "ours p99 spread",
-        "PA p99 spread",
-        "PA delayed %",
-        "server mean ms (ours / PA)",
-        "client CPU µs/req (ours / PA)",
+        "req/s",
+        "p50 ms ours / PA",
+        "ratio",
+        "p99 ms ours / PA",
+        "ratio",
+        "from send p50, p99",
+        "Triton mean ms",
+        "CPU µs/req",
     ):
         table.add_column(column, justify="right")
     for r in result["rates"]:
-        ours_, theirs_ = r["batchpilot"], r["perf_analyzer"]
         table.add_row(
             f"{r['rate_rps']:g}",
-            f"{ours_['p50_ms']['median']:.2f}", f"{theirs_['p50_ms']['median']:.2f}",
-            f"{r['p50_ratio']['of_medians']:.3f}",
-            f"{ours_['p99_ms']['median']:.2f}", f"{theirs_['p99_ms']['median']:.2f}",
-            f"{r['p99_ratio']['of_medians']:.3f}", f"{r['from_send_p99_ratio']['of_medians']:.3f}",
-            f"{ours_['p99_ms']['relative_spread']:.2f}",
-            f"{theirs_['p99_ms']['relative_spread']:.2f}",
-            f"{theirs_['delayed_percent']['median']:.1f}",
-            f"{ours_['server_mean_ms']['median']:.2f} / {theirs_['server_mean_ms']['median']:.2f}",
-            f"{ours_['cpu_us_per_request']['median']:.0f} / "
-            f"{theirs_['cpu_us_per_request']['median']:.0f}",
-        )  # fmt: skip
+            pair(r, "p50_ms", 2),
+            f"{r['p50_ratio']['of_medians']:.2f}",
+            pair(r, "p99_ms", 1),
+            f"{r['p99_ratio']['of_medians']:.2f}",
+            f"{r['from_send_p50_ratio']['of_medians']:.2f}, "
+            f"{r['from_send_p99_ratio']['of_medians']:.2f}",
+            pair(r, "server_mean_ms", 2),
+            pair(r, "cpu_us_per_request", 0),
+        )
     console.print(table)
+    for r in result["rates"]:
+        ours_, theirs_ = r["batchpilot"], r["perf_analyzer"]
+        console.print(
+            f"{r['rate_rps']:g} req/s: p99 spread over repeats, (max - min) / median: ours "
+            f"{ours_['p99_ms']['relative_spread']:.2f}, Perf Analyzer "
+            f"{theirs_['p99_ms']['relative_spread']:.2f}; Perf Analyzer sent "
+            f"{theirs_['delayed_percent']['median']:.1f} % late; our mean lag "
+            f"{ours_['mean_lag_ms']['median']:.2f} ms, loop stalls p99 "
+            f"{ours_['loop_delay_p99_ms']['median']:.1f} ms"
+        )
     console.print(f"targets: {report['targets']}")

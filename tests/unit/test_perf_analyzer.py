@@ -4,11 +4,13 @@ delayed-request warning, the binary request body and the summary over repeats.""
 
 from __future__ import annotations
 
+import io
 import json
 import struct
 from pathlib import Path
 
 import pytest
+from rich.console import Console
 
 import perf_analyzer as pa
 import versus_perf_analyzer as vpa
@@ -210,3 +212,40 @@ def test_the_server_side_figures_are_means_over_the_run() -> None:
     served = vpa.server_figures(delta)
     assert served["server_mean_ms"] == pytest.approx(5.0)
     assert served["server_mean_batch"] == pytest.approx(2.5)
+
+
+def test_the_table_shows_every_rate_side_by_side() -> None:
+    ours = {
+        "p50_ms": 6.0,
+        "p99_ms": 20.0,
+        "throughput_rps": 100.0,
+        "cpu_us_per_request": 700.0,
+        "server_mean_ms": 3.5,
+        "from_send_p50_ms": 5.0,
+        "from_send_p99_ms": 18.0,
+        "max_lag_ms": 9.0,
+        "mean_lag_ms": 1.5,
+        "loop_delay_p99_ms": 12.0,
+    }
+    theirs = {
+        "p50_ms": 4.0,
+        "p99_ms": 16.0,
+        "throughput_rps": 95.0,
+        "cpu_us_per_request": 350.0,
+        "server_mean_ms": 3.0,
+        "delayed_percent": 0.0,
+    }
+    summary = vpa.summarise(100.0, [ours], [theirs])
+    report = {
+        "versus_perf_analyzer": {"repeats": 1, "request": "a row", "rates": [summary]},
+        "targets": vpa.targets({"rates": [summary]}),
+    }
+    out = io.StringIO()
+    vpa.show(report, Console(file=out, width=200))
+    shown = out.getvalue()
+    assert "6.00 / 4.00" in shown
+    assert "1.50" in shown  # the p50 ratio
+    assert "loop stalls p99 12.0 ms" in shown
+    out = io.StringIO()
+    vpa.show({"versus_perf_analyzer": {"skipped": "not installed"}}, Console(file=out, width=200))
+    assert "not installed" in out.getvalue()
