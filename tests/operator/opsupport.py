@@ -199,7 +199,7 @@ def isvc(name: str = "resnet", **spec_overrides: Any) -> dict[str, Any]:
             "maxBatchSize": {"min": 1, "max": 64},
             "maxQueueTimeMs": {"min": 0, "max": 100},
         },
-        "load": {"endpoint": {"port": 8080, "path": "/v1/predict"}},
+        "load": {"endpoint": {"port": 8080, "path": "/v1/predict"}, "maxRps": 1000},
         "tuning": {"strategy": "Canary", "maxTrials": 4, "writeBack": "Apply"},
     }
     spec.update(spec_overrides)

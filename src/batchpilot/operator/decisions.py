@@ -261,6 +261,18 @@ def needs_cleanup(status: InferenceServiceStatus, strategy: str) -> tuple[bool, 
     return delete_canary, restore
 
 
+# measure_capacity's own ceiling when no load budget is set
+UNCAPPED_RPS = 1e6
+
+
+def load_ceiling(max_rps_per_pod: float | None, pods: int) -> float:
+    """The highest rate a trial may offer: the per-pod budget times the pods it is
+    spread over."""
+    if max_rps_per_pod is None:
+        return UNCAPPED_RPS
+    return max_rps_per_pod * max(pods, 1)
+
+
 def set_condition(
     conditions: Sequence[Condition],
     *,
