@@ -35,9 +35,10 @@ def conditions(k: kmock.KubernetesEmulator) -> dict[str, dict[str, Any]]:
 
 def kstatus(k: kmock.KubernetesEmulator) -> tuple[str, str, str]:
     found = conditions(k)
-    return tuple(  # type: ignore[return-value]
-        found.get(t, {}).get("status", "") for t in ("Ready", "Reconciling", "Stalled")
+    ready, reconciling, stalled = (
+        str(found.get(t, {}).get("status", "")) for t in ("Ready", "Reconciling", "Stalled")
     )
+    return ready, reconciling, stalled
 
 
 def reasons_of(k: kmock.KubernetesEmulator) -> list[str]:
