@@ -3,14 +3,18 @@ steps stay within the overload time, and strategy InPlace cannot run without a b
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
+from aiohttp import web
 from pydantic import ValidationError
 
 from batchpilot.capacity.http import OverloadBudget
 from batchpilot.capacity.search import search_capacity
-from batchpilot.models import SLA, StepResult
+from batchpilot.loadgen.warmup import closed_loop_rate
+from batchpilot.models import SLA, RequestMix, StepResult
 from batchpilot.operator import decisions
 from batchpilot.operator.spec import explain_validation_error, parse_spec
 
@@ -155,3 +159,37 @@ def test_in_place_requires_a_load_budget() -> None:
 def test_budget_bounds_are_checked(load: dict[str, Any], phrase: str) -> None:
     with pytest.raises(ValidationError, match=phrase):
         parse_spec({**BASE, "load": {**BASE["load"], **load}})
+
+
+@pytest.fixture
+async def instant_server() -> AsyncIterator[tuple[list[float], str]]:
+    """A loopback HTTP server answering every request at once; the arrival times."""
+    arrivals: list[float] = []
+
+    async def handle(request: web.Request) -> web.Response:
+        arrivals.append(asyncio.get_running_loop().time())
+        return web.json_response({"ok": True})
+
+    app = web.Application()
+    app.router.add_route("*", "/{tail:.*}", handle)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    try:
+        yield arrivals, f"http://127.0.0.1:{runner.addresses[0][1]}"
+    finally:
+        await runner.cleanup()
+
+
+async def test_the_warm_up_keeps_to_the_budget(instant_server: tuple[list[float], str]) -> None:
+    arrivals, url = instant_server
+    await closed_loop_rate(url, concurrency=16, duration_s=0.5, mix=RequestMix.uniform(1))
+    unpaced = len(arrivals)
+    arrivals.clear()
+    await closed_loop_rate(
+        url, concurrency=16, duration_s=0.5, mix=RequestMix.uniform(1), max_rps=40.0
+    )
+    # paced: one send per 1/40 s slot that starts before the deadline
+    assert len(arrivals) <= 21
+    assert unpaced > 21  # without the cap the same warm-up sends more

@@ -30,6 +30,8 @@ from batchpilot.models import (
 # the search starts when no start rate is given (the ramp doubles from there).
 WARMUP_CONCURRENCY = 16
 FALLBACK_START_RPS = 10.0
+# No ceiling: the search's own default.
+DEFAULT_MAX_RPS = 1e6
 
 
 class StepSource(Protocol):
@@ -143,7 +145,7 @@ async def measure_capacity(
     seed: int = 0,
     source: StepSource | None = None,
     arrival: ArrivalKind | str = "poisson",
-    max_rps: float = 1e6,
+    max_rps: float = DEFAULT_MAX_RPS,
     path: str = "/v1/predict",
     on_step: Callable[[StepResult, LoadResult], None] | None = None,
     cooldown_s: float | None = None,
@@ -164,9 +166,10 @@ async def measure_capacity(
     shared machine one noisy window otherwise decides the whole search.
     With `workers` above 1 each step is sent by that many generator processes sharing
     its one schedule (see run_load_workers); the warm-up stays in this process.
-    `max_rps` caps every offered rate (a load budget). `max_overload_s` bounds the time
-    the steps that failed (ran above the SLA) take together: a step starts only while
-    the time left covers its whole window, so the bound holds however the step ends.
+    `max_rps` caps every offered rate, the warm-up's included (a load budget).
+    `max_overload_s` bounds the time the steps that failed (ran above the SLA) take
+    together: a step starts only while the time left covers its whole window, so the
+    bound holds however the step ends.
     Raises ValueError for bad arguments and UnreachableError when a target does not
     answer at all."""
     bases = normalise_urls(urls)
@@ -196,6 +199,8 @@ async def measure_capacity(
             timeout_s=timeout,
             path=path,
             seed=seed,
+            # a load budget holds for the warm-up too
+            max_rps=max_rps if max_rps < DEFAULT_MAX_RPS else None,
         )
     if start_rps is None:
         start_rps = max(1.0, estimate / 2.0) if estimate > 0 else FALLBACK_START_RPS
