@@ -4,8 +4,8 @@ retry with a new text each time.
 Rule: per InferenceService and reason, a Warning is posted at most once per `window_s`
 (default 10 minutes), whatever its text; the next one after the window says how many
 were held back. Normal events pass unchanged (they mark progress and each says
-something new), and so do the reasons in PER_OCCURRENCE, which report one trial or one
-confirmation round each.
+something new), and so do the reasons in PER_OCCURRENCE, which report one trial, one
+confirmation round or one refused spec generation each.
 """
 
 from __future__ import annotations
@@ -15,7 +15,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 DEFAULT_WINDOW_S = 600.0
-PER_OCCURRENCE = frozenset({"Trial", "Confirmation", "StudyFailed"})
+# one trial, one round, one failed study, one refused spec generation (posted once each)
+PER_OCCURRENCE = frozenset({"Trial", "Confirmation", "StudyFailed", "InvalidSpec"})
 
 
 @dataclass
