@@ -98,3 +98,10 @@ def test_in_place_with_a_load_budget_is_never_offered_above_it(
     assert (status["measuredPods"], status["rateScope"]) == (1, "per-pod")
     ready = {c["type"]: c["status"] for c in status["conditions"]}
     assert (ready["Ready"], ready["Reconciling"], ready["Stalled"]) == ("True", "False", "False")
+
+    # `kubectl get -o wide` says so too: per pod, one pod, the budget, Ready
+    table = cluster.kubectl("get", "bpisvc", "budget", "-n", namespace, "-o", "wide")
+    header, row = (line.split() for line in table.splitlines()[:2])
+    assert header[-4:] == ["RATE-SCOPE", "PODS", "MAX-RPS/POD", "READY"]
+    assert row[-4:] == ["per-pod", "1", "30", "True"]
+    assert row[header.index("TRIALS")] == "2/2"
