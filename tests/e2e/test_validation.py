@@ -189,6 +189,11 @@ CEL_CASES = [
         cel_key="a RayService target needs apply.method Live",
     ),
     Case(
+        "InPlace without a load budget",
+        _set("tuning.strategy", "InPlace"),
+        cel_key="load.maxRps (the load budget per pod",
+    ),
+    Case(
         "Env extra without variable",
         _extra({"name": "max_num_seqs", "min": 1, "max": 3}),
         cel_key="needs env",

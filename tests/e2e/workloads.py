@@ -82,11 +82,13 @@ def inference_service(
     max_failures: int = 3,
     batch_range: tuple[int, int] = (1, 16),
     finalists: int = 0,
+    max_rps: float | None = 100_000.0,
 ) -> dict[str, Any]:
     """An InferenceService tuned for test speed: one-second steps, coarse precision and
     a handful of trials over a small search space. No confirmation phase by default
     (`finalists` 0): the scenarios about rollouts, write-back and faults need the
-    study's best written back; test_verdict covers the confirmation."""
+    study's best written back; test_verdict covers the confirmation. `max_rps` is the
+    load budget per pod, which strategy InPlace requires (the default caps nothing)."""
     apply: dict[str, Any] = {"method": method}
     if method == "Live":
         apply["live"] = {"port": SERVER_PORT, "path": "/admin/batching"}
@@ -109,6 +111,7 @@ def inference_service(
                 "warmupSeconds": 0.5,
                 "precision": 0.3,
                 "requestTimeoutSeconds": 2,
+                **({"maxRps": max_rps} if max_rps is not None else {}),
             },
             "tuning": {
                 "strategy": strategy,

@@ -139,7 +139,7 @@ def kserve_spec() -> InferenceServiceSpec:
                 "name": "bert",
             },
             "sla": {"p99LatencyMs": 300},
-            "load": {"endpoint": {"port": 8080, "path": "/v2/models/bert/infer"}},
+            "load": {"endpoint": {"port": 8080, "path": "/v2/models/bert/infer"}, "maxRps": 1000},
             "tuning": {"strategy": "InPlace"},
         }
     )
@@ -295,7 +295,7 @@ def ray_spec(port: int) -> InferenceServiceSpec:
             "target": {"apiVersion": "ray.io/v1", "kind": "RayService", "name": "ranker"},
             "sla": {"p99LatencyMs": 300},
             "apply": {"method": "Live", "live": {"port": port, "path": "/admin/batching"}},
-            "load": {"endpoint": {"port": 8000, "path": "/"}},
+            "load": {"endpoint": {"port": 8000, "path": "/"}, "maxRps": 1000},
             "tuning": {"strategy": "InPlace"},
         }
     )

@@ -23,7 +23,7 @@ def spec(target: dict[str, Any], **sections: Any) -> InferenceServiceSpec:
         {
             "target": target,
             "sla": {"p99LatencyMs": 300},
-            "load": {"endpoint": {"port": 8000, "path": "/"}},
+            "load": {"endpoint": {"port": 8000, "path": "/"}, "maxRps": 1000},
             **sections,
         }
     )
@@ -364,7 +364,7 @@ def test_extra_parameters_go_under_their_own_names() -> None:
         {
             "target": RAY,
             "sla": {"p99LatencyMs": 300},
-            "load": {"endpoint": {"port": 8000, "path": "/"}},
+            "load": {"endpoint": {"port": 8000, "path": "/"}, "maxRps": 1000},
             "parameters": {"extra": [{"name": "threshold", "kind": "float", "min": 0, "max": 1}]},
             **IN_PLACE,
             **LIVE,

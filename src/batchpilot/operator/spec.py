@@ -571,6 +571,23 @@ class LoadSpec(BaseModel):
         le=1_000_000,
     )
 
+    max_rps: float | None = Field(
+        default=None,
+        description="Load budget: the highest rate offered per measured pod, req/s. The "
+        "capacity search never offers more than maxRps x the ready pods. Required by "
+        "strategy InPlace, where the load lands on production beside live traffic.",
+        gt=0.0,
+        le=1_000_000.0,
+    )
+    max_overload_seconds: float | None = Field(
+        default=None,
+        description="Load budget: the longest time, s, that the steps of one trial may run "
+        "above the SLA. A step is started only while the time left covers its whole "
+        "window; unset: no limit. Should be at least stepSeconds, else no step fits.",
+        ge=1.0,
+        le=86400.0,
+    )
+
     @model_validator(mode="after")
     def _prometheus_needs_url(self) -> LoadSpec:
         if self.source == "prometheus" and self.prometheus is None:
@@ -675,6 +692,12 @@ class TuningSpec(BaseModel):
         return self
 
 
+_IN_PLACE_BUDGET_MESSAGE = (
+    "load.maxRps (the load budget per pod, req/s) is required when tuning.strategy is "
+    "InPlace: the trials' load lands on production pods beside their live traffic"
+)
+
+
 class InferenceServiceSpec(BaseModel):
     """Tunes the dynamic batching of a model server for the most effective throughput
     within a p99 latency SLA."""
@@ -691,6 +714,11 @@ class InferenceServiceSpec(BaseModel):
             PARENT_STRATEGY_MESSAGE,
         ),
         cel("self.target.kind != 'RayService' || self.apply.method == 'Live'", RAY_APPLY_MESSAGE),
+        cel(
+            "!has(self.tuning) || !has(self.tuning.strategy) || "
+            "self.tuning.strategy != 'InPlace' || has(self.load.maxRps)",
+            _IN_PLACE_BUDGET_MESSAGE,
+        ),
     )
 
     target: TargetRef = Field(description="The workload to tune.")
@@ -718,6 +746,8 @@ class InferenceServiceSpec(BaseModel):
                     "every parameters.extra entry needs env when apply.method is Env; "
                     f"missing for: {', '.join(missing)}"
                 )
+        if self.tuning.strategy == "InPlace" and self.load.max_rps is None:
+            raise ValueError(_IN_PLACE_BUDGET_MESSAGE)
         return self
 
     @model_validator(mode="after")
