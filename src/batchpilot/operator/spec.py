@@ -747,7 +747,7 @@ class InferenceServiceSpec(BaseModel):
             "every parameters.extra entry needs env when apply.method is Env",
         ),
         cel(
-            f"self.apply.method != 'Live' || {_CEL_REFERENCE} || has(self.apply.live)",
+            f"self.apply.method != 'Live' || !({_CEL_REFERENCE}) || has(self.apply.live)",
             _LIVE_ENDPOINT_MESSAGE,
         ),
         cel(
