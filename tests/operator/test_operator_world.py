@@ -232,7 +232,7 @@ def triton_spec() -> InferenceServiceSpec:
             "sla": {"p99LatencyMs": 300},
             "runtime": {"kind": "Triton", "model": "resnet"},
             "apply": {"method": "Live"},
-            "load": {"endpoint": {"port": 8000}},
+            "load": {"endpoint": {"port": 8000}, "maxRps": 1000},
             "tuning": {"strategy": "InPlace"},
         }
     )
