@@ -199,10 +199,12 @@ class Kube:
             "PATCH", path, body=body, content_type="application/merge-patch+json"
         )
 
-    async def server_side_apply(self, path: str, body: JSON, *, force: bool) -> JSON:
-        """Server-side apply under the `batchpilot` field manager. JSON is YAML, so the
-        body goes as JSON with the apply-patch content type."""
-        params = {"fieldManager": FIELD_MANAGER, "force": "true" if force else "false"}
+    async def server_side_apply(
+        self, path: str, body: JSON, *, force: bool, field_manager: str = FIELD_MANAGER
+    ) -> JSON:
+        """Server-side apply under `field_manager`. JSON is YAML, so the body goes as
+        JSON with the apply-patch content type."""
+        params = {"fieldManager": field_manager, "force": "true" if force else "false"}
         return await self.request(
             "PATCH",
             path,
@@ -222,6 +224,12 @@ def _error(status: int, text: str) -> KubeError:
     return cls(status, reason or "Error", message)
 
 
+def field_manager(isvc: str) -> str:
+    """The field manager of one InferenceService's applies: with one shared manager,
+    an apply by one InferenceService would release the fields another one set."""
+    return f"{FIELD_MANAGER}/{isvc}"[:128]
+
+
 def workload_path(kind: str, namespace: str, name: str = "") -> str:
     plural = {"Deployment": "deployments", "StatefulSet": "statefulsets"}[kind]
     base = f"/apis/apps/v1/namespaces/{quote(namespace)}/{plural}"
@@ -238,3 +246,11 @@ def isvc_path(namespace: str, name: str, *, status: bool = False) -> str:
         f"/inferenceservices/{quote(name)}"
     )
     return path + "/status" if status else path
+
+
+def isvcs_path(namespace: str) -> str:
+    return f"/apis/batchpilot.dev/v1alpha1/namespaces/{quote(namespace)}/inferenceservices"
+
+
+def events_path(namespace: str) -> str:
+    return f"/api/v1/namespaces/{quote(namespace)}/events"
