@@ -64,14 +64,16 @@ def own(w: dict[str, Any]) -> Selector:
 
 def test_canary_names_are_unique_per_inference_service_and_fit_pod_names() -> None:
     a = canary.canary_name("resnet", "ns", "a", "uid-a")
-    assert a.startswith("resnet-bp-") and len(a) == len("resnet-bp-") + canary.HASH_CHARS
+    assert a.startswith("resnet-bp-")
+    assert len(a) == len("resnet-bp-") + canary.HASH_CHARS
     assert a == canary.canary_name("resnet", "ns", "a", "uid-a")  # stable across restarts
     others = {
         canary.canary_name("resnet", "ns", "b", "uid-b"),  # a second one on the same target
         canary.canary_name("resnet", "ns", "a", "uid-a2"),  # recreated under the same name
         canary.canary_name("resnet", "ns2", "a", "uid-a"),
     }
-    assert a not in others and len(others) == 3
+    assert a not in others
+    assert len(others) == 3
     # targets sharing a long prefix no longer share a canary
     long_a = canary.canary_name("x" * 80 + "a", "ns", "a", "1")
     long_b = canary.canary_name("x" * 80 + "b", "ns", "b", "2")
@@ -103,7 +105,8 @@ def test_a_service_on_a_label_outside_the_workload_selector_does_not_select_the_
     labels = isolation.labels
     assert not any(s.selector.matches(labels) for s in selectors)
     assert not own(w).matches(labels)
-    assert labels["tier"] != "gpu" and labels["app"] != "resnet"
+    assert labels["tier"] != "gpu"
+    assert labels["app"] != "resnet"
     assert labels["team"] == "ml"  # a label no selector uses is kept as it is
     assert labels[canary.CANARY_LABEL] == "c1"
     assert isolation.checked == ("Service/web", "Service/all")
@@ -128,7 +131,8 @@ def test_match_expressions_that_a_new_value_passes_lose_their_key() -> None:
     labels = canary.isolate(
         w["spec"]["template"]["metadata"]["labels"], own(w), selectors, "c1"
     ).labels
-    assert "tier" not in labels and "team" not in labels
+    assert "tier" not in labels
+    assert "team" not in labels
     assert not any(s.selector.matches(labels) for s in selectors)
 
 
@@ -185,10 +189,13 @@ def test_a_statefulset_canary_keeps_its_claims_and_deletes_them_with_it() -> Non
 
 
 def test_selectors_follow_the_api_servers_rules() -> None:
-    assert from_map({}) is None and from_map(None) is None  # a Service without: nothing
+    assert from_map({}) is None
+    assert from_map(None) is None
     assert from_label_selector(None) is None  # a PDB without: nothing
     everything = from_label_selector({})
-    assert everything is not None and everything.everything and everything.matches({})
+    assert everything is not None
+    assert everything.everything
+    assert everything.matches({})
     expressions = from_label_selector(
         {
             "matchLabels": {"app": "a"},
