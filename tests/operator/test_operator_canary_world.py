@@ -257,3 +257,44 @@ async def test_a_second_inference_service_on_a_target_is_refused_naming_the_firs
     await kube.delete(f"/apis/batchpilot.dev/v1alpha1/namespaces/{NS}/inferenceservices/first")
     await w.record_original(NOW)
     assert await w.prepare(None) == CANARY
+
+
+def foreign_workload(name: str) -> dict[str, Any]:
+    workload = target()
+    workload["metadata"] = {
+        "name": name,
+        "namespace": NS,
+        "uid": "d9",
+        "ownerReferences": [{"kind": "InferenceService", "name": "other", "uid": "uid-9"}],
+    }
+    return workload
+
+
+async def test_a_canary_name_in_status_owned_by_another_is_neither_used_nor_deleted(
+    kmock: kmock.KubernetesEmulator, kube: Kube
+) -> None:
+    # the old naming rule gave two InferenceServices on one target the same canary
+    kmock.objects[DEPLOYMENTS, NS, "resnet"] = target()
+    kmock.objects[DEPLOYMENTS, NS, "resnet-bp-canary"] = foreign_workload("resnet-bp-canary")
+    w = world(kube, make_spec("Canary"))
+    assert await w.prepare("resnet-bp-canary") == CANARY  # a canary of its own instead
+    await w.remove_canary("resnet-bp-canary")
+    assert [r.name for r in kmock["delete"]] == []
+    await w.remove_canary(CANARY)
+    assert [r.name for r in kmock["delete"]] == [CANARY]
+
+
+async def test_a_canary_of_an_earlier_name_that_is_ours_is_kept(
+    kmock: kmock.KubernetesEmulator, kube: Kube
+) -> None:
+    kmock.objects[DEPLOYMENTS, NS, "resnet"] = target()
+    ours = foreign_workload("resnet-bp-canary")
+    ours["metadata"]["ownerReferences"] = [{"kind": "InferenceService", "uid": "uid-1"}]
+    kmock.objects[DEPLOYMENTS, NS, "resnet-bp-canary"] = ours
+    w = world(kube, make_spec("Canary"))
+    assert await w.prepare("resnet-bp-canary") == "resnet-bp-canary"
+    assert not creates(kmock, "deployments")
+    await w.remove_canary("resnet-bp-canary")
+    [delete] = kmock["delete"]
+    # only that very object: one recreated under the name in between stays
+    assert delete.data["preconditions"] == {"uid": "d9"}

@@ -190,9 +190,14 @@ class Kube:
     async def create(self, path: str, body: JSON) -> JSON:
         return await self.request("POST", path, body=body)
 
-    async def delete(self, path: str) -> None:
+    async def delete(self, path: str, *, uid: str | None = None) -> None:
+        """Delete, foreground; with `uid`, only that very object (a precondition: one
+        recreated under the same name in between is left alone, as 409 Conflict)."""
+        body: JSON = {"propagationPolicy": "Foreground"}
+        if uid is not None:
+            body["preconditions"] = {"uid": uid}
         with contextlib.suppress(NotFound):
-            await self.request("DELETE", path, body={"propagationPolicy": "Foreground"})
+            await self.request("DELETE", path, body=body)
 
     async def merge_patch(self, path: str, body: JSON) -> JSON:
         return await self.request(

@@ -202,22 +202,34 @@ class KubeWorld:
             return None
         workload = await self._target()
         meta = self._owner["metadata"]
-        name = canary or canaries.canary_name(
+        name = canaries.canary_name(
             self._spec.target.name, self._namespace, str(meta["name"]), str(meta["uid"])
         )
+        if canary is not None and canary != name and await self._owned_canary(canary):
+            name = canary  # created under an earlier naming rule, and ours
+        existing = await self._owned_canary(name, refuse=True)
+        if existing is None:
+            await self._create_canary(workload, name, recreated=False)
+        self._canary = name
+        return name
+
+    async def _owned_canary(self, name: str, *, refuse: bool = False) -> JSON | None:
+        """The workload `name` when this InferenceService owns it; None when there is
+        none, or (unless `refuse`) when someone else owns it."""
         try:
-            existing = await self._kube.get(
+            found = await self._kube.get(
                 workload_path(self._spec.target.kind, self._namespace, name)
             )
         except NotFound:
-            await self._create_canary(workload, name, recreated=False)
-        else:
-            try:
-                canaries.check_adoptable(existing, self._owner)
-            except canaries.CanaryRefused as refused:
+            return None
+        try:
+            canaries.check_adoptable(found, self._owner)
+        except canaries.CanaryRefused as refused:
+            if refuse:
                 raise TargetProblem(refused.reason, refused.message) from None
-        self._canary = name
-        return name
+            log.warning("%s", refused.message)
+            return None
+        return found
 
     async def _create_canary(
         self, workload: Mapping[str, Any], name: str, *, recreated: bool
@@ -279,7 +291,15 @@ class KubeWorld:
             log.warning("event %s not posted: %s", reason, exc)
 
     async def remove_canary(self, name: str) -> None:
-        await self._kube.delete(workload_path(self._spec.target.kind, self._namespace, name))
+        """Delete the canary if this InferenceService owns it (by uid, checked again by
+        the API server's precondition); someone else's workload of that name stays."""
+        found = await self._owned_canary(name)
+        if found is not None:
+            uid = found.get("metadata", {}).get("uid")
+            await self._kube.delete(
+                workload_path(self._spec.target.kind, self._namespace, name),
+                uid=None if uid is None else str(uid),
+            )
         self._canary = None
 
     # --- applying ---------------------------------------------------------------------
