@@ -1,6 +1,6 @@
 """Scenarios f and g: deleting an InferenceService mid-study undoes it (InPlace target
 restored, canary removed) with no finalizer left behind; `writeBack: Apply` owns the
-tuned fields under the field manager `batchpilot`, and what another manager's
+tuned fields under the field manager `batchpilot/<name>`, and what another manager's
 `kubectl apply` of the original manifest then does."""
 
 from __future__ import annotations
@@ -106,7 +106,7 @@ def test_write_back_then_another_manager_applies_original(
         input=original, check=False,
     )  # fmt: skip
     assert gitops.returncode != 0
-    assert 'conflict with "batchpilot"' in gitops.stderr.replace("conflicts", "conflict")
+    assert 'conflict with "batchpilot/writeback"' in gitops.stderr.replace("conflicts", "conflict")
     assert 'env[name="MAX_BATCH_SIZE"].value' in gitops.stderr
     env = _env(cluster, namespace, "server")
     assert {k: env[k] for k in tuned} == tuned

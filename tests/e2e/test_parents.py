@@ -137,7 +137,7 @@ def test_rayservice_winner_goes_to_serve_config_not_the_child(
         "threshold": 0.5,
     }
     assert serve["applications"][0]["import_path"] == "ranker:app"
-    assert managers(stored).get("batchpilot") == "Apply", managers(stored)
+    assert managers(stored).get("batchpilot/ray") == "Apply", managers(stored)
 
     # The pods serve the winner, and the child Deployment was never written.
     [pod] = pods(cluster, namespace, "ray.io/cluster=ranker-abc")
@@ -146,7 +146,7 @@ def test_rayservice_winner_goes_to_serve_config_not_the_child(
         "get", "deployment", "ranker-abc-worker", "-n", namespace, "--show-managed-fields"
     )
     assert child_now["metadata"]["generation"] == 1
-    assert "batchpilot" not in managers(child_now)
+    assert not [m for m in managers(child_now) if m.startswith("batchpilot")]
     assert container_env(child_now)["MAX_BATCH_SIZE"] == "4"
 
 
@@ -260,7 +260,7 @@ def test_kserve_predictor_env_is_written_to_the_inference_service(
     assert float(env["MAX_QUEUE_TIME_MS"]) == pytest.approx(best["maxQueueTimeMs"])
     assert env["PORT"] == "8080"
     assert container["image"] == server["image"]
-    assert managers(stored).get("batchpilot") == "Apply", managers(stored)
+    assert managers(stored).get("batchpilot/kserve") == "Apply", managers(stored)
 
     # Every trial reached the pods through the InferenceService: KServe's stand-in made
     # each rollout, batchpilot never wrote the Deployment.
@@ -268,5 +268,5 @@ def test_kserve_predictor_env_is_written_to_the_inference_service(
     child_now = cluster.kubectl.json(
         "get", "deployment", "bert-predictor", "-n", namespace, "--show-managed-fields"
     )
-    assert "batchpilot" not in managers(child_now)
+    assert not [m for m in managers(child_now) if m.startswith("batchpilot")]
     assert int(container_env(child_now)["MAX_BATCH_SIZE"]) == best["maxBatchSize"]

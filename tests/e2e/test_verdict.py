@@ -69,12 +69,12 @@ def test_an_already_best_target_stays_untouched_with_no_significant_gain(
     assert after["metadata"]["generation"] == before["metadata"]["generation"]
     assert container_env(after) == container_env(before)
     managers = {f["manager"] for f in after["metadata"].get("managedFields", [])}
-    assert "batchpilot" not in managers, managers
+    assert not any(m.startswith("batchpilot") for m in managers), managers
     deployments = cluster.kubectl.json("get", "deployments", "-n", namespace)["items"]
     canaries = [
         d["metadata"]["name"]
         for d in deployments
-        if d["metadata"]["name"].endswith("-bp-canary")
+        if "batchpilot.dev/canary" in (d["metadata"].get("labels") or {})
         and not d["metadata"].get("deletionTimestamp")
     ]
     assert canaries == []

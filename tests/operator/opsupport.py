@@ -18,7 +18,7 @@ from kmock import ResourceInfo
 
 import batchpilot.operator.handlers  # noqa: F401  (registers the handlers)
 from batchpilot.models import SLA, BatchingConfig, CapacityResult, ClientHealth, StepResult
-from batchpilot.operator import decisions
+from batchpilot.operator.canary import canary_name
 from batchpilot.operator.crd import GROUP, PLURAL, VERSION
 from batchpilot.operator.kube import KubeError
 from batchpilot.operator.spec import InferenceServiceSpec, Params
@@ -74,7 +74,7 @@ class FakeWorld:
     async def prepare(self, canary: str | None) -> str | None:
         if self.spec.tuning.strategy == "InPlace":
             return None
-        name = canary or decisions.canary_name(self.spec.target.name)
+        name = canary or canary_name(self.spec.target.name, "ns", "resnet", "uid")
         self.cluster.canaries.add(name)
         return name
 

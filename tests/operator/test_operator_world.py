@@ -16,10 +16,25 @@ from kmock import method as http_method
 from batchpilot.models import BatchingConfig
 from batchpilot.operator import decisions
 from batchpilot.operator import runtimes as operator_runtimes
-from batchpilot.operator.kube import FIELD_MANAGER, Connection, Kube, KubeError
+from batchpilot.operator.canary import canary_name
+from batchpilot.operator.kube import Connection, Kube, KubeError
 from batchpilot.operator.spec import InferenceServiceSpec, parse_spec
 from batchpilot.operator.world import KubeWorld, TargetProblem
 from batchpilot.tuner.interfaces import TargetError
+
+
+def register_neighbours(kmock: kmock.KubernetesEmulator) -> None:
+    """The resources the world lists besides the target: InferenceServices (one tuner
+    per target), the selectors a canary must escape, and events. No PodMonitor CRD."""
+    kmock.resources["batchpilot.dev/v1alpha1/inferenceservices"] = ResourceInfo(
+        kind="InferenceService", namespaced=True
+    )
+    kmock.resources["v1/services"] = ResourceInfo(kind="Service", namespaced=True)
+    kmock.resources["policy/v1/poddisruptionbudgets"] = ResourceInfo(
+        kind="PodDisruptionBudget", namespaced=True
+    )
+    kmock.resources["v1/events"] = ResourceInfo(kind="Event", namespaced=True)
+
 
 pytestmark = [pytest.mark.operator, pytest.mark.timeout(60)]
 
@@ -90,6 +105,7 @@ def ready_pod() -> dict[str, Any]:
 async def kube(kmock: kmock.KubernetesEmulator) -> AsyncIterator[Kube]:
     kmock.resources[DEPLOYMENTS] = ResourceInfo(kind="Deployment", namespaced=True)
     kmock.resources["v1/pods"] = ResourceInfo(kind="Pod", namespaced=True)
+    register_neighbours(kmock)
     client = Kube(Connection(server=str(kmock.url).rstrip("/")), backoff_base_s=0.01)
     yield client
     await client.close()
@@ -117,7 +133,8 @@ async def test_env_apply_is_a_server_side_apply_by_batchpilot(
     assert len(patches) == 1
     request = patches[0]
     assert request.headers["Content-Type"] == "application/apply-patch+yaml"
-    assert request.params == {"fieldManager": FIELD_MANAGER, "force": "true"}
+    # a manager per InferenceService: another one's applies cannot release these fields
+    assert request.params == {"fieldManager": "batchpilot/resnet", "force": "true"}
     container = request.data["spec"]["template"]["spec"]["containers"][0]
     assert container == {
         "name": "server",
@@ -138,12 +155,13 @@ async def test_canary_is_created_owned_and_deleted(
     kmock.objects[DEPLOYMENTS, NS, "resnet"] = target()
     w = world(kube, make_spec("Canary"))
     name = await w.prepare(None)
-    assert name == decisions.canary_name("resnet")
+    assert name == canary_name("resnet", NS, "resnet", "uid-1")
     canary = kmock.objects[DEPLOYMENTS, NS, name].raw
     assert canary["metadata"]["ownerReferences"][0]["uid"] == "uid-1"
     assert canary["spec"]["template"]["metadata"]["labels"]["app"] != "resnet"
     assert await w.prepare(name) == name  # after a restart: found, not created twice
-    assert len([r for r in kmock["post"] if r.resource is not None]) == 1
+    created = [r for r in kmock["post"] if r.resource is not None and r.resource.plural != "events"]
+    assert len(created) == 1
     await w.remove_canary(name)
     assert len(kmock["delete"]) == 1
     await w.remove_canary(name)  # already gone: not an error

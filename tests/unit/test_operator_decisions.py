@@ -262,26 +262,6 @@ def test_env_patch_sets_values_and_leaves_out_released_ones() -> None:
     assert env == {"MAX_BATCH_SIZE": "8", "MAX_QUEUE_TIME_MS": "12"}
 
 
-def test_canary_is_not_selected_by_the_targets_service() -> None:
-    owner = {
-        "apiVersion": "batchpilot.dev/v1alpha1",
-        "kind": "InferenceService",
-        "metadata": {"name": "resnet", "uid": "u1"},
-    }
-    name = decisions.canary_name("resnet")
-    canary = decisions.canary_manifest(deployment(), owner, name)
-    labels = canary["spec"]["template"]["metadata"]["labels"]
-    service_selector = {"app": "resnet"}  # a Service selecting what the target selects
-    assert not service_selector.items() <= labels.items()
-    assert canary["spec"]["selector"]["matchLabels"].items() <= labels.items()
-    assert labels["tier"] == "gpu"  # other labels are kept
-    assert canary["spec"]["replicas"] == 1
-    assert canary["spec"]["strategy"] == {"type": "Recreate"}
-    assert canary["metadata"]["ownerReferences"][0]["uid"] == "u1"
-    assert "deployment.kubernetes.io/revision" not in canary["metadata"]["annotations"]
-    assert len(decisions.canary_name("x" * 200)) <= 63 - 17
-
-
 @pytest.mark.parametrize(
     ("fields", "done"),
     [

@@ -13,6 +13,7 @@ from datetime import datetime
 from typing import Any, Literal
 
 from batchpilot.models import SLA, BatchingConfig
+from batchpilot.operator import selectors
 from batchpilot.operator.spec import (
     MAX_BATCH_SIZE,
     MAX_QUEUE_TIME_MS,
@@ -500,81 +501,6 @@ def env_for_params(
     }
 
 
-CANARY_LABEL = "batchpilot.dev/canary"
-CANARY_SUFFIX = "-bp-canary"
-_DROPPED_ANNOTATIONS = (
-    "deployment.kubernetes.io/revision",
-    "kubectl.kubernetes.io/last-applied-configuration",
-)
-
-
-def canary_name(target: str) -> str:
-    # pod names derive from it; keep room for the ReplicaSet and pod hash suffixes
-    return target[: 63 - len(CANARY_SUFFIX) - 17].rstrip("-") + CANARY_SUFFIX
-
-
-def canary_manifest(
-    workload: Mapping[str, Any], owner: Mapping[str, Any], name: str
-) -> dict[str, Any]:
-    """A one-replica Deployment cloned from the target's pod template whose pods no
-    Service of the target selects: every label the target's selector matches on gets
-    a distinct value, and a canary label is added. Owned by the InferenceService so it
-    is garbage-collected with it even if the finalizer never runs."""
-    meta = workload.get("metadata", {})
-    spec = workload.get("spec", {})
-    template = dict(spec.get("template", {}))
-    template_meta = dict(template.get("metadata", {}))
-    selector_labels: Mapping[str, str] = spec.get("selector", {}).get("matchLabels", {}) or {}
-    labels = dict(template_meta.get("labels", {}) or {})
-    canary_labels = {key: _canary_value(value) for key, value in selector_labels.items()}
-    canary_labels[CANARY_LABEL] = _label_value(owner["metadata"]["name"])
-    labels.update(canary_labels)
-    template_meta["labels"] = labels
-    template["metadata"] = template_meta
-    owner_meta = owner["metadata"]
-    return {
-        "apiVersion": "apps/v1",
-        "kind": "Deployment",
-        "metadata": {
-            "name": name,
-            "namespace": meta.get("namespace"),
-            "labels": {CANARY_LABEL: canary_labels[CANARY_LABEL]},
-            "annotations": {
-                k: v
-                for k, v in (meta.get("annotations") or {}).items()
-                if k not in _DROPPED_ANNOTATIONS
-            },
-            "ownerReferences": [
-                {
-                    "apiVersion": owner["apiVersion"],
-                    "kind": owner["kind"],
-                    "name": owner_meta["name"],
-                    "uid": owner_meta["uid"],
-                    "controller": True,
-                    "blockOwnerDeletion": True,
-                }
-            ],
-        },
-        "spec": {
-            "replicas": 1,
-            # Recreate: a pod holding the only free GPU must go before its successor
-            # can be scheduled, or every Env trial would wait forever.
-            "strategy": {"type": "Recreate"},
-            "selector": {"matchLabels": canary_labels},
-            "template": template,
-        },
-    }
-
-
-def _label_value(value: str) -> str:
-    return value[:63].rstrip("-_.")
-
-
-def _canary_value(value: str) -> str:
-    suffix = "-bp-canary"
-    return _label_value(value[: 63 - len(suffix)] + suffix)
-
-
 @dataclass(frozen=True)
 class Rollout:
     done: bool
@@ -674,8 +600,12 @@ def ready_pod_ips(pods: Sequence[Mapping[str, Any]]) -> list[str]:
 
 
 def label_selector(workload: Mapping[str, Any]) -> str:
-    labels = workload.get("spec", {}).get("selector", {}).get("matchLabels", {}) or {}
-    return ",".join(f"{k}={v}" for k, v in sorted(labels.items()))
+    """The query listing a workload's pods: `matchLabels` and `matchExpressions`.
+    SelectorError when it has none (as a query, "" would list every pod)."""
+    selector = selectors.from_label_selector(workload.get("spec", {}).get("selector"))
+    if selector is None:
+        raise selectors.SelectorError("the workload has no selector")
+    return selector.query()
 
 
 def _restarts(pod: Mapping[str, Any]) -> int:

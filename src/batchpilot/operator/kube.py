@@ -190,19 +190,26 @@ class Kube:
     async def create(self, path: str, body: JSON) -> JSON:
         return await self.request("POST", path, body=body)
 
-    async def delete(self, path: str) -> None:
+    async def delete(self, path: str, *, uid: str | None = None) -> None:
+        """Delete, foreground; with `uid`, only that very object (a precondition: one
+        recreated under the same name in between is left alone, as 409 Conflict)."""
+        body: JSON = {"propagationPolicy": "Foreground"}
+        if uid is not None:
+            body["preconditions"] = {"uid": uid}
         with contextlib.suppress(NotFound):
-            await self.request("DELETE", path, body={"propagationPolicy": "Foreground"})
+            await self.request("DELETE", path, body=body)
 
     async def merge_patch(self, path: str, body: JSON) -> JSON:
         return await self.request(
             "PATCH", path, body=body, content_type="application/merge-patch+json"
         )
 
-    async def server_side_apply(self, path: str, body: JSON, *, force: bool) -> JSON:
-        """Server-side apply under the `batchpilot` field manager. JSON is YAML, so the
-        body goes as JSON with the apply-patch content type."""
-        params = {"fieldManager": FIELD_MANAGER, "force": "true" if force else "false"}
+    async def server_side_apply(
+        self, path: str, body: JSON, *, force: bool, field_manager: str = FIELD_MANAGER
+    ) -> JSON:
+        """Server-side apply under `field_manager`. JSON is YAML, so the body goes as
+        JSON with the apply-patch content type."""
+        params = {"fieldManager": field_manager, "force": "true" if force else "false"}
         return await self.request(
             "PATCH",
             path,
@@ -222,6 +229,12 @@ def _error(status: int, text: str) -> KubeError:
     return cls(status, reason or "Error", message)
 
 
+def field_manager(isvc: str) -> str:
+    """The field manager of one InferenceService's applies: with one shared manager,
+    an apply by one InferenceService would release the fields another one set."""
+    return f"{FIELD_MANAGER}/{isvc}"[:128]
+
+
 def workload_path(kind: str, namespace: str, name: str = "") -> str:
     plural = {"Deployment": "deployments", "StatefulSet": "statefulsets"}[kind]
     base = f"/apis/apps/v1/namespaces/{quote(namespace)}/{plural}"
@@ -238,3 +251,11 @@ def isvc_path(namespace: str, name: str, *, status: bool = False) -> str:
         f"/inferenceservices/{quote(name)}"
     )
     return path + "/status" if status else path
+
+
+def isvcs_path(namespace: str) -> str:
+    return f"/apis/batchpilot.dev/v1alpha1/namespaces/{quote(namespace)}/inferenceservices"
+
+
+def events_path(namespace: str) -> str:
+    return f"/api/v1/namespaces/{quote(namespace)}/events"

@@ -54,7 +54,8 @@ class ParentWorld(KubeWorld):
         except parents.ParentProblem as problem:
             raise TargetProblem(problem.reason, problem.message) from None
 
-    async def _measured(self) -> JSON:
+    async def _measured(self, *, recreate: bool = False) -> JSON:
+        # trials run on the parent's own pods: there is no canary to recreate
         return await self._target()
 
     async def _pods(self, workload: Mapping[str, Any]) -> list[JSON]:
@@ -125,7 +126,9 @@ class ParentWorld(KubeWorld):
         name = parent["metadata"]["name"]
         path = parents.target_path(self._spec.target, self._namespace)
         try:
-            return await self._kube.server_side_apply(path, body, force=force)
+            return await self._kube.server_side_apply(
+                path, body, force=force, field_manager=self._field_manager
+            )
         except KubeError as exc:
             raise TargetProblem(
                 "ApplyFailed", f"server-side apply on {parent.get('kind')} {name}: {exc}"

@@ -7,17 +7,31 @@ server and the pods themselves. Tests give the runner a fake world instead.
 from __future__ import annotations
 
 import asyncio
+import logging
+import secrets
 from collections.abc import Awaitable, Callable, Mapping
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, Protocol
 
 import aiohttp
 
 from batchpilot.loadgen.protocols import REFERENCE_PATH, speaking
 from batchpilot.models import BatchingConfig, CapacityResult
-from batchpilot.operator import decisions
+from batchpilot.operator import canary as canaries
+from batchpilot.operator import decisions, neighbours
 from batchpilot.operator import runtimes as operator_runtimes
-from batchpilot.operator.kube import JSON, Kube, KubeError, NotFound, pods_path, workload_path
+from batchpilot.operator.kube import (
+    JSON,
+    Kube,
+    KubeError,
+    NotFound,
+    events_path,
+    field_manager,
+    isvcs_path,
+    pods_path,
+    workload_path,
+)
+from batchpilot.operator.selectors import SelectorError, from_label_selector
 from batchpilot.operator.spec import InferenceServiceSpec, Params, batching_config
 from batchpilot.operator.status import OriginalConfig
 from batchpilot.tuner.interfaces import TargetError
@@ -25,6 +39,8 @@ from batchpilot.tuner.interfaces import TargetError
 if TYPE_CHECKING:
     from batchpilot.capacity.prometheus import PrometheusStepSource
     from batchpilot.runtimes.base import Runtime
+
+log = logging.getLogger(__name__)
 
 # problems of a pod that is (re)starting: waited out rather than failing the trial
 TRANSIENT = frozenset({"NoReadyPods", "AdminUnreachable", "AdminNotApplied"})
@@ -110,6 +126,7 @@ class KubeWorld:
         # spec.runtime's adapter when it applies configurations live (None: apply.live
         # or the pod template)
         self._runtime = operator_runtimes.live_adapter(spec)
+        self._field_manager = field_manager(str(owner["metadata"]["name"]))
 
     # --- reading ----------------------------------------------------------------------
 
@@ -135,21 +152,32 @@ class KubeWorld:
         assert container is not None  # _target() checked it
         return str(container["name"])
 
-    async def _measured(self) -> JSON:
+    async def _measured(self, *, recreate: bool = False) -> JSON:
+        """The workload trials run on. A canary someone deleted is created again when
+        `recreate` (before a trial's apply), else it is a TargetProblem."""
         if self._canary is None:
             return await self._target()
+        path = workload_path(self._spec.target.kind, self._namespace, self._canary)
         try:
-            return await self._kube.get(workload_path("Deployment", self._namespace, self._canary))
+            return await self._kube.get(path)
         except NotFound as exc:
-            raise TargetProblem("CanaryNotFound", f"canary {self._canary} is gone") from exc
+            if not recreate:
+                raise TargetProblem("CanaryNotFound", f"canary {self._canary} is gone") from exc
+        await self._create_canary(await self._target(), self._canary, recreated=True)
+        return await self._kube.get(path)
 
     async def _pods(self, workload: Mapping[str, Any]) -> list[JSON]:
-        selector = decisions.label_selector(workload)
+        try:
+            selector = decisions.label_selector(workload)
+        except SelectorError as exc:
+            name = workload.get("metadata", {}).get("name", "?")
+            raise TargetProblem("SelectorUnusable", f"{name}: {exc}") from exc
         listing = await self._kube.get(pods_path(self._namespace), {"labelSelector": selector})
         items: list[JSON] = listing.get("items", [])
         return items
 
     async def record_original(self, now: datetime) -> OriginalConfig:
+        await self._check_sole_tuner()
         workload = await self._target()
         original = decisions.original_config(workload, self._spec, now)
         if self._spec.apply.method == "Live":
@@ -165,27 +193,133 @@ class KubeWorld:
 
     # --- the canary -------------------------------------------------------------------
 
+    async def _check_sole_tuner(self) -> None:
+        """One InferenceService per target: the first claimant tunes it, the others are
+        refused (retried, so one starts once the first is gone)."""
+        kind, name = self._spec.target.kind, self._spec.target.name
+        listing = await self._kube.get(isvcs_path(self._namespace))
+        first = next(iter(neighbours.claimants(listing.get("items") or [], kind, name)), None)
+        if first is None or first["metadata"].get("uid") == self._owner["metadata"]["uid"]:
+            return
+        meta = first["metadata"]
+        state = "being deleted" if meta.get("deletionTimestamp") else "in place"
+        raise TargetProblem(
+            "TargetTaken",
+            f"{kind} {self._namespace}/{name} is tuned by InferenceService {meta['name']} "
+            f"(created {meta.get('creationTimestamp', '?')}, {state}); one InferenceService "
+            f"per target: this one starts once {meta['name']} is deleted",
+        )
+
     async def prepare(self, canary: str | None) -> str | None:
+        await self._check_sole_tuner()
         if self._spec.tuning.strategy == "InPlace":
             return None
         workload = await self._target()
-        name = canary or decisions.canary_name(self._spec.target.name)
-        try:
-            await self._kube.get(workload_path("Deployment", self._namespace, name))
-        except NotFound:
-            body = decisions.canary_manifest(workload, self._owner, name)
-            await self._kube.create(workload_path("Deployment", self._namespace), body)
+        meta = self._owner["metadata"]
+        name = canaries.canary_name(
+            self._spec.target.name, self._namespace, str(meta["name"]), str(meta["uid"])
+        )
+        if canary is not None and canary != name and await self._owned_canary(canary):
+            name = canary  # created under an earlier naming rule, and ours
+        existing = await self._owned_canary(name, refuse=True)
+        if existing is None:
+            await self._create_canary(workload, name, recreated=False)
         self._canary = name
         return name
 
+    async def _owned_canary(self, name: str, *, refuse: bool = False) -> JSON | None:
+        """The workload `name` when this InferenceService owns it; None when there is
+        none, or (unless `refuse`) when someone else owns it."""
+        try:
+            found = await self._kube.get(
+                workload_path(self._spec.target.kind, self._namespace, name)
+            )
+        except NotFound:
+            return None
+        try:
+            canaries.check_adoptable(found, self._owner)
+        except canaries.CanaryRefused as refused:
+            if refuse:
+                raise TargetProblem(refused.reason, refused.message) from None
+            log.warning("%s", refused.message)
+            return None
+        return found
+
+    async def _create_canary(
+        self, workload: Mapping[str, Any], name: str, *, recreated: bool
+    ) -> None:
+        """Create the canary with pod labels no selector of the namespace matches, and
+        say in an event which selectors were checked."""
+        template = workload.get("spec", {}).get("template", {})
+        try:
+            own = from_label_selector(workload.get("spec", {}).get("selector"))
+            if own is None:
+                raise SelectorError("the target has no selector")
+            found = await neighbours.survey(self._kube, self._namespace)
+            isolation = canaries.isolate(
+                (template.get("metadata") or {}).get("labels") or {}, own, found.selectors, name
+            )
+        except canaries.CanaryRefused as refused:
+            raise TargetProblem(refused.reason, refused.message) from None
+        except SelectorError as exc:
+            raise TargetProblem("SelectorUnusable", f"canary {name}: {exc}") from None
+        body = canaries.canary_manifest(workload, self._owner, name, isolation.labels)
+        await self._kube.create(workload_path(self._spec.target.kind, self._namespace), body)
+        verb = "recreated (it was deleted)" if recreated else "created"
+        await self._post_event(
+            "CanaryRecreated" if recreated else "CanaryIsolated",
+            f"canary {name} {verb}; its pods carry {canaries.CANARY_LABEL}={name} and no "
+            f"selector of the namespace matches them: {found.describe()}",
+        )
+
+    async def _post_event(self, reason: str, message: str) -> None:
+        """A Normal event on the InferenceService; a failure to post is logged, never
+        the study's failure."""
+        meta = self._owner["metadata"]
+        now = datetime.now(UTC).isoformat().replace("+00:00", "Z")
+        body = {
+            "apiVersion": "v1",
+            "kind": "Event",
+            "metadata": {
+                "name": f"{meta['name']}.{secrets.token_hex(8)}",
+                "namespace": self._namespace,
+            },
+            "involvedObject": {
+                "apiVersion": self._owner["apiVersion"],
+                "kind": self._owner["kind"],
+                "name": meta["name"],
+                "namespace": self._namespace,
+                "uid": meta["uid"],
+            },
+            "reason": reason,
+            "message": message[:1024],
+            "type": "Normal",
+            "source": {"component": "batchpilot"},
+            "firstTimestamp": now,
+            "lastTimestamp": now,
+            "count": 1,
+        }
+        try:
+            await self._kube.create(events_path(self._namespace), body)
+        except KubeError as exc:
+            log.warning("event %s not posted: %s", reason, exc)
+
     async def remove_canary(self, name: str) -> None:
-        await self._kube.delete(workload_path("Deployment", self._namespace, name))
+        """Delete the canary if this InferenceService owns it (by uid, checked again by
+        the API server's precondition); someone else's workload of that name stays."""
+        found = await self._owned_canary(name)
+        if found is not None:
+            uid = found.get("metadata", {}).get("uid")
+            await self._kube.delete(
+                workload_path(self._spec.target.kind, self._namespace, name),
+                uid=None if uid is None else str(uid),
+            )
         self._canary = None
 
     # --- applying ---------------------------------------------------------------------
 
     async def apply(self, params: Params) -> None:
-        workload = await self._measured()
+        workload = await self._measured(recreate=True)
         if self._spec.apply.method == "Env":
             env = decisions.env_for_params(params, self._spec.env_names())
             await self._apply_env(workload, dict(env), force=True)
@@ -218,7 +352,9 @@ class KubeWorld:
         body = decisions.env_apply_patch(workload, self._container(workload), env)
         path = workload_path(workload.get("kind", "Deployment"), self._namespace, meta["name"])
         try:
-            applied = await self._kube.server_side_apply(path, body, force=force)
+            applied = await self._kube.server_side_apply(
+                path, body, force=force, field_manager=self._field_manager
+            )
         except KubeError as exc:
             raise TargetProblem(
                 "ApplyFailed", f"server-side apply on {meta['name']}: {exc}"
