@@ -43,6 +43,10 @@ async def kube(kmock: kmock.KubernetesEmulator) -> AsyncIterator[Kube]:
     kmock.resources[RAYSERVICES] = ResourceInfo(kind="RayService", namespaced=True)
     kmock.resources[DEPLOYMENTS] = ResourceInfo(kind="Deployment", namespaced=True)
     kmock.resources[PODS] = ResourceInfo(kind="Pod", namespaced=True)
+    # the operator's own resources: a world checks that it is the target's only tuner
+    kmock.resources["batchpilot.dev/v1alpha1/inferenceservices"] = ResourceInfo(
+        kind="InferenceService", namespaced=True
+    )
     client = Kube(Connection(server=str(kmock.url).rstrip("/")), backoff_base_s=0.01)
     yield client
     await client.close()
@@ -192,7 +196,7 @@ async def test_kserve_env_goes_to_the_predictor_and_the_pods_are_awaited(
     assert len(patches) == 3
     first = patches[0]
     assert first.headers["Content-Type"] == "application/apply-patch+yaml"
-    assert first.params == {"fieldManager": FIELD_MANAGER, "force": "true"}
+    assert first.params == {"fieldManager": f"{FIELD_MANAGER}/tuner", "force": "true"}
     assert first.data["apiVersion"] == "serving.kserve.io/v1beta1"
     assert first.data["spec"] == {
         "predictor": {
@@ -321,7 +325,7 @@ async def test_rayservice_trials_are_live_and_the_winner_goes_to_serve_config(
     assert server.values == {"max_batch_size": 32, "max_queue_time_ms": 25.0}
     patches = applies_to(kmock, "rayservices")
     assert len(patches) == 1
-    assert patches[0].params == {"fieldManager": FIELD_MANAGER, "force": "true"}
+    assert patches[0].params == {"fieldManager": f"{FIELD_MANAGER}/tuner", "force": "true"}
     assert set(patches[0].data["spec"]) == {"serveConfigV2"}
     written = yaml.safe_load(kmock.objects[RAYSERVICES, NS, "ranker"].raw["spec"]["serveConfigV2"])
     deployment = written["applications"][0]["deployments"][0]

@@ -39,6 +39,10 @@ async def server() -> AsyncIterator[ServerProcess]:
 def cluster_objects(k: kmock.KubernetesEmulator) -> None:
     k.resources[DEPLOYMENTS] = ResourceInfo(kind="Deployment", namespaced=True)
     k.resources["v1/pods"] = ResourceInfo(kind="Pod", namespaced=True)
+    # the operator's own resources: a world checks that it is the target's only tuner
+    k.resources["batchpilot.dev/v1alpha1/inferenceservices"] = ResourceInfo(
+        kind="InferenceService", namespaced=True
+    )
     k.objects[DEPLOYMENTS, NS, "mlp"] = {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
