@@ -200,3 +200,113 @@ async def test_client_retries_conflicts_and_server_errors_then_gives_up(
     with pytest.raises(KubeError) as caught:
         await kube.merge_patch(f"/apis/apps/v1/namespaces/{NS}/deployments/nope", {})
     assert caught.value.status == 404
+
+
+def quick(spec: InferenceServiceSpec, **tuning: Any) -> InferenceServiceSpec:
+    """`spec` with waits below the CRD's minimums, so that a test of a deadline is quick."""
+    return spec.model_copy(update={"tuning": spec.tuning.model_copy(update=tuning)})
+
+
+def unschedulable_pod() -> dict[str, Any]:
+    pod = ready_pod()
+    pod["status"] = {
+        "phase": "Pending",
+        "conditions": [
+            {
+                "type": "PodScheduled",
+                "status": "False",
+                "reason": "Unschedulable",
+                "message": "0/1 nodes are available: 1 Insufficient nvidia.com/gpu.",
+            }
+        ],
+    }
+    return pod
+
+
+async def test_an_unschedulable_pod_past_the_schedule_timeout_stops_the_study(
+    kmock: kmock.KubernetesEmulator, kube: Kube
+) -> None:
+    waiting = target()
+    waiting["status"]["updatedReplicas"] = 0
+    kmock.objects[DEPLOYMENTS, NS, "resnet"] = waiting
+    kmock.objects["v1/pods", NS, "resnet-1"] = unschedulable_pod()
+    problems: list[Any] = []
+    spec = quick(make_spec(), schedule_timeout_seconds=0.2)
+    with pytest.raises(TargetProblem) as caught:
+        await world(kube, spec, problems).apply({"max_batch_size": 8, "max_queue_time_ms": 1.0})
+    assert caught.value.reason == "Unschedulable"
+    assert caught.value.stops_study
+    assert "Insufficient nvidia.com/gpu" in caught.value.message
+    assert "tuning.scheduleTimeoutSeconds" in caught.value.message
+    # reported once while it was waited for, not on every poll
+    assert [p.reason for p in problems] == ["Unschedulable"]
+
+
+async def test_a_rollout_that_never_finishes_ends_at_its_deadline(
+    kmock: kmock.KubernetesEmulator, kube: Kube
+) -> None:
+    stuck = target()
+    stuck["status"]["readyReplicas"] = 0
+    kmock.objects[DEPLOYMENTS, NS, "resnet"] = stuck
+    spec = quick(make_spec(), trial_deadline_seconds=0.3)
+    w = world(kube, spec)
+    original = await w.record_original(NOW)
+    with pytest.raises(TargetProblem) as caught:
+        await w.restore(original)
+    assert caught.value.reason == "RolloutTimedOut"
+    assert "0 of 1 replicas ready" in caught.value.message
+    assert not caught.value.stops_study
+
+
+async def test_a_rollout_past_its_progress_deadline_fails_the_write_back(
+    kmock: kmock.KubernetesEmulator, kube: Kube
+) -> None:
+    stuck = target()
+    stuck["status"]["updatedReplicas"] = 0
+    stuck["status"]["conditions"] = [
+        {
+            "type": "Progressing",
+            "status": "False",
+            "reason": "ProgressDeadlineExceeded",
+            "message": 'ReplicaSet "resnet-7d9" has timed out progressing.',
+        }
+    ]
+    kmock.objects[DEPLOYMENTS, NS, "resnet"] = stuck
+    kmock.objects["v1/pods", NS, "resnet-1"] = ready_pod()
+    with pytest.raises(TargetProblem) as caught:
+        await world(kube, make_spec()).write_back({"max_batch_size": 8, "max_queue_time_ms": 1.0})
+    assert caught.value.reason == "ProgressDeadlineExceeded"
+    assert "has timed out progressing" in caught.value.message
+
+
+async def test_verify_passes_a_healthy_target_and_catches_a_crash_loop(
+    kmock: kmock.KubernetesEmulator, kube: Kube
+) -> None:
+    kmock.objects[DEPLOYMENTS, NS, "resnet"] = target()
+    kmock.objects["v1/pods", NS, "resnet-1"] = ready_pod()
+    w = world(kube, make_spec())
+    await w.verify(0.2)  # healthy for the whole window
+    crashing = ready_pod()
+    crashing["status"]["containerStatuses"] = [
+        {
+            "name": "server",
+            "restartCount": 3,
+            "state": {"waiting": {"reason": "CrashLoopBackOff", "message": "back-off 10s"}},
+        }
+    ]
+    kmock.objects["v1/pods", NS, "resnet-1"] = crashing
+    with pytest.raises(TargetProblem) as caught:
+        await w.verify(30.0)
+    assert caught.value.reason == "CrashLoopBackOff"
+
+
+async def test_verify_catches_pods_that_stay_unready(
+    kmock: kmock.KubernetesEmulator, kube: Kube
+) -> None:
+    unready = target()
+    unready["status"]["readyReplicas"] = 0
+    kmock.objects[DEPLOYMENTS, NS, "resnet"] = unready
+    with pytest.raises(TargetProblem) as caught:
+        await world(kube, make_spec()).verify(0.2)
+    assert caught.value.reason == "Unready"
+    assert "0 of 1 replicas ready" in caught.value.message

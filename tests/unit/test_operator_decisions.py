@@ -621,3 +621,68 @@ def test_confirmation_settings_are_validated(tuning: dict[str, Any], field: str)
     with pytest.raises(ValidationError) as info:
         spec(**tuning)
     assert field in explain_validation_error(info.value)
+
+
+ROLLED = {"observedGeneration": 3, "updatedReplicas": 1, "readyReplicas": 1, "replicas": 2}
+
+
+def test_a_rollout_past_its_progress_deadline_has_failed() -> None:
+    stuck = deployment(
+        **ROLLED,
+        conditions=[
+            {
+                "type": "Progressing",
+                "status": "False",
+                "reason": "ProgressDeadlineExceeded",
+                "message": 'ReplicaSet "resnet-7d9" has timed out progressing.',
+            }
+        ],
+    )
+    rollout = decisions.rollout_status(stuck)
+    assert (rollout.done, rollout.failed, rollout.reason) == (
+        False,
+        True,
+        "ProgressDeadlineExceeded",
+    )
+    assert "has timed out progressing" in rollout.message
+    assert "progressDeadlineSeconds" in rollout.message
+    # still progressing (a new ReplicaSet is being created) is no failure
+    moving = deployment(
+        **ROLLED,
+        conditions=[{"type": "Progressing", "status": "True", "reason": "NewReplicaSetCreated"}],
+    )
+    assert not decisions.rollout_status(moving).failed
+
+
+def test_a_replica_failure_fails_the_rollout_with_its_message() -> None:
+    refused = deployment(
+        **ROLLED,
+        conditions=[
+            {
+                "type": "ReplicaFailure",
+                "status": "True",
+                "reason": "FailedCreate",
+                "message": 'pods "resnet-7d9-x" is forbidden: exceeded quota: gpu',
+            }
+        ],
+    )
+    rollout = decisions.rollout_status(refused)
+    assert rollout.failed and rollout.reason == "ReplicaFailure"
+    assert "FailedCreate" in rollout.message and "exceeded quota: gpu" in rollout.message
+    cleared = deployment(**ROLLED, conditions=[{"type": "ReplicaFailure", "status": "False"}])
+    assert not decisions.rollout_status(cleared).failed
+
+
+def test_a_rolled_back_study_is_over() -> None:
+    assert decisions.plan(spec(), status(trial(0), phase="RolledBack"), 1).kind == "idle"
+
+
+def test_cleanup_left_names_the_canary_and_the_unrestored_target() -> None:
+    original = OriginalConfig(env={"MAX_BATCH_SIZE": "32", "MAX_QUEUE_TIME_MS": None})
+    left = decisions.cleanup_left(
+        status(trial(0), canary="resnet-bp-canary", original=original), spec(strategy="InPlace")
+    )
+    assert "canary Deployment resnet-bp-canary" in left
+    assert "Deployment resnet still runs the trial's configuration" in left
+    assert "'MAX_BATCH_SIZE': '32'" in left
+    assert decisions.cleanup_left(status(trial(0), restored=True), spec()) == "nothing"

@@ -59,7 +59,7 @@ def plan(spec: InferenceServiceSpec, status: InferenceServiceStatus, generation:
     """The next step of the study for this generation of the spec."""
     if status.observed_generation != generation:
         return Plan("new-study", f"spec generation {generation} has no study yet")
-    if status.phase in ("Converged", "Failed"):
+    if status.phase in ("Converged", "Failed", "RolledBack"):
         return Plan("idle", f"study of generation {generation} is {status.phase}")
     if status.original is None:
         return Plan("record-original", "the target's configuration is not recorded yet")
@@ -259,6 +259,21 @@ def needs_cleanup(status: InferenceServiceStatus, strategy: str) -> tuple[bool, 
         and status.phase in ACTIVE_PHASES
     )
     return delete_canary, restore
+
+
+def cleanup_left(status: InferenceServiceStatus, spec: InferenceServiceSpec) -> str:
+    """What a cleanup that gave up leaves behind, for the event a person reads."""
+    delete_canary, restore = needs_cleanup(status, spec.tuning.strategy)
+    left: list[str] = []
+    if delete_canary:
+        left.append(f"canary Deployment {status.canary} (garbage-collected with its owner)")
+    if restore and status.original is not None:
+        shown = status.original.env or status.original.params
+        left.append(
+            f"{spec.target.kind} {spec.target.name} still runs the trial's configuration; "
+            f"its original was {shown}"
+        )
+    return "; ".join(left) or "nothing"
 
 
 def set_condition(
@@ -556,6 +571,35 @@ def _canary_value(value: str) -> str:
 class Rollout:
     done: bool
     message: str
+    # the controller gave up (ReplicaFailure, progress deadline): waiting will not help
+    failed: bool = False
+    reason: str = ""
+
+
+def _rollout_failure(status: Mapping[str, Any]) -> Rollout | None:
+    """What the workload controller itself reports as failed: pods it cannot create
+    (quota, admission: ReplicaFailure) or no progress within the Deployment's
+    progressDeadlineSeconds (Progressing=False, ProgressDeadlineExceeded)."""
+    for condition in status.get("conditions", []) or []:
+        kind, state = condition.get("type"), condition.get("status")
+        message = str(condition.get("message") or "").strip()
+        if kind == "ReplicaFailure" and state == "True":
+            why = condition.get("reason") or "ReplicaFailure"
+            return Rollout(
+                False, f"replicas cannot be created: {why}: {message}", True, "ReplicaFailure"
+            )
+        if (
+            kind == "Progressing"
+            and state == "False"
+            and condition.get("reason") == "ProgressDeadlineExceeded"
+        ):
+            return Rollout(
+                False,
+                f"the rollout made no progress within progressDeadlineSeconds: {message}",
+                True,
+                "ProgressDeadlineExceeded",
+            )
+    return None
 
 
 def rollout_status(workload: Mapping[str, Any]) -> Rollout:
@@ -567,6 +611,9 @@ def rollout_status(workload: Mapping[str, Any]) -> Rollout:
     generation = meta.get("generation", 0)
     if status.get("observedGeneration", 0) < generation:
         return Rollout(False, "the controller has not seen the new template yet")
+    stuck = _rollout_failure(status)
+    if stuck is not None:
+        return stuck
     updated = status.get("updatedReplicas", 0)
     ready = status.get("readyReplicas", 0)
     total = status.get("replicas", 0)
