@@ -667,8 +667,10 @@ def test_a_replica_failure_fails_the_rollout_with_its_message() -> None:
         ],
     )
     rollout = decisions.rollout_status(refused)
-    assert rollout.failed and rollout.reason == "ReplicaFailure"
-    assert "FailedCreate" in rollout.message and "exceeded quota: gpu" in rollout.message
+    assert rollout.failed
+    assert rollout.reason == "ReplicaFailure"
+    assert "FailedCreate" in rollout.message
+    assert "exceeded quota: gpu" in rollout.message
     cleared = deployment(**ROLLED, conditions=[{"type": "ReplicaFailure", "status": "False"}])
     assert not decisions.rollout_status(cleared).failed
 
