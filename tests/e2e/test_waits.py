@@ -92,9 +92,8 @@ def test_a_write_back_that_crash_loops_the_target_is_rolled_back(
     deploy(cluster, namespace, server_deployment("server", max_batch_size=1))
     # Every configuration the search may pick has a batch of 2 or more.
     isvc = inference_service(
-        "rollback", "server", strategy="Canary", max_trials=3, batch_range=(2, 16)
+        "rollback", "server", strategy="Canary", max_trials=3, batch_range=(2, 16), verify_s=10
     )
-    isvc["spec"]["tuning"]["verifySeconds"] = 10
     cluster.kubectl.apply(dump(isvc), "-n", namespace)
     wait_for(
         cluster.kubectl,

@@ -9,6 +9,7 @@ from typing import Any
 
 import kmock
 import pytest
+from aiohttp import web
 from kmock import KubernetesError, Request, ResourceInfo
 from kmock import method as http_method
 
@@ -310,3 +311,57 @@ async def test_verify_catches_pods_that_stay_unready(
         await world(kube, make_spec()).verify(0.2)
     assert caught.value.reason == "Unready"
     assert "0 of 1 replicas ready" in caught.value.message
+
+
+@pytest.fixture
+async def prometheus() -> AsyncIterator[tuple[str, dict[str, float]]]:
+    """A loopback stand-in for Prometheus's instant-query API: each query answers the
+    value set for the first key it contains ("p99" answers histogram_quantile(0.99...)."""
+    answers: dict[str, float] = {}
+
+    async def query(request: web.Request) -> web.Response:
+        promql = request.query["query"]
+        key = "p99" if "0.99" in promql else "ok" if 'outcome="ok"' in promql else "total"
+        value = answers.get(key)
+        result = [] if value is None else [{"metric": {}, "value": [0, str(value)]}]
+        return web.json_response(
+            {"status": "success", "data": {"resultType": "vector", "result": result}}
+        )
+
+    app = web.Application()
+    app.router.add_get("/api/v1/query", query)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    yield f"http://127.0.0.1:{port}", answers
+    await runner.cleanup()
+
+
+async def test_verify_rolls_back_on_an_sla_breach_seen_by_prometheus(
+    kmock: kmock.KubernetesEmulator, kube: Kube, prometheus: tuple[str, dict[str, float]]
+) -> None:
+    url, answers = prometheus
+    kmock.objects[DEPLOYMENTS, NS, "resnet"] = target()
+    kmock.objects["v1/pods", NS, "resnet-1"] = ready_pod()
+    spec = parse_spec(
+        {
+            "target": {"name": "resnet", "container": "server"},
+            "sla": {"p99LatencyMs": 300, "maxErrorRate": 0.01},
+            "load": {
+                "endpoint": {"port": 8080, "path": "/v1/predict"},
+                "source": "prometheus",
+                "prometheus": {"url": url, "scrapeIntervalSeconds": 1},
+            },
+        }
+    )
+    w = world(kube, spec)
+    await w.verify(0.2)  # no traffic in the window: nothing to judge
+    answers.update({"p99": 0.2, "ok": 50.0, "total": 50.0})
+    await w.verify(0.2)  # traffic within the SLA
+    answers["p99"] = 0.45
+    with pytest.raises(TargetProblem) as caught:
+        await w.verify(0.2)
+    assert caught.value.reason == "SLABreached"
+    assert "p99 450 ms > 300 ms at 50 req/s" in caught.value.message

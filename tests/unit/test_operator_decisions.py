@@ -688,3 +688,18 @@ def test_cleanup_left_names_the_canary_and_the_unrestored_target() -> None:
     assert "Deployment resnet still runs the trial's configuration" in left
     assert "'MAX_BATCH_SIZE': '32'" in left
     assert decisions.cleanup_left(status(trial(0), restored=True), spec()) == "nothing"
+
+
+def test_sla_breach_of_production_traffic() -> None:
+    sla = SLA(p99_ms=300, max_error_rate=0.01)
+    kept = decisions.sla_breach(p99_ms=250, ok_rps=100, total_rps=100.5, sla=sla)
+    assert kept is None
+    slow = decisions.sla_breach(p99_ms=480, ok_rps=100, total_rps=100, sla=sla)
+    assert slow == "p99 480 ms > 300 ms at 100 req/s"
+    failing = decisions.sla_breach(p99_ms=100, ok_rps=90, total_rps=100, sla=sla)
+    assert failing is not None
+    assert "error rate 10.00% > 1.00%" in failing
+    # no traffic in the window (NaN from Prometheus): nothing to judge
+    nan = float("nan")
+    assert decisions.sla_breach(p99_ms=nan, ok_rps=nan, total_rps=nan, sla=sla) is None
+    assert decisions.sla_breach(p99_ms=900, ok_rps=0, total_rps=0, sla=sla) is None

@@ -7,6 +7,7 @@ unit-testable without a cluster (DESIGN.md §5).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -679,6 +680,23 @@ def pod_problem(pods: Sequence[Mapping[str, Any]]) -> PodProblem | None:
                     fatal=True,
                 )
     return None
+
+
+def sla_breach(*, p99_ms: float, ok_rps: float, total_rps: float, sla: SLA) -> str | None:
+    """How production traffic over a window broke the SLA (p99 or error rate); None
+    when it kept it, or when there was no traffic to judge."""
+    if not (math.isfinite(total_rps) and total_rps > 0):
+        return None
+    ok = ok_rps if math.isfinite(ok_rps) else 0.0
+    error_rate = max(0.0, 1.0 - ok / total_rps)
+    broken: list[str] = []
+    if math.isfinite(p99_ms) and p99_ms > sla.p99_ms:
+        broken.append(f"p99 {p99_ms:.0f} ms > {sla.p99_ms:g} ms")
+    if error_rate > sla.max_error_rate:
+        broken.append(f"error rate {error_rate:.2%} > {sla.max_error_rate:.2%}")
+    if not broken:
+        return None
+    return f"{', '.join(broken)} at {total_rps:.0f} req/s"
 
 
 def ready_pod_ips(pods: Sequence[Mapping[str, Any]]) -> list[str]:

@@ -7,6 +7,8 @@ server and the pods themselves. Tests give the runner a fake world instead.
 from __future__ import annotations
 
 import asyncio
+import logging
+import time
 from collections.abc import Awaitable, Callable, Mapping
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, Protocol
@@ -22,6 +24,8 @@ from batchpilot.tuner.interfaces import TargetError
 
 if TYPE_CHECKING:
     from batchpilot.capacity.prometheus import PrometheusStepSource
+
+log = logging.getLogger(__name__)
 
 # problems of a pod that is (re)starting: waited out rather than failing the trial
 TRANSIENT = frozenset({"NoReadyPods", "AdminUnreachable", "AdminNotApplied"})
@@ -79,7 +83,8 @@ class World(Protocol):
 
     async def verify(self, seconds: float) -> None:
         """Watch the target for `seconds` after a write-back; a TargetProblem when its
-        pods crash, restart or stay unready."""
+        pods crash, restart or stay unready, or (load.source prometheus) when its
+        traffic over the window broke the SLA."""
         ...
 
     async def remove_canary(self, name: str) -> None: ...
@@ -297,8 +302,40 @@ class KubeWorld:
                         "Unready", f"{kind} {name} after the write-back: {rollout.message}"
                     )
             if now - started >= seconds:
-                return
+                break
             await asyncio.sleep(min(self._poll_s, max(0.0, started + seconds - now)))
+        breach = await self._production_breach(seconds)
+        if breach is not None:
+            raise TargetProblem(
+                "SLABreached",
+                f"production traffic over {seconds:g} s after the write-back: {breach}",
+            )
+
+    async def _production_breach(self, window_s: float) -> str | None:
+        """The SLA breach Prometheus saw over the window, with load.source prometheus.
+        A query that fails judges nothing: a monitoring outage is no reason to undo a
+        configuration that runs."""
+        source = self._prometheus_source()
+        if source is None:
+            return None
+        from batchpilot.capacity.prometheus import PrometheusQueryError
+
+        queries = source.queries(window_s)
+        end = time.time()
+        try:
+            values = {
+                name: await source.query_scalar(queries[name], at_unix=end)
+                for name in ("p99", "ok_rps", "total_rps")
+            }
+        except PrometheusQueryError as exc:
+            log.warning("verify: no SLA verdict from Prometheus: %s", exc)
+            return None
+        return decisions.sla_breach(
+            p99_ms=values["p99"] * 1000.0,
+            ok_rps=values["ok_rps"],
+            total_rps=values["total_rps"],
+            sla=self._spec.sla.to_sla(),
+        )
 
     def _admin_url(self, ip: str) -> str:
         live = self._spec.apply.live
