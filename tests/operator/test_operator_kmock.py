@@ -495,3 +495,33 @@ async def test_deletion_whose_restore_cannot_finish_gives_up_with_an_event(
     assert "RolloutTimedOut" in event["message"]
     assert "Deployment resnet still runs the trial's configuration" in event["message"]
     assert cluster.restored == 0
+
+
+async def test_a_rollback_whose_restore_fails_is_finished_on_the_next_step(
+    kmock: kmock.KubernetesEmulator, operator: Operator, cluster: FakeCluster
+) -> None:
+    cluster.crashes = lambda params: params != ORIGINAL
+    cluster.restore_problem = TargetProblem(
+        "RolloutTimedOut", "Deployment resnet did not roll out within 900 s"
+    )
+    kmock.objects[ISVC, NAMESPACE, "resnet"] = isvc()
+
+    def rolling_back() -> bool:
+        return any(
+            c["type"] == "Degraded" and c["reason"] == "RollingBack"
+            for c in status_of(kmock).get("conditions", [])
+        )
+
+    async with operator():
+        await eventually(rolling_back, what="the rollback started")
+        written = len(cluster.written_back)
+        cluster.restore_problem = None
+        await eventually(lambda: phase_is(kmock, "RolledBack"), what="rolled back")
+        await eventually(lambda: "RolledBack" in reasons_of(kmock), what="the event")
+    assert cluster.target == ORIGINAL
+    assert len(cluster.written_back) == written  # the broken values were not written again
+    assert cluster.restored == 1
+    assert reasons_of(kmock).count("RolledBack") == 1
+    degraded = condition(status_of(kmock), "Degraded")
+    assert degraded["reason"] == "RolledBack"
+    assert "CrashLoopBackOff" in degraded["message"]

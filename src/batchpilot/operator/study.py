@@ -427,12 +427,17 @@ class StudyRunner:
         when it broke the target and the original configuration was put back. Safe to
         repeat after a restart: a write-back already done is only verified again, and a
         rollback under way is finished."""
-        rolling_back = any(
-            c.type == "Degraded" and c.reason == "RollingBack" for c in self.status.conditions
+        rolling_back = next(
+            (
+                c
+                for c in self.status.conditions
+                if c.type == "Degraded" and c.reason == "RollingBack"
+            ),
+            None,
         )
         try:
-            if rolling_back:
-                raise TargetProblem("RollingBack", self.status.message)
+            if rolling_back is not None:
+                raise TargetProblem("RollingBack", rolling_back.message)
             if not self.status.applied:
                 await self._world.write_back(params)
                 await self._save(applied=True)
@@ -445,7 +450,7 @@ class StudyRunner:
         except TargetProblem as problem:
             if problem.reason in NOT_ROLLED_BACK:
                 raise
-            await self._roll_back(params, problem, resumed=rolling_back)
+            await self._roll_back(params, problem, resumed=rolling_back is not None)
             return False
         return True
 
