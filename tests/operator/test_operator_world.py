@@ -365,3 +365,16 @@ async def test_verify_rolls_back_on_an_sla_breach_seen_by_prometheus(
         await w.verify(0.2)
     assert caught.value.reason == "SLABreached"
     assert "p99 450 ms > 300 ms at 50 req/s" in caught.value.message
+
+
+async def test_verify_does_not_blame_the_configuration_for_a_pod_without_room(
+    kmock: kmock.KubernetesEmulator, kube: Kube
+) -> None:
+    scaled = target()
+    scaled["spec"]["replicas"] = 2  # scaled out; the second pod finds no node
+    kmock.objects[DEPLOYMENTS, NS, "resnet"] = scaled
+    kmock.objects["v1/pods", NS, "resnet-1"] = ready_pod()
+    pending = unschedulable_pod()
+    pending["metadata"]["name"] = "resnet-2"
+    kmock.objects["v1/pods", NS, "resnet-2"] = pending
+    await world(kube, make_spec()).verify(0.2)

@@ -285,15 +285,17 @@ class KubeWorld:
         while True:
             current = await self._target()
             pods = await self._pods(current)
+            # a pod that cannot be placed (an HPA scaling out on a full cluster) says
+            # nothing about the configuration; one that crashes does
             problem = decisions.pod_problem(pods)
-            if problem is not None and (problem.fatal or problem.reason == "Unschedulable"):
+            if problem is not None and problem.fatal:
                 raise TargetProblem(problem.reason, problem.message)
             restarted = decisions.restarted_pods(before, pods)
             if restarted:
                 raise TargetProblem("PodRestarted", f"after the write-back: {restarted}")
             rollout = decisions.rollout_status(current)
             now = loop.time()
-            if rollout.done:
+            if rollout.done or (problem is not None and problem.reason == "Unschedulable"):
                 unready_since = None
             else:
                 unready_since = unready_since or now
