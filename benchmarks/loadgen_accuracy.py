@@ -9,11 +9,20 @@
    built from the Go module proxy into a cache outside the repository), same target,
    alternating runs in the same session; medians of the rounds.
 
+With `--target triton` instead: the KServe v2 load against NVIDIA's own instrument.
+A local Triton 2.51 (the project's launcher and bundled model) is measured by Perf
+Analyzer 2.51 (request-rate mode, Poisson arrivals, `--async`; installed by
+scripts/perf-analyzer) and by our generator (same rates, Poisson, the v2 protocol, the
+same request body), interleaved over several repeats at a few rates; p50/p99 of each side
+by side, their ratios, medians and spread over the repeats.
+
 The generator runs in this process, pinned to CPU 0; servers and vegeta's target are
 pinned to CPU 1 when there are two or more CPUs. Figures on a shared machine are noisy:
 compare the ratios, which are measured in the same run.
 
     python benchmarks/loadgen_accuracy.py [--json] [--quick]
+    python benchmarks/loadgen_accuracy.py --target triton [--json] [--quick]
+        [--rates 50,100,200] [--repeats 5] [--tensor-format json|binary]
 """
 
 from __future__ import annotations
@@ -39,6 +48,7 @@ import httpx
 from rich.console import Console
 from rich.table import Table
 
+import versus_perf_analyzer
 from batchpilot.loadgen.generator import run_load, synthetic_body
 from batchpilot.loadgen.stub_server import StubServerProcess
 from batchpilot.models import RequestMix
@@ -347,16 +357,76 @@ def show(report: dict[str, Any]) -> None:
     console.print(f"targets: {report['targets']}")
 
 
+def rates_option(text: str) -> list[float]:
+    """`--rates 50,100,200`: positive req/s."""
+    try:
+        rates = [float(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"rates must be comma-separated numbers of req/s, e.g. 50,100,200; got {text!r}"
+        ) from None
+    if not rates or any(rate <= 0 for rate in rates):
+        raise argparse.ArgumentTypeError(f"rates must be > 0 req/s, got {text!r}")
+    return rates
+
+
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.add_argument("--quick", action="store_true", help="shorter steps, fewer rounds")
+    parser.add_argument(
+        "--target",
+        choices=("reference", "triton"),
+        default="reference",
+        help="reference: the sections above; triton: the KServe v2 load beside Perf Analyzer",
+    )
+    parser.add_argument(
+        "--rates",
+        type=rates_option,
+        default=None,
+        help="triton: comma-separated req/s (default 50,100,200,400; --quick 100,200)",
+    )
+    parser.add_argument(
+        "--repeats", type=int, default=None, help="triton: runs per side and rate (default 5)"
+    )
+    parser.add_argument(
+        "--interval-ms",
+        type=int,
+        default=None,
+        help="triton: Perf Analyzer's window; each run measures three (default 3000)",
+    )
+    parser.add_argument(
+        "--tensor-format",
+        choices=("json", "binary"),
+        default="json",
+        help="triton: how both sides send tensors (json: as the tuner does)",
+    )
     args = parser.parse_args()
+    if args.repeats is not None and args.repeats < 1:
+        parser.error(f"--repeats must be >= 1, got {args.repeats}")
+    if args.interval_ms is not None and args.interval_ms < 100:
+        parser.error(f"--interval-ms must be >= 100, got {args.interval_ms}")
     # A terminated benchmark still stops the servers it started.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
-    result = asyncio.run(main(args.quick))
+    if args.target == "triton":
+        pin(0, GENERATOR_CPU)
+        result = asyncio.run(
+            versus_perf_analyzer.main(
+                args.rates or ([100.0, 200.0] if args.quick else [50.0, 100.0, 200.0, 400.0]),
+                args.repeats or (3 if args.quick else 5),
+                args.interval_ms or (2000 if args.quick else 3000),
+                args.tensor_format,
+                pin=pin,
+                generator_cpu=GENERATOR_CPU,
+                server_cpu=SERVER_CPU,
+            )
+        )
+        show_result: Callable[[dict[str, Any]], None] = versus_perf_analyzer.show
+    else:
+        result = asyncio.run(main(args.quick))
+        show_result = show
     if args.json:
         json.dump(result, sys.stdout, indent=2)
         print()
     else:
-        show(result)
+        show_result(result)

@@ -15,6 +15,8 @@ run() {
 run server_efficiency $py benchmarks/server_efficiency.py --json
 run capacity_spread $py benchmarks/capacity_spread.py --json --runs 3
 run loadgen_accuracy $py benchmarks/loadgen_accuracy.py --json
+# against Perf Analyzer and a local Triton: says "skipped" without scripts/perf-analyzer and scripts/runtimes triton
+run loadgen_accuracy_triton $py benchmarks/loadgen_accuracy.py --target triton --json
 run tune_local .venv/bin/batchpilot tune --local --json --report "$OUT/tune_local_report"
 run tune_under_noise $py benchmarks/tune_under_noise.py --json  # adds its own CPU bursts
 run simulator_validation $py benchmarks/simulator_validation.py --json

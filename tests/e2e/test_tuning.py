@@ -53,9 +53,10 @@ def shortened(isvc: dict[str, Any]) -> dict[str, Any]:
     return isvc
 
 
-def printer_columns(crds: Path) -> list[str]:
+def printer_columns(crds: Path, *, wide: bool = False) -> list[str]:
     crd = yaml.safe_load((crds / "inferenceservices.batchpilot.dev.yaml").read_text())
-    return [c["name"].upper() for c in crd["spec"]["versions"][0]["additionalPrinterColumns"]]
+    columns = crd["spec"]["versions"][0]["additionalPrinterColumns"]
+    return [c["name"].upper() for c in columns if wide or not c.get("priority")]
 
 
 def test_sample_study_converges_and_kubectl_shows_it(
@@ -86,6 +87,16 @@ def test_sample_study_converges_and_kubectl_shows_it(
     assert row[:3] == [name, target, f"{sla:g}"]
     assert row[3] == str(best["maxBatchSize"])
     assert "Converged" in row
+    assert f"{len(finished_trials(status))}/3" in row  # trials done / maxTrials
+
+    # -o wide says what the req/s cover: the sample's canary is one pod
+    wide = cluster.kubectl("get", "bpisvc", name, "-n", namespace, "-o", "wide").splitlines()
+    assert wide[0].split() == ["NAME", *printer_columns(crds, wide=True)]
+    assert wide[1].split()[-4:] == ["per-pod", "1", "<none>", "True"]
+    ready = {c["type"]: c for c in status["conditions"]}
+    assert ready["Ready"]["status"] == "True"
+    assert ready["Reconciling"]["status"] == ready["Stalled"]["status"] == "False"
+    assert ready["Ready"]["observedGeneration"] == status["observedGeneration"]
 
     # `kubectl describe` shows the SLA, the best configuration, the trials and events.
     described = cluster.kubectl("describe", "inferenceservice", name, "-n", namespace)

@@ -93,6 +93,13 @@ def _extra(*params: dict[str, Any]) -> Callable[[dict[str, Any]], None]:
     return _set("parameters.extra", list(params))
 
 
+KSERVE_TARGET = {
+    "apiVersion": "serving.kserve.io/v1beta1",
+    "kind": "InferenceService",
+    "name": "server",
+}
+RAY_TARGET = {"apiVersion": "ray.io/v1", "kind": "RayService", "name": "server"}
+
 CEL_CASES = [
     Case("negative p99", _set("sla.p99LatencyMs", -5), cel_key="p99LatencyMs must be"),
     Case("error rate of 1.5", _set("sla.maxErrorRate", 1.5), cel_key="maxErrorRate is a"),
@@ -157,6 +164,36 @@ CEL_CASES = [
         cel_key="maxConfirmRounds must be greater than or equal",
     ),
     Case(
+        "target kind without its apiVersion",
+        _set("target.kind", "RayService"),
+        cel_key="target.apiVersion and target.kind must be one of",
+    ),
+    Case(
+        "container of a RayService",
+        _set("target", {**RAY_TARGET, "container": "ray-head"}),
+        cel_key="target.container does not apply to a RayService",
+    ),
+    Case(
+        "serveDeployment of a Deployment",
+        _set("target.serveDeployment", "app"),
+        cel_key="serveDeployment applies to a RayService target only",
+    ),
+    Case(
+        "KServe parent with a canary",
+        _set("target", KSERVE_TARGET),
+        cel_key="needs tuning.strategy InPlace",
+    ),
+    Case(
+        "RayService with Env",
+        _both(_set("target", RAY_TARGET), _set("tuning.strategy", "InPlace")),
+        cel_key="a RayService target needs apply.method Live",
+    ),
+    Case(
+        "InPlace without a load budget",
+        _set("tuning.strategy", "InPlace"),
+        cel_key="load.maxRps (the load budget per pod",
+    ),
+    Case(
         "Env extra without variable",
         _extra({"name": "max_num_seqs", "min": 1, "max": 3}),
         cel_key="needs env",
@@ -164,6 +201,7 @@ CEL_CASES = [
 ]
 
 ENUM_CASES = [
+    ("target", "apiVersion"),
     ("target", "kind"),
     ("apply", "method"),
     ("load", "source"),

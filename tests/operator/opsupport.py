@@ -20,6 +20,7 @@ import batchpilot.operator.handlers  # noqa: F401  (registers the handlers)
 from batchpilot.models import SLA, BatchingConfig, CapacityResult, ClientHealth, StepResult
 from batchpilot.operator import decisions
 from batchpilot.operator.crd import GROUP, PLURAL, VERSION
+from batchpilot.operator.kube import KubeError
 from batchpilot.operator.spec import InferenceServiceSpec, Params
 from batchpilot.operator.status import OriginalConfig
 from batchpilot.operator.study import Slots
@@ -59,6 +60,9 @@ class FakeWorld:
 
     async def record_original(self, now: datetime) -> OriginalConfig:
         self.cluster.lookups += 1
+        if self.cluster.api_errors >= self.cluster.lookups:
+            # a different text on every attempt, as real API errors have
+            raise KubeError(503, "ServiceUnavailable", f"attempt {self.cluster.lookups} refused")
         if self.cluster.missing_target:
             raise TargetProblem("TargetNotFound", f"Deployment {self.spec.target.name} is missing")
         return OriginalConfig(
@@ -189,6 +193,7 @@ class FakeCluster:
         # a configuration scoring above this finds the load generator's limit first
         self.client_limit_rps: float | None = None
         self.missing_target = False
+        self.api_errors = 0  # the first this many lookups of the target meet a 503
         self.lookups = 0
         # applies after the first `hold_after` ones wait until `gate` is set
         self.hold_after: int | None = None
@@ -222,7 +227,7 @@ def isvc(name: str = "resnet", **spec_overrides: Any) -> dict[str, Any]:
             "maxBatchSize": {"min": 1, "max": 64},
             "maxQueueTimeMs": {"min": 0, "max": 100},
         },
-        "load": {"endpoint": {"port": 8080, "path": "/v1/predict"}},
+        "load": {"endpoint": {"port": 8080, "path": "/v1/predict"}, "maxRps": 1000},
         "tuning": {"strategy": "Canary", "maxTrials": 4, "writeBack": "Apply"},
     }
     spec.update(spec_overrides)

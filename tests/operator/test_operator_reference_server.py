@@ -80,6 +80,7 @@ def live_world(
                 "stepSeconds": 1,
                 "warmupSeconds": 0.5,
                 "precision": 0.25,
+                "maxRps": 100_000,
                 **(load or {}),
             },
             "tuning": {"strategy": "InPlace"},

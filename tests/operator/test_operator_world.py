@@ -35,7 +35,7 @@ def make_spec(strategy: str = "InPlace") -> InferenceServiceSpec:
         {
             "target": {"name": "resnet", "container": "server"},
             "sla": {"p99LatencyMs": 300},
-            "load": {"endpoint": {"port": 8080, "path": "/v1/predict"}},
+            "load": {"endpoint": {"port": 8080, "path": "/v1/predict"}, "maxRps": 1000},
             "tuning": {"strategy": strategy},
         }
     )

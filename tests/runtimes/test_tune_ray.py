@@ -23,11 +23,15 @@ def test_tune_local_runtime_ray_gives_the_knobs_in_ray_serves_terms(tmp_path: Pa
     require_runtime(VENV, "ray")
     config = tmp_path / "tune.yaml"
     config.write_text("tuning:\n  confirm: false\n", encoding="utf-8")
+    # This test is about Ray Serve's names and units, not its speed: on a loaded 2-core
+    # machine Ray's HTTP proxy, replica and the load generator share the cores, and one CI
+    # run measured p99 above the default 100 ms SLA at the search's lowest step, which
+    # made the only trial Infeasible. A loose SLA keeps the trial's outcome off the load.
     done = subprocess.run(
         [
             sys.executable,
             *("-m", "batchpilot", "tune", "--local", "--runtime", "ray", "--quick"),
-            *("--trials", "1", "--config", str(config), "--json"),
+            *("--trials", "1", "--p99-ms", "500", "--config", str(config), "--json"),
         ],
         capture_output=True,
         text=True,
@@ -36,7 +40,7 @@ def test_tune_local_runtime_ray_gives_the_knobs_in_ray_serves_terms(tmp_path: Pa
     )
     assert done.returncode == 0, done.stderr[-2000:]
     out = json.loads(done.stdout)
-    assert [t["state"] for t in out["trials"]] == ["Complete"]
+    assert [t["state"] for t in out["trials"]] == ["Complete"], out["trials"]
     assert out["best"]["effective_rps"] > 0
     figures = out["runtime"]
     assert figures["name"] == "ray"

@@ -64,11 +64,18 @@ def test_names_status_and_columns() -> None:
         "Best-batch": ".status.best.maxBatchSize",
         "Best-wait-ms": ".status.best.maxQueueTimeMs",
         "Req/s": ".status.best.effectiveRps",
-        "Gain-%": ".status.best.gainPercent",
+        "Trials": ".status.trialsProgress",
+        "Gain-%": ".status.gainPercent",
         "Gain-low-%": ".status.best.gainLowPercent",
         "Phase": ".status.phase",
         "Age": ".metadata.creationTimestamp",
+        "Rate-scope": ".status.rateScope",
+        "Pods": ".status.measuredPods",
+        "Max-rps/pod": ".spec.load.maxRps",
+        "Ready": '.status.conditions[?(@.type=="Ready")].status',
     }
+    wide = {c["name"] for c in version["additionalPrinterColumns"] if c.get("priority")}
+    assert wide == {"Rate-scope", "Pods", "Max-rps/pod", "Ready"}  # kubectl get -o wide
 
 
 def test_spec_has_cel_rules_defaults_and_enums() -> None:

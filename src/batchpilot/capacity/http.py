@@ -30,6 +30,8 @@ from batchpilot.models import (
 # the search starts when no start rate is given (the ramp doubles from there).
 WARMUP_CONCURRENCY = 16
 FALLBACK_START_RPS = 10.0
+# No ceiling: the search's own default.
+DEFAULT_MAX_RPS = 1e6
 
 
 class StepSource(Protocol):
@@ -76,6 +78,22 @@ MAX_STRETCH = 6.0
 def default_timeout_s(sla: SLA) -> float:
     """Well above the SLA, so a timeout marks a request that failed, not a slow pass."""
     return max(5.0 * sla.p99_ms / 1000.0, 1.0)
+
+
+class OverloadBudget:
+    """Time the failing steps of one search may take together (None: no limit). A step
+    that did not pass ran above the SLA, or could not tell: both count in full."""
+
+    def __init__(self, limit_s: float | None) -> None:
+        self.limit_s = limit_s
+        self.spent_s = 0.0
+
+    def record(self, step: StepResult, window_s: float) -> None:
+        if not step.passed:
+            self.spent_s += max(step.duration_s, window_s)
+
+    def fits(self, window_s: float) -> bool:
+        return self.limit_s is None or self.spent_s + window_s <= self.limit_s
 
 
 async def measure_step(
@@ -127,13 +145,14 @@ async def measure_capacity(
     seed: int = 0,
     source: StepSource | None = None,
     arrival: ArrivalKind | str = "poisson",
-    max_rps: float = 1e6,
+    max_rps: float = DEFAULT_MAX_RPS,
     path: str = "/v1/predict",
     on_step: Callable[[StepResult, LoadResult], None] | None = None,
     cooldown_s: float | None = None,
     min_requests: int = DEFAULT_MIN_REQUESTS,
     confirm_failures: bool = True,
     workers: int = 1,
+    max_overload_s: float | None = None,
 ) -> CapacityResult:
     """Warm up, then search for the effective throughput (see search_capacity).
     `on_step` sees every step as it completes (progress display, partial results).
@@ -147,6 +166,10 @@ async def measure_capacity(
     shared machine one noisy window otherwise decides the whole search.
     With `workers` above 1 each step is sent by that many generator processes sharing
     its one schedule (see run_load_workers); the warm-up stays in this process.
+    `max_rps` caps every offered rate, the warm-up's included (a load budget).
+    `max_overload_s` bounds the time the steps that failed (ran above the SLA) take
+    together: a step starts only while the time left covers its whole window, so the
+    bound holds however the step ends.
     Raises ValueError for bad arguments and UnreachableError when a target does not
     answer at all."""
     bases = normalise_urls(urls)
@@ -159,6 +182,8 @@ async def measure_capacity(
     check_workers(workers)
     if start_rps is not None and not (math.isfinite(start_rps) and start_rps > 0):
         raise ValueError(f"start rate must be > 0 req/s, got {start_rps:g}")
+    if max_overload_s is not None and not (math.isfinite(max_overload_s) and max_overload_s > 0):
+        raise ValueError(f"overload budget must be > 0 s, got {max_overload_s:g}")
     # Parsed once: a trace file is read before the first request, not at every step.
     process = as_arrival(arrival)
     timeout = timeout_s if timeout_s is not None else default_timeout_s(sla)
@@ -174,10 +199,16 @@ async def measure_capacity(
             timeout_s=timeout,
             path=path,
             seed=seed,
+            # a load budget holds for the warm-up too
+            max_rps=max_rps if max_rps < DEFAULT_MAX_RPS else None,
         )
     if start_rps is None:
         start_rps = max(1.0, estimate / 2.0) if estimate > 0 else FALLBACK_START_RPS
     step_seeds = itertools.count(seed + 1)
+    overload = OverloadBudget(max_overload_s)
+
+    def window(rate: float) -> float:
+        return step_window_s(rate, step_duration_s, min_requests)
 
     async def measure(rate: float) -> StepResult:
         step, load = await measure_step(
@@ -185,7 +216,7 @@ async def measure_capacity(
             rate=rate,
             sla=sla,
             mix=mix,
-            duration_s=step_window_s(rate, step_duration_s, min_requests),
+            duration_s=window(rate),
             timeout_s=timeout,
             seed=next(step_seeds),
             arrival=process,
@@ -196,6 +227,7 @@ async def measure_capacity(
         )
         if on_step is not None:
             on_step(step, load)
+        overload.record(step, window(rate))
         if not step.passed and cooldown > 0:
             await asyncio.sleep(cooldown)
         return step
@@ -208,4 +240,5 @@ async def measure_capacity(
         must_beat=must_beat,
         max_rps=max_rps,
         confirm_failures=confirm_failures,
+        may_measure=lambda rate: overload.fits(window(rate)),
     )

@@ -1,11 +1,14 @@
-"""Step decisions from the server's own metrics, through Prometheus (DESIGN.md §6): p99
-from `histogram_quantile` over the step window, rates from counters."""
+"""Step decisions from the server's own metrics, through Prometheus: p99 from
+`histogram_quantile` over the step window, rates from counters. The metric names are a
+runtime adapter's `Metrics` (`PrometheusStepSource.for_runtime`); by default the
+reference server's."""
 
 from __future__ import annotations
 
 import asyncio
 import math
-from typing import Any
+import time
+from typing import TYPE_CHECKING, Any
 
 import aiohttp
 from prometheus_api_client import PrometheusConnect
@@ -13,18 +16,46 @@ from prometheus_api_client.exceptions import PrometheusApiClientException
 from requests import RequestException
 from urllib3.util.retry import Retry
 
+from batchpilot.capacity.promql import MS_PER_UNIT, with_matchers
 from batchpilot.capacity.scrape import check_window, scrape_interval_from_config
 from batchpilot.loadgen.result import LoadResult
 from batchpilot.models import SLA, StepResult, step_passes
+from batchpilot.runtimes.base import Metrics
+
+if TYPE_CHECKING:
+    from batchpilot.runtimes.base import Runtime
 
 
 class PrometheusQueryError(RuntimeError):
     """Prometheus did not answer a query; the message says which and why."""
 
 
+class NoLatencyHistogram(ValueError):
+    """The runtime exports no latency histogram, so no p99 can come from Prometheus."""
+
+
+def reference_metrics(
+    latency_metric: str = "batchpilot_request_latency_seconds",
+    requests_metric: str = "batchpilot_requests_total",
+    ok_outcome: str = "ok",
+) -> Metrics:
+    """The reference server's metrics (or ones named like them: a histogram in seconds,
+    a request counter with an `outcome` label)."""
+    return Metrics(
+        port_note="the serving port, /metrics",
+        latency_histogram=latency_metric,
+        latency_unit="s",
+        ok_requests=f'{requests_metric}{{outcome="{ok_outcome}"}}',
+        total_requests=requests_metric,
+    )
+
+
 class PrometheusStepSource:
     """Decides a step from PromQL over the window the step ran in. `selector` narrows the
-    series to the target's (e.g. `job="resnet",namespace="prod"`).
+    series to the target's (e.g. `job="resnet",namespace="prod"`); `metrics` names them
+    (default: the reference server's, or `latency_metric`/`requests_metric`/`ok_outcome`
+    named like them). Where the runtime exports its metrics `export_delay_s` late, the
+    window is read that much later.
 
     `scrape_interval_s` is how often Prometheus scrapes the target; unset, it is read from
     Prometheus's configuration (`check_step`). A step shorter than four intervals is
@@ -38,6 +69,7 @@ class PrometheusStepSource:
         requests_metric: str = "batchpilot_requests_total",
         ok_outcome: str = "ok",
         selector: str = "",
+        metrics: Metrics | None = None,
         settle_s: float = 2.5,
         query_timeout_s: float = 10.0,
         scrape_interval_s: float | None = None,
@@ -49,11 +81,20 @@ class PrometheusStepSource:
         ):
             raise ValueError(f"scrape interval must be > 0 s, got {scrape_interval_s:g}")
         self.scrape_interval_s = scrape_interval_s
+        if metrics is None:
+            metrics = reference_metrics(latency_metric, requests_metric, ok_outcome)
+        if metrics.latency_histogram is None:
+            raise NoLatencyHistogram(
+                "these metrics hold no latency histogram, so Prometheus cannot give a p99; "
+                "decide steps on the client's p99 instead"
+            )
         self.url = url.rstrip("/")
-        self._latency = latency_metric
-        self._requests = requests_metric
-        self._ok = ok_outcome
+        self.metrics = metrics
+        self._latency = metrics.latency_histogram
         self._selector = selector.strip().strip("{}").strip()
+        # checked here, so a malformed expression fails before any load is sent
+        with_matchers(metrics.ok_requests, self._selector)
+        with_matchers(metrics.total_requests, self._selector)
         self._settle_s = settle_s
         self._timeout_s = query_timeout_s
         # Few, quick retries: the whole query is bounded by query_timeout_s anyway.
@@ -62,16 +103,56 @@ class PrometheusStepSource:
             url=self.url, disable_ssl=True, timeout=math.ceil(query_timeout_s), retry=retry
         )
 
+    @classmethod
+    def for_runtime(
+        cls,
+        url: str,
+        runtime: Runtime,
+        *,
+        model: str | None = None,
+        selector: str = "",
+        settle_s: float = 2.5,
+        query_timeout_s: float = 10.0,
+        scrape_interval_s: float | None = None,
+    ) -> PrometheusStepSource:
+        """A source reading `runtime`'s own metrics (`runtime.metrics`) for `model`
+        (default: its bundled one). NoLatencyHistogram when the runtime exports none."""
+        metrics = runtime.metrics_for(model)
+        if metrics.latency_histogram is None:
+            summary = (
+                f"; its summary {metrics.latency_summary} holds quantiles over its own "
+                "sliding window, mixing earlier steps into each"
+                if metrics.latency_summary
+                else ""
+            )
+            raise NoLatencyHistogram(
+                f"{runtime.title} exports no latency histogram ({metrics.port_note}){summary}"
+                ", so a step's p99 cannot come from Prometheus; leave the Prometheus source "
+                "out and steps are decided on the client's p99"
+            )
+        return cls(
+            url,
+            metrics=metrics,
+            selector=selector,
+            settle_s=settle_s,
+            query_timeout_s=query_timeout_s,
+            scrape_interval_s=scrape_interval_s,
+        )
+
     def queries(self, window_s: float) -> dict[str, str]:
-        """The PromQL for a window, by what it measures."""
+        """The PromQL for a window, by what it measures (p50/p99 in the histogram's
+        unit, rates in requests per second)."""
         window = f"{max(1, round(window_s * 1000))}ms"
-        buckets = f"{self._latency}_bucket{self._matchers()}"
-        ok = self._matchers(f'outcome="{self._ok}"')
+        buckets = with_matchers(
+            f"{self._latency}_bucket", self._selector, self.metrics.latency_matchers
+        )
+        ok = with_matchers(self.metrics.ok_requests, self._selector)
+        total = with_matchers(self.metrics.total_requests, self._selector)
         return {
             "p50": f"histogram_quantile(0.5, sum by (le) (rate({buckets}[{window}])))",
             "p99": f"histogram_quantile(0.99, sum by (le) (rate({buckets}[{window}])))",
-            "ok_rps": f"sum(rate({self._requests}{ok}[{window}]))",
-            "total_rps": f"sum(rate({self._requests}{self._matchers()}[{window}]))",
+            "ok_rps": f"sum(rate({ok}[{window}]))",
+            "total_rps": f"sum(rate({total}[{window}]))",
         }
 
     async def check_step(self, step_s: float) -> float:
@@ -109,16 +190,19 @@ class PrometheusStepSource:
     async def step_result(
         self, *, load: LoadResult, start_unix: float, end_unix: float, sla: SLA
     ) -> StepResult:
-        # Let Prometheus scrape past the end of the window before asking about it.
-        await asyncio.sleep(self._settle_s)
+        # The runtime's figures for the window reach Prometheus export_delay_s late:
+        # read the window that much later, and only once Prometheus has scraped past it.
+        at_unix = end_unix + self.metrics.export_delay_s
+        await asyncio.sleep(max(0.0, at_unix - time.time()) + self._settle_s)
         window_s = max(end_unix - start_unix, 2.0)
         if self.scrape_interval_s is not None:
             check_window(window_s, self.scrape_interval_s)
         values = {
-            name: await self.query_scalar(query, at_unix=end_unix)
+            name: await self.query_scalar(query, at_unix=at_unix)
             for name, query in self.queries(window_s).items()
         }
-        p99_ms = values["p99"] * 1000.0
+        to_ms = MS_PER_UNIT[self.metrics.latency_unit]
+        p99_ms = values["p99"] * to_ms
         total = values["total_rps"]
         ok_rps = values["ok_rps"] if math.isfinite(values["ok_rps"]) else 0.0
         error_rate = 1.0 - ok_rps / total if math.isfinite(total) and total > 0 else 1.0
@@ -135,7 +219,7 @@ class PrometheusStepSource:
         return StepResult(
             offered_rps=load.offered_rps,
             achieved_rps=ok_rps,
-            p50_ms=_finite_or(values["p50"] * 1000.0, 0.0),
+            p50_ms=_finite_or(values["p50"] * to_ms, 0.0),
             p99_ms=_finite_or(p99_ms, math.inf),
             error_rate=error_rate,
             requests=round(total * window_s) if math.isfinite(total) else 0,
@@ -166,10 +250,6 @@ class PrometheusStepSource:
         if not result:
             return math.nan
         return float(result[0]["value"][1])
-
-    def _matchers(self, *extra: str) -> str:
-        parts = [p for p in (self._selector, *extra) if p]
-        return "{" + ",".join(parts) + "}" if parts else ""
 
 
 def _finite_or(value: float, default: float) -> float:

@@ -11,6 +11,9 @@ from collections.abc import Awaitable, Callable, Sequence
 from batchpilot.models import SLA, CapacityResult, StepResult
 
 MeasureStep = Callable[[float], Awaitable[StepResult]]
+# Whether a step at this rate may still be measured (a load budget); False ends the search
+# as the step limit does, with the answer so far.
+MayMeasure = Callable[[float], bool]
 
 
 async def search_capacity(
@@ -25,6 +28,7 @@ async def search_capacity(
     must_beat: float | None = None,
     max_ramp_down: int = 6,
     confirm_failures: bool = False,
+    may_measure: MayMeasure | None = None,
 ) -> CapacityResult:
     """Ramp the offered rate geometrically from `start_rps` until a step fails, then
     bisect between the last pass and the first fail until (hi - lo) / lo ≤ precision.
@@ -45,6 +49,9 @@ async def search_capacity(
     Measured steps need this, on a shared machine one noisy window is common; the
     simulator's deterministic steps do not, so it is off by default.
 
+    With `may_measure`, every step is first offered to it: False ends the search as
+    `max_steps` does (a load budget spent), with the highest pass so far.
+
     An invalid step (the client could not keep its schedule) is neither: the search
     stops ramping there and the result is `client_bound`, a lower bound on capacity.
     Only before any pass does it keep ramping down past one. The effective rate is the
@@ -56,6 +63,9 @@ async def search_capacity(
 
     def result(lo: float, *, pruned: bool = False) -> CapacityResult:
         return _capacity(passed.get(lo), steps, sla, precision, pruned, client_bound)
+
+    def spent(rate: float) -> bool:
+        return len(steps) >= max_steps or (may_measure is not None and not may_measure(rate))
 
     def cannot_win(failed_at: float) -> bool:
         return must_beat is not None and failed_at <= must_beat
@@ -73,7 +83,7 @@ async def search_capacity(
         verdict = await once(rate)
         if verdict is not False:
             return verdict
-        if not (confirm_failures and decisive) or len(steps) >= max_steps:
+        if not (confirm_failures and decisive) or spent(rate):
             return False
         # The confirmation's verdict is the step's, unless it is invalid: then it could
         # not tell, and the valid failure stands.
@@ -83,6 +93,8 @@ async def search_capacity(
     rate = min(start_rps, max_rps)
     lo = 0.0
     hi = math.inf
+    if spent(rate):
+        return result(0.0)
     first = await measure(rate, decisive=True)
     client_bound = first is None
     if first:
@@ -93,9 +105,9 @@ async def search_capacity(
         if first is False and cannot_win(rate):
             return result(0.0, pruned=True)
         for _ in range(max_ramp_down):
-            if len(steps) >= max_steps:
-                return result(0.0)
             rate /= growth
+            if spent(rate):
+                return result(0.0)
             verdict = await measure(rate, decisive=cannot_win(rate))
             client_bound = client_bound or verdict is None
             if verdict:
@@ -110,9 +122,11 @@ async def search_capacity(
             return result(0.0)
 
     while hi == math.inf:  # ramp up until a step fails
-        if lo >= max_rps or len(steps) >= max_steps:
+        if lo >= max_rps:
             return result(lo)
         rate = min(lo * growth, max_rps)
+        if spent(rate):
+            return result(lo)
         verdict = await measure(rate, decisive=True)
         if verdict is None:
             client_bound = True  # the client's ceiling: nothing above it can be measured
@@ -127,9 +141,9 @@ async def search_capacity(
     while (hi - lo) / lo > precision:  # bisect
         if must_beat is not None and hi <= must_beat:
             return result(lo, pruned=True)
-        if len(steps) >= max_steps:
-            break
         rate = (lo + hi) / 2.0
+        if spent(rate):
+            break
         verdict = await measure(rate, decisive=cannot_win(rate))
         if verdict is None:
             client_bound = True

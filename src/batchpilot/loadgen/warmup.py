@@ -38,15 +38,19 @@ async def closed_loop_rate(
     timeout_s: float = 10.0,
     path: str = "/v1/predict",
     seed: int = 0,
+    max_rps: float | None = None,
 ) -> float:
     """Successful responses per second with `concurrency` requests always in flight.
     A request protocol in force (`loadgen.protocols.speaking`) decides path, body and
     headers. An HTTP error answer before any success raises RejectedError at once; after
-    one, errors count as load (an overloaded server may shed some)."""
+    one, errors count as load (an overloaded server may shed some). With `max_rps` the
+    sends are paced to at most that rate (a load budget), and so is the estimate."""
     if concurrency < 1:
         raise ValueError(f"concurrency must be ≥ 1, got {concurrency}")
     if not duration_s > 0:
         raise ValueError(f"warm-up duration must be > 0 s, got {duration_s:g}")
+    if max_rps is not None and not max_rps > 0:
+        raise ValueError(f"warm-up rate cap must be > 0 req/s, got {max_rps:g}")
     body_for_size: Callable[[int], bytes] = synthetic_body
     headers = dict(JSON_HEADERS)
     if (protocol := in_force()) is not None:
@@ -57,10 +61,24 @@ async def closed_loop_rate(
     deadline = loop.time() + duration_s
     ok = 0
     refused: list[RejectedError] = []
+    next_send = loop.time()  # the pacer's next free slot, with max_rps
+
+    async def paced() -> None:
+        nonlocal next_send
+        if max_rps is None:
+            return
+        now = loop.time()
+        slot = max(next_send, now)
+        next_send = slot + 1.0 / max_rps
+        if slot > now:
+            await asyncio.sleep(slot - now)
 
     async def worker(session: aiohttp.ClientSession) -> None:
         nonlocal ok
         while loop.time() < deadline and not refused:
+            await paced()
+            if loop.time() >= deadline:
+                break
             body = body_for_size(sizes.draw(1)[0])
             url = next(targets)
             try:

@@ -54,13 +54,20 @@ PRINTER_COLUMNS: list[dict[str, Any]] = [
         "name": "Req/s",
         "type": "number",
         "jsonPath": ".status.best.effectiveRps",
-        "description": "effective throughput of the best configuration",
+        "description": "effective throughput of the best configuration, all measured pods "
+        "together (the Rate-scope column of -o wide)",
+    },
+    {
+        "name": "Trials",
+        "type": "string",
+        "jsonPath": ".status.trialsProgress",
+        "description": "finished trials / tuning.maxTrials",
     },
     {
         "name": "Gain-%",
         "type": "number",
-        "jsonPath": ".status.best.gainPercent",
-        "description": "gain of the best over the incumbent, re-measured interleaved",
+        "jsonPath": ".status.gainPercent",
+        "description": "gain of the best over the baseline (the confirmation's when it ran)",
     },
     {
         "name": "Gain-low-%",
@@ -70,6 +77,34 @@ PRINTER_COLUMNS: list[dict[str, Any]] = [
     },
     {"name": "Phase", "type": "string", "jsonPath": ".status.phase"},
     {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
+    # -o wide only
+    {
+        "name": "Rate-scope",
+        "type": "string",
+        "jsonPath": ".status.rateScope",
+        "description": "what Req/s covers: one pod, or the fleet of measured pods together",
+        "priority": 1,
+    },
+    {
+        "name": "Pods",
+        "type": "integer",
+        "jsonPath": ".status.measuredPods",
+        "description": "ready pods the latest trial's load was spread over",
+        "priority": 1,
+    },
+    {
+        "name": "Max-rps/pod",
+        "type": "number",
+        "jsonPath": ".spec.load.maxRps",
+        "description": "load budget per pod (load.maxRps)",
+        "priority": 1,
+    },
+    {
+        "name": "Ready",
+        "type": "string",
+        "jsonPath": '.status.conditions[?(@.type=="Ready")].status',
+        "priority": 1,
+    },
 ]
 
 _DROPPED_KEYS = ("title", "additionalProperties", "$defs")

@@ -21,6 +21,7 @@ from batchpilot.operator.spec import (
     Params,
     batching_config,
 )
+from batchpilot.operator.specdiff import study_fingerprint
 from batchpilot.operator.status import (
     MAX_CONDITIONS,
     TRIALS_KEPT,
@@ -43,7 +44,9 @@ from batchpilot.tuner.verdict import (
     undecided,
 )
 
-PlanKind = Literal["idle", "new-study", "record-original", "trial", "confirm", "finish", "fail"]
+PlanKind = Literal[
+    "idle", "new-study", "adopt-spec", "record-original", "trial", "confirm", "finish", "fail"
+]
 FINISHED_STATES = frozenset({"Complete", "Pruned", "Infeasible"})
 ACTIVE_PHASES = frozenset({"Pending", "Baseline", "Tuning", "Confirming"})
 # Round r of the confirmation offers every configuration the load of seed + this x (r + 1).
@@ -59,6 +62,15 @@ class Plan:
 def plan(spec: InferenceServiceSpec, status: InferenceServiceStatus, generation: int) -> Plan:
     """The next step of the study for this generation of the spec."""
     if status.observed_generation != generation:
+        if (
+            status.observed_generation is not None
+            and status.phase not in ("Failed", "RolledBack")
+            and status.study_fingerprint == study_fingerprint(spec)
+        ):
+            # an edit the study does not depend on (writeBack, maxTrials, ...): a failed
+            # or rolled-back study is rerun instead, the edit being the user's way to
+            # retry it
+            return Plan("adopt-spec", f"spec generation {generation} keeps the study")
         return Plan("new-study", f"spec generation {generation} has no study yet")
     if status.phase in ("Converged", "Failed", "RolledBack"):
         return Plan("idle", f"study of generation {generation} is {status.phase}")
@@ -275,6 +287,18 @@ def cleanup_left(status: InferenceServiceStatus, spec: InferenceServiceSpec) -> 
             f"its original was {shown}"
         )
     return "; ".join(left) or "nothing"
+
+
+# measure_capacity's own ceiling when no load budget is set
+UNCAPPED_RPS = 1e6
+
+
+def load_ceiling(max_rps_per_pod: float | None, pods: int) -> float:
+    """The highest rate a trial may offer: the per-pod budget times the pods it is
+    spread over."""
+    if max_rps_per_pod is None:
+        return UNCAPPED_RPS
+    return max_rps_per_pod * max(pods, 1)
 
 
 def set_condition(

@@ -19,9 +19,11 @@ from typing import Any
 import kopf
 from pydantic import ValidationError
 
-from batchpilot.operator import decisions, metrics
+from batchpilot.operator import decisions, kstatus, metrics, specdiff
 from batchpilot.operator.crd import GROUP, PLURAL, VERSION
+from batchpilot.operator.events import EventLimiter
 from batchpilot.operator.kube import Connection, Kube, KubeError, isvc_path
+from batchpilot.operator.parentworld import ParentWorld
 from batchpilot.operator.spec import InferenceServiceSpec, explain_validation_error, parse_spec
 from batchpilot.operator.status import InferenceServiceStatus
 from batchpilot.operator.study import (
@@ -56,7 +58,8 @@ def kube_world(
     owner: Mapping[str, Any],
     on_problem: ProblemSink,
 ) -> World:
-    return KubeWorld(kube, spec=spec, namespace=namespace, owner=owner, on_problem=on_problem)
+    world = ParentWorld if spec.target.is_parent else KubeWorld
+    return world(kube, spec=spec, namespace=namespace, owner=owner, on_problem=on_problem)
 
 
 @kopf.on.login()
@@ -87,6 +90,7 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) 
     memo.setdefault("backoff_cap_s", 300.0)
     memo.setdefault("runners", {})
     memo.setdefault("locks", {})
+    memo.setdefault("event_limiters", {})
     # Kopf gives every resource a shallow copy of the memo: objects created later are
     # shared through this dict, not through new memo keys
     memo.setdefault("clients", {})
@@ -107,6 +111,16 @@ def _kube(memo: kopf.Memo) -> Kube:
             raise kopf.TemporaryError("not logged in to the API server yet", delay=5)
         kube = clients["kube"] = Kube(CREDENTIALS.connection)
     return kube
+
+
+def _post(memo: kopf.Memo, body: kopf.Body, type: EventType, reason: str, message: str) -> None:
+    """Post an event through the resource's limiter (events.py): a Warning repeated on
+    every retry is posted once per window."""
+    key = (str(body.metadata.namespace), str(body.metadata.name))
+    limiters: dict[tuple[str, str], EventLimiter] = memo["event_limiters"]
+    text = limiters.setdefault(key, EventLimiter()).admit(type, reason, message)
+    if text is not None:
+        kopf.event(body, type=type, reason=reason, message=text[:1024])
 
 
 def _lock(memo: kopf.Memo, key: tuple[str, str]) -> asyncio.Lock:
@@ -135,7 +149,7 @@ def _runner(
         )
 
     def event(type: EventType, reason: str, message: str) -> None:
-        kopf.event(body, type=type, reason=reason, message=message[:1024])
+        _post(memo, body, type, reason, message)
 
     holder: list[StudyRunner] = []
 
@@ -181,10 +195,13 @@ async def _report_invalid(
         generation=generation,
         now=utcnow(),
     )
-    status = InferenceServiceStatus(
-        phase="Failed", observed_generation=generation, message=message, conditions=conditions
+    status = kstatus.with_kstatus(
+        InferenceServiceStatus(
+            phase="Failed", observed_generation=generation, message=message, conditions=conditions
+        ),
+        utcnow(),
     )
-    kopf.event(body, type="Warning", reason="InvalidSpec", message=message[:1024])
+    _post(memo, body, "Warning", "InvalidSpec", message)
     await _kube(memo).merge_patch(
         isvc_path(str(body.metadata.namespace), str(body.metadata.name), status=True),
         {"status": status.model_dump(mode="json", by_alias=True)},
@@ -239,7 +256,8 @@ async def study(
                 await stopped.wait(float(memo["poll_s"]))
                 continue
             status = runner.status if runner is not None else _status_of(body)
-            if runner is not None:
+            if runner is not None and specdiff.restarts_study(runner.spec, spec):
+                # undone under the spec it ran with: the old target, the old strategy
                 async with _lock(memo, key):
                     with contextlib.suppress(RecoverableError, Exception):
                         await runner.stop_early("the spec changed")
@@ -250,8 +268,14 @@ async def study(
         async with _lock(memo, key):
             task = asyncio.ensure_future(runner.step(generation))
 
-            def changed(seen: int = generation) -> bool:
-                return int(body.metadata.get("generation") or 1) != seen
+            def changed(seen: int = generation, running: StudyRunner = runner) -> bool:
+                """A new generation that the step in flight must not finish under."""
+                if int(body.metadata.get("generation") or 1) == seen:
+                    return False
+                try:
+                    return specdiff.restarts_study(running.spec, parse_spec(body.get("spec")))
+                except ValidationError:
+                    return True
 
             try:
                 busy = await _until_stopped(task, stopped, changed, float(memo["poll_s"]))
@@ -260,12 +284,14 @@ async def study(
                     attempt, base=2.0, cap=float(memo["backoff_cap_s"]), rng=rng
                 )
                 attempt += 1
+                # the module's logger, not Kopf's: Kopf would post each line as an event
+                # whose text (the delay) changes on every retry
+                where = f"{key[0]}/{key[1]}"
                 if isinstance(error, RecoverableError):
-                    logger.warning(f"{error.reason}: {error.message}; retrying in {delay:.0f} s")
+                    log.warning(f"{where}: {error.reason}: {error.message}; retry in {delay:.0f} s")
                 else:
-                    logger.exception(f"study step failed; retrying in {delay:.0f} s")
-                    message = repr(error)[:1024]
-                    kopf.event(body, type="Warning", reason="StepFailed", message=message)
+                    log.exception(f"{where}: study step failed; retrying in {delay:.0f} s")
+                    _post(memo, body, "Warning", "StepFailed", repr(error))
                 await stopped.wait(delay)
                 continue
         attempt = 0

@@ -65,27 +65,99 @@ def _model_config(*rules: dict[str, str]) -> ConfigDict:
     )
 
 
+# Target kinds by API version. The workloads own their pods; the parents (a KServe
+# InferenceService, a RayService) own a Deployment or RayCluster that their controller
+# reverts, so the operator writes to the parent (batchpilot.operator.parents).
+WORKLOAD_API_VERSION = "apps/v1"
+KSERVE_API_VERSION = "serving.kserve.io/v1beta1"
+RAY_API_VERSION = "ray.io/v1"
+TARGET_KINDS: dict[str, tuple[str, ...]] = {
+    WORKLOAD_API_VERSION: ("Deployment", "StatefulSet"),
+    KSERVE_API_VERSION: ("InferenceService",),
+    RAY_API_VERSION: ("RayService",),
+}
+PARENT_KINDS = ("InferenceService", "RayService")
+_TARGET_PAIRS = ", ".join(f"{v} {k}" for v, kinds in TARGET_KINDS.items() for k in kinds)
+TARGET_PAIR_MESSAGE = f"target.apiVersion and target.kind must be one of: {_TARGET_PAIRS}"
+RAY_CONTAINER_MESSAGE = (
+    "target.container does not apply to a RayService: its knobs live in "
+    "spec.serveConfigV2 (name the Serve deployment with target.serveDeployment)"
+)
+SERVE_DEPLOYMENT_MESSAGE = "target.serveDeployment applies to a RayService target only"
+PARENT_STRATEGY_MESSAGE = (
+    "a KServe InferenceService or RayService target needs tuning.strategy InPlace: a "
+    "canary copy of it would be a new service with its own controller"
+)
+RAY_APPLY_MESSAGE = (
+    "a RayService target needs apply.method Live: Ray Serve takes max_batch_size and "
+    "batch_wait_timeout_s from its user_config, not from environment variables (the "
+    "winner is written to spec.serveConfigV2)"
+)
+
+
 class TargetRef(BaseModel):
-    """The workload whose batching is tuned."""
+    """The workload whose batching is tuned, or the KServe InferenceService or
+    RayService that owns it."""
 
-    model_config = _model_config()
+    model_config = _model_config(
+        cel(
+            " || ".join(
+                f"(self.apiVersion == '{v}' && self.kind in [{', '.join(repr(k) for k in ks)}])"
+                for v, ks in TARGET_KINDS.items()
+            ),
+            TARGET_PAIR_MESSAGE,
+        ),
+        cel("self.kind != 'RayService' || !has(self.container)", RAY_CONTAINER_MESSAGE),
+        cel("self.kind == 'RayService' || !has(self.serveDeployment)", SERVE_DEPLOYMENT_MESSAGE),
+    )
 
-    kind: Literal["Deployment", "StatefulSet"] = Field(
-        default="Deployment", description="Kind of the workload: Deployment or StatefulSet."
+    api_version: Literal["apps/v1", "serving.kserve.io/v1beta1", "ray.io/v1"] = Field(
+        default="apps/v1",
+        description="API version of the target: apps/v1 (Deployment, StatefulSet), "
+        "serving.kserve.io/v1beta1 (InferenceService) or ray.io/v1 (RayService).",
+    )
+    kind: Literal["Deployment", "StatefulSet", "InferenceService", "RayService"] = Field(
+        default="Deployment",
+        description="Kind of the target. For a KServe InferenceService or a RayService the "
+        "operator finds the serving pods through it and writes to it, never to the "
+        "Deployment or RayCluster its controller owns.",
     )
     name: str = Field(
-        description="Name of the workload in the InferenceService's namespace.",
+        description="Name of the target in the InferenceService's namespace.",
         min_length=1,
         max_length=253,
         pattern=DNS_SUBDOMAIN_PATTERN,
     )
     container: str | None = Field(
         default=None,
-        description="Container that serves the model; the pod's first container when unset.",
+        description="Container that serves the model; the pod's first container when unset "
+        "(a KServe predictor's model container: kserve-container).",
         min_length=1,
         max_length=63,
         pattern=DNS_LABEL_PATTERN,
     )
+    serve_deployment: str | None = Field(
+        default=None,
+        description="RayService: the Serve application, or APP/DEPLOYMENT, whose "
+        "user_config carries the knobs; needed when serveConfigV2 holds more than one.",
+        min_length=1,
+        max_length=255,
+        pattern=r"^[A-Za-z0-9_.-]+(/[A-Za-z0-9_.-]+)?$",
+    )
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Self:
+        if self.kind not in TARGET_KINDS[self.api_version]:
+            raise ValueError(TARGET_PAIR_MESSAGE)
+        if self.kind == "RayService" and self.container is not None:
+            raise ValueError(RAY_CONTAINER_MESSAGE)
+        if self.kind != "RayService" and self.serve_deployment is not None:
+            raise ValueError(SERVE_DEPLOYMENT_MESSAGE)
+        return self
+
+    @property
+    def is_parent(self) -> bool:
+        return self.kind in PARENT_KINDS
 
 
 class SLASpec(BaseModel):
@@ -499,6 +571,23 @@ class LoadSpec(BaseModel):
         le=1_000_000,
     )
 
+    max_rps: float | None = Field(
+        default=None,
+        description="Load budget: the highest rate offered per measured pod, req/s. The "
+        "capacity search never offers more than maxRps x the ready pods. Required by "
+        "strategy InPlace, where the load lands on production beside live traffic.",
+        gt=0.0,
+        le=1_000_000.0,
+    )
+    max_overload_seconds: float | None = Field(
+        default=None,
+        description="Load budget: the longest time, s, that the steps of one trial may run "
+        "above the SLA. A step is started only while the time left covers its whole "
+        "window; unset: no limit. Should be at least stepSeconds, else no step fits.",
+        ge=1.0,
+        le=86400.0,
+    )
+
     @model_validator(mode="after")
     def _prometheus_needs_url(self) -> LoadSpec:
         if self.source == "prometheus" and self.prometheus is None:
@@ -620,6 +709,12 @@ class TuningSpec(BaseModel):
         return self
 
 
+_IN_PLACE_BUDGET_MESSAGE = (
+    "load.maxRps (the load budget per pod, req/s) is required when tuning.strategy is "
+    "InPlace: the trials' load lands on production pods beside their live traffic"
+)
+
+
 class InferenceServiceSpec(BaseModel):
     """Tunes the dynamic batching of a model server for the most effective throughput
     within a p99 latency SLA."""
@@ -629,6 +724,17 @@ class InferenceServiceSpec(BaseModel):
             "self.apply.method != 'Env' || !has(self.parameters.extra) || "
             "self.parameters.extra.all(p, has(p.env))",
             "every parameters.extra entry needs env when apply.method is Env",
+        ),
+        cel(
+            "!(self.target.kind in ['InferenceService', 'RayService']) || "
+            "self.tuning.strategy == 'InPlace'",
+            PARENT_STRATEGY_MESSAGE,
+        ),
+        cel("self.target.kind != 'RayService' || self.apply.method == 'Live'", RAY_APPLY_MESSAGE),
+        cel(
+            "!has(self.tuning) || !has(self.tuning.strategy) || "
+            "self.tuning.strategy != 'InPlace' || has(self.load.maxRps)",
+            _IN_PLACE_BUDGET_MESSAGE,
         ),
     )
 
@@ -657,6 +763,16 @@ class InferenceServiceSpec(BaseModel):
                     "every parameters.extra entry needs env when apply.method is Env; "
                     f"missing for: {', '.join(missing)}"
                 )
+        if self.tuning.strategy == "InPlace" and self.load.max_rps is None:
+            raise ValueError(_IN_PLACE_BUDGET_MESSAGE)
+        return self
+
+    @model_validator(mode="after")
+    def _parent_combinations(self) -> InferenceServiceSpec:
+        if self.target.is_parent and self.tuning.strategy != "InPlace":
+            raise ValueError(PARENT_STRATEGY_MESSAGE)
+        if self.target.kind == "RayService" and self.apply.method != "Live":
+            raise ValueError(RAY_APPLY_MESSAGE)
         return self
 
     def env_names(self) -> dict[str, str]:

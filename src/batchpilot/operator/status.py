@@ -21,7 +21,8 @@ TrialSource = Literal["baseline", "warm-start", "sampler", "refine"]
 # so the kept window normally holds the whole study and a restart rebuilds it exactly;
 # older entries only ever fall into the summary when a study fails over and over.
 TRIALS_KEPT = MAX_TRIALS_LIMIT + 20
-MAX_CONDITIONS = 8
+# Today's conditions, the kstatus ones (Ready, Reconciling, Stalled) and room for more.
+MAX_CONDITIONS = 16
 
 
 class _Status(BaseModel):
@@ -191,4 +192,25 @@ class InferenceServiceStatus(_Status):
     )
     restored: bool = Field(
         default=False, description="The original configuration was put back on the target."
+    )
+    study_fingerprint: str | None = Field(
+        default=None,
+        description="Digest of the spec fields the study depends on: an edit that leaves it "
+        "unchanged (writeBack, maxTrials, patience, ...) continues the study.",
+    )
+    trials_progress: str | None = Field(
+        default=None, description="Finished trials / tuning.maxTrials, e.g. 7/20."
+    )
+    gain_percent: float | None = Field(
+        default=None,
+        description="Gain of the best over the baseline, %: the confirmation's when it ran, "
+        "else the trials' own figures.",
+    )
+    measured_pods: int | None = Field(
+        default=None, description="Ready pods the latest trial's load was spread over."
+    )
+    rate_scope: str | None = Field(
+        default=None,
+        description="What the req/s figures cover: per-pod (one pod measured) or fleet "
+        "(measuredPods pods together).",
     )

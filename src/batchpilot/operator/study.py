@@ -18,7 +18,7 @@ from datetime import UTC, datetime
 from typing import Literal
 
 from batchpilot.models import BatchingConfig, CapacityResult
-from batchpilot.operator import decisions, metrics
+from batchpilot.operator import adopt, decisions, kstatus, metrics, specdiff
 from batchpilot.operator.kube import KubeError
 from batchpilot.operator.spec import InferenceServiceSpec, Params, batching_config
 from batchpilot.operator.status import (
@@ -115,7 +115,11 @@ class StudyRunner:
     # --- bookkeeping ------------------------------------------------------------------
 
     async def _save(self, **changes: object) -> None:
-        self.status = self.status.model_copy(update=changes)
+        status = self.status.model_copy(update=changes)
+        # the World of a real cluster counts the pods it measured; a fake one need not
+        pods = getattr(self._world, "measured_pods", None)
+        status = kstatus.with_summary(status, self.spec, pods if isinstance(pods, int) else None)
+        self.status = kstatus.with_kstatus(status, self._clock())
         await self._write(self.status)
 
     def _condition(
@@ -177,6 +181,8 @@ class StudyRunner:
                 return False
             if plan.kind == "new-study":
                 await self._new_study(generation)
+            elif plan.kind == "adopt-spec":
+                await self._adopt_spec(generation)
             elif plan.kind == "record-original":
                 await self._record_original()
             elif plan.kind == "trial":
@@ -199,13 +205,46 @@ class StudyRunner:
     async def _new_study(self, generation: int) -> None:
         if self.status.observed_generation is not None:
             await self.stop_early("a new spec generation replaces this study")
-        self.status = decisions.new_study(self.status, generation)
+        self.status = decisions.new_study(self.status, generation).model_copy(
+            update={"study_fingerprint": specdiff.study_fingerprint(self.spec)}
+        )
         self._prepared = False
         if any(c.type == "Degraded" for c in self.status.conditions):
             self._condition("Degraded", "False", "StudyStarted", "a new study replaces it")
         self._condition("Ready", "False", "StudyStarted", self.status.message)
+        self._condition("SpecValid", "True", "Valid", f"spec generation {generation} is valid")
         await self._save()
         self._event("Normal", "StudyStarted", self.status.message)
+
+    async def _adopt_spec(self, generation: int) -> None:
+        """Take over an edit that leaves the study's measurements comparable: a
+        converged study reopens when there are trials left to run, or applies or
+        withholds its result when writeBack changed; a running one just goes on."""
+        self.status = self.status.model_copy(update={"observed_generation": generation})
+        self._condition("SpecValid", "True", "Valid", f"spec generation {generation} is valid")
+        note = f"spec generation {generation} adopted by the running study (no restart)"
+        if adopt.reopens(self.spec, self.status):
+            self.status = adopt.reopened(self.status)
+            note = f"spec generation {generation}: more trials allowed, the study continues"
+            await self._save(message=note)
+            self._event("Normal", "StudyResumed", note)
+            return
+        action = adopt.write_back_action(self.spec, self.status)
+        if action == "apply":
+            chosen = adopt.chosen_params(self.spec, self.status)
+            assert chosen is not None  # write_back_action checked it
+            await self._world.write_back(chosen)
+            shown = decisions.describe_params(chosen)
+            await self._save(applied=True, restored=False)
+            self._event("Normal", "Applied", f"wrote {shown} to {self.spec.target.name}")
+            note += f"; writeBack Apply: wrote {shown}"
+        elif action == "withhold" and self.status.original is not None:
+            await self._world.restore(self.status.original)
+            await self._save(applied=False, restored=True)
+            self._event("Normal", "Restored", "writeBack Recommend: original configuration back")
+            note += "; writeBack Recommend: the original configuration is back on the target"
+        await self._save()
+        self._event("Normal", "SpecAdopted", note)
 
     async def _record_original(self) -> None:
         original = await self._world.record_original(self._clock())

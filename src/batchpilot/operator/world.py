@@ -114,6 +114,8 @@ class KubeWorld:
         self._http_timeout = aiohttp.ClientTimeout(total=http_timeout_s)
         self._settle_s = settle_s
         self._canary: str | None = None
+        # pods the latest measurement spread its load over: its req/s are theirs together
+        self.measured_pods: int | None = None
 
     # --- reading ----------------------------------------------------------------------
 
@@ -427,6 +429,8 @@ class KubeWorld:
             raise TargetProblem("NoReadyPods", "no ready pods to measure")
         urls = [f"http://{ip}:{load.endpoint.port}" for ip in ips]
         source = await self._checked_prometheus_source()
+        self.measured_pods = len(ips)
+        in_place = self._spec.tuning.strategy == "InPlace"
         result = await measure_capacity(
             urls,
             path=load.endpoint.path,
@@ -441,6 +445,10 @@ class KubeWorld:
             seed=self._spec.tuning.seed if seed is None else seed,
             source=source,
             arrival=load.arrival.process_model(),
+            max_rps=decisions.load_ceiling(load.max_rps, len(ips)),
+            max_overload_s=load.max_overload_seconds,
+            # on production a breach is not provoked a second time to confirm it
+            confirm_failures=not in_place,
         )
         # a pod that restarted mid-measurement (crash, OOM kill, eviction) makes the
         # figures say nothing about this configuration: the trial fails and is not scored

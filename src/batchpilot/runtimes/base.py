@@ -102,6 +102,11 @@ class Metrics(Frozen):
     ok_requests: str
     total_requests: str
     batch_size: str | None = None  # PromQL for the mean batch size, where there is one
+    # a summary (name, with a `quantile` label) the runtime keeps over its own sliding
+    # window, where it has one: a cross-check only, the window is not the step's
+    latency_summary: str | None = None
+    # how late a request shows in the exported figures (Ray pushes its every ~10 s)
+    export_delay_s: Annotated[float, Field(ge=0.0)] = 0.0
 
 
 class Persistence(Frozen):
@@ -216,6 +221,11 @@ class Runtime(ABC):
     @abstractmethod
     def persistence(self, config: BatchingConfig, *, model: str | None = None) -> Persistence:
         """How to make `config` survive a restart."""
+
+    def metrics_for(self, model: str | None = None) -> Metrics:
+        """`metrics` narrowed to `model` where the runtime labels its series by model
+        (default: the bundled one); the same for all models otherwise."""
+        return self.metrics
 
     def native(self, config: BatchingConfig) -> NativeValues:
         return to_native(self.knobs, config)

@@ -456,6 +456,10 @@ class MLServerProcess(ChildProcess):
         return read_tail(self._stderr, limit)
 
 
+# MLServer labels its HTTP figures with the route's template, the same for every model
+INFER_PATH = 'path="/v2/models/{model_name}/infer"'
+
+
 class MLServerRuntime(Runtime):
     name: ClassVar[str] = "mlserver"
     title: ClassVar[str] = "MLServer 1.7.1"
@@ -465,9 +469,11 @@ class MLServerRuntime(Runtime):
         port_note="metrics_port (default 8082), /metrics",
         latency_histogram="rest_server_request_duration_seconds",
         latency_unit="s",
-        latency_matchers='path="/v2/models/{model_name}/infer"',
-        ok_requests="model_infer_request_success_total",
-        total_requests='{__name__=~"model_infer_request_(success|failure)_total"}',
+        latency_matchers=INFER_PATH,
+        # the HTTP layer's counters, not model_infer_request_*: those miss what never
+        # reached the model (a 404 while it reloads, a request given up on)
+        ok_requests=f'rest_server_requests_total{{{INFER_PATH},status_code=~"2.."}}',
+        total_requests=f"rest_server_requests_total{{{INFER_PATH}}}",
     )
     default_model: ClassVar[str | None] = MODEL
 

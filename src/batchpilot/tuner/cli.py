@@ -167,11 +167,44 @@ def _storage(spec: str | None) -> str | BaseStorage | None:
     help="Start a server on this machine (the reference server, or --runtime) and tune it.",
 )
 @click.option(
+    "--url",
+    "attach_url",
+    default=None,
+    help="Tune the server already running at this base URL (--runtime says which kind; "
+    "its configuration is changed live and put back at the end).",
+)
+@click.option(
     "--runtime",
     "runtime_name",
     type=click.Choice(runtime_names(), case_sensitive=False),
     default=None,
-    help="Inference runtime --local starts with its bundled model [default reference].",
+    help="Inference runtime --local starts with its bundled model, or the kind --url "
+    "tunes [default reference].",
+)
+@click.option(
+    "--model",
+    default=None,
+    help="--url: the model to tune on that server [default: the runtime's bundled one].",
+)
+@click.option(
+    "--prometheus",
+    "prometheus_url",
+    default=None,
+    help="--url: decide each step on the server's own metrics (p99 from its latency "
+    "histogram, request rates from its counters) in the Prometheus at this URL, which "
+    "scrapes the server.",
+)
+@click.option(
+    "--prometheus-selector",
+    default="",
+    help="--prometheus: label matchers that pick the server's series, e.g. "
+    '\'job="triton",namespace="prod"\' [default: none].',
+)
+@click.option(
+    "--keep-winner",
+    is_flag=True,
+    help="--url: leave the recommended configuration live at the end instead of putting "
+    "back the one found running.",
 )
 @click.option(
     "--config",
@@ -282,7 +315,12 @@ def _storage(spec: str | None) -> str | BaseStorage | None:
 )
 def tune(
     local: bool,
+    attach_url: str | None,
     runtime_name: str | None,
+    model: str | None,
+    prometheus_url: str | None,
+    prometheus_selector: str,
+    keep_winner: bool,
     cost_file: Path | None,
     profile_url: str | None,
     replicas: int | None,
@@ -305,12 +343,14 @@ def tune(
 ) -> None:
     """Find the dynamic-batching configuration with the most effective throughput
     within the p99 SLA, measured in the same run against the baseline and the rule of
-    thumb (--local), or simulated from a cost model (--simulator, --profile-url)."""
+    thumb (--local, or --url for a server already running), or simulated from a cost
+    model (--simulator, --profile-url)."""
     simulated = cost_file is not None or profile_url is not None
     modes = [
         flag
         for flag, given in (
             ("--local", local),
+            ("--url", attach_url is not None),
             ("--simulator", cost_file is not None),
             ("--profile-url", profile_url is not None),
         )
@@ -323,12 +363,27 @@ def tune(
                 if not modes
                 else f"{' and '.join(modes)} exclude each other; give one of "
             )
-            + "--local (tune the bundled reference server here), --simulator COST_MODEL or "
+            + "--local (tune the bundled reference server here), --url URL (tune a server "
+            "running there), --simulator COST_MODEL or "
             "--profile-url URL (tune a simulated service); services in a cluster are tuned "
             "by the operator through an InferenceService resource"
         )
     if simulated and runtime_name is not None:
         raise TuneError("--runtime applies to --local runs; a simulated service has no runtime")
+    url_only = [
+        flag
+        for flag, given in (
+            ("--model", model is not None),
+            ("--keep-winner", keep_winner),
+            ("--prometheus", prometheus_url is not None),
+        )
+        if given
+    ]
+    if attach_url is None and url_only:
+        raise TuneError(
+            f"{url_only[0]} applies to --url runs: --local tunes the runtime's bundled "
+            "model, measured by the client, and stops the server at the end"
+        )
     if not simulated:
         if replicas is not None:
             raise TuneError("--replicas applies to simulated runs (--simulator, --profile-url)")
@@ -358,6 +413,11 @@ def tune(
     except (ConfigError, ValueError) as exc:
         raise TuneError(str(exc)) from None
     runtime = (runtime_name or DEFAULT_RUNTIME).lower()
+    if attach_url is not None and "model" in config.server.model_fields_set:
+        raise TuneError(
+            "server.model picks the model --local starts; a server at --url serves its "
+            "own (leave server.model out, and name the one to tune with --model)"
+        )
     if runtime != DEFAULT_RUNTIME and "model" in config.server.model_fields_set:
         raise TuneError(
             f"server.model picks the reference server's model; the {runtime} runtime serves "
@@ -393,6 +453,22 @@ def tune(
     # soft_wrap: progress lines stay whole in logs and pipes instead of breaking at 80
     console = Console(stderr=True, soft_wrap=True)
     what = "the reference server" if runtime == DEFAULT_RUNTIME else get_runtime(runtime).title
+    attach = None
+    source = None
+    if attach_url is not None:
+        from batchpilot.tuner.urlmode import attach_to, prometheus_source
+
+        adapter = get_runtime(runtime)
+        attach = attach_to(attach_url, adapter, model=model, keep_winner=keep_winner)
+        what = f"{what} at {attach.url}"
+        if prometheus_url is not None:
+            source = prometheus_source(
+                prometheus_url,
+                adapter,
+                model=model,
+                selector=prometheus_selector,
+                step_s=config.measurement.step_duration_s,
+            )
     run = LocalRun(
         config=config,
         space=space,
@@ -400,13 +476,19 @@ def tune(
         storage=_storage(storage),
         arrival=process,
         runtime=runtime,
+        attach=attach,
+        source=source,
     )
     try:
         summary = asyncio.run(tune_local(run, console))
     except (ServerStartError, LaunchError) as exc:
-        raise click.ClickException(f"{what} did not start: " + str(exc).splitlines()[0]) from None
+        first = str(exc).splitlines()[0]
+        raise click.ClickException(
+            f"{what}: {first}" if attach is not None else f"{what} did not start: {first}"
+        ) from None
     except TargetError as exc:
-        raise click.ClickException(f"{what} misbehaved: {exc}") from None
+        why = f"{what}: {exc}" if attach is not None else f"{what} misbehaved: {exc}"
+        raise click.ClickException(why) from None
     except ConnectionError as exc:  # the load generator found the server gone
         raise click.ClickException(f"{what} stopped answering: {exc}") from None
     except ValueError as exc:  # a stored study that does not fit this run

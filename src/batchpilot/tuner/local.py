@@ -18,6 +18,7 @@ from batchpilot.models import (
 from batchpilot.tuner.interfaces import TargetError
 
 if TYPE_CHECKING:
+    from batchpilot.capacity.http import StepSource
     from batchpilot.loadgen.arrivals import ArrivalKind
 
 
@@ -53,8 +54,11 @@ class LocalProbe:
         arrival: ArrivalKind | str = "poisson",
         protocol: RequestProtocol | None = None,
         workers: int = 1,
+        source: StepSource | None = None,
     ) -> None:
         self.url = url.rstrip("/")
+        # where steps are decided: None, the client's own figures; else e.g. Prometheus
+        self.source = source
         self.protocol = protocol
         # set once a measurement got past the warm-up: the target accepts our requests
         self.accepted = False
@@ -92,6 +96,7 @@ class LocalProbe:
                     min_requests=self.min_requests,
                     arrival=self.arrival,
                     workers=self.workers,
+                    source=self.source,
                 )
             except RejectedError as exc:
                 if not self.accepted:

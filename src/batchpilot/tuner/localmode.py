@@ -16,7 +16,7 @@ import signal
 import time
 from collections.abc import Coroutine
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from optuna.storages import BaseStorage
 from rich.console import Console
@@ -26,9 +26,10 @@ from batchpilot.models import SLA, BatchingConfig, CapacityResult, RequestMix
 from batchpilot.runtimes.base import Profiled
 from batchpilot.runtimes.figures import runtime_figures
 from batchpilot.runtimes.registry import DEFAULT_RUNTIME, get_runtime
+from batchpilot.tuner.attached import Attached, check_attached, leave_attached
 from batchpilot.tuner.config import TuneConfig
 from batchpilot.tuner.confirm import BRACKET_START, Confirmed, confirm_study, study_figures
-from batchpilot.tuner.interfaces import Target
+from batchpilot.tuner.interfaces import Probe, Target
 from batchpilot.tuner.local import LocalProbe
 from batchpilot.tuner.progress import TrialProgress
 from batchpilot.tuner.rules import rules_of_thumb
@@ -37,6 +38,9 @@ from batchpilot.tuner.space import SearchSpace
 from batchpilot.tuner.study import Tuner
 from batchpilot.tuner.summary import TuneSummary, label_of, summary_of_study, with_verdict
 from batchpilot.tuner.watch import Watch, WatchedProbe, WatchedTarget
+
+if TYPE_CHECKING:
+    from batchpilot.capacity.http import StepSource
 
 log = logging.getLogger(__name__)
 
@@ -52,6 +56,10 @@ class LocalRun:
     # every trial is measured (and the warm start simulated) under this process
     arrival: ArrivalKind = field(default_factory=Poisson)
     runtime: str = DEFAULT_RUNTIME  # a name in batchpilot.runtimes.registry
+    # tune a server already running there (`tune --url`) instead of starting one
+    attach: Attached | None = None
+    # steps decided on the server's own metrics (`tune --url --prometheus`)
+    source: StepSource | None = None
 
 
 class SimulatorWarmStart:
@@ -155,17 +163,33 @@ async def tune_local(run: LocalRun, console: Console) -> TuneSummary:
         max_batch_size=cfg.server.max_batch_size, max_queue_time_ms=cfg.server.max_queue_time_ms
     )
     reference = runtime.name == DEFAULT_RUNTIME
-    console.print(
-        f"Starting the {runtime.title}"
-        + (f" ({cfg.server.model}, " if reference else f" ({runtime.default_model}, ")
-        + f"{start.label()}) ...",
-        highlight=False,
-    )
-    async with runtime.launcher(
-        start, threads=cfg.server.threads, workload=cfg.server.model if reference else None
+    attach = run.attach
+    if attach is None:
+        console.print(
+            f"Starting the {runtime.title}"
+            + (f" ({cfg.server.model}, " if reference else f" ({runtime.default_model}, ")
+            + f"{start.label()}) ...",
+            highlight=False,
+        )
+    model = attach.model if attach is not None and attach.model else runtime.default_model
+    async with (
+        contextlib.nullcontext(None)
+        if attach is not None
+        else runtime.launcher(
+            start, threads=cfg.server.threads, workload=cfg.server.model if reference else None
+        )
     ) as server:
-        target = runtime.control(server.url, model=runtime.default_model, server=server)
-        baseline = await target.current()
+        if server is not None:
+            url = server.url
+        else:
+            assert attach is not None  # no server started: one was given
+            url = attach.url
+        target = runtime.control(url, model=model, server=server)
+        baseline = (
+            await check_attached(target, runtime, model, console)
+            if attach is not None
+            else await target.current()
+        )
         tuner = Tuner(
             run.space,
             sampler=cfg.tuning.sampler,
@@ -177,7 +201,7 @@ async def tune_local(run: LocalRun, console: Console) -> TuneSummary:
             max_trials=cfg.tuning.trials,
         )
         probe = LocalProbe(
-            server.url,
+            url,
             sla=sla,
             mix=run.mix,
             precision=cfg.measurement.precision,
@@ -186,13 +210,14 @@ async def tune_local(run: LocalRun, console: Console) -> TuneSummary:
             timeout_s=cfg.measurement.timeout_s,
             seed=cfg.tuning.seed,
             arrival=run.arrival,
-            protocol=runtime.protocol(runtime.default_model),
+            protocol=runtime.protocol(model),
             workers=cfg.measurement.workers,
+            source=run.source,
         )
         warm = SimulatorWarmStart(tuner, target, run, rules)
         progress = TrialProgress(console, cfg.tuning.trials)
         console.print(
-            f"Server on {server.url}; SLA p99 <= {sla.p99_ms:g} ms, errors <= "
+            f"Server on {url}; SLA p99 <= {sla.p99_ms:g} ms, errors <= "
             f"{sla.max_error_rate:g}; space {run.space.describe()}; "
             f"{cfg.tuning.trials} trials ({cfg.tuning.sampler}, seed {cfg.tuning.seed})",
             highlight=False,
@@ -220,24 +245,35 @@ async def tune_local(run: LocalRun, console: Console) -> TuneSummary:
             )
             return True
 
-        # a trial that kills the server is told as such and the server started again
-        watch = Watch(server, target)
-        interrupted = await _until_signal(
-            run_trials(
-                tuner,
-                WatchedTarget(target, watch),
-                WatchedProbe(probe, watch),
-                trials=cfg.tuning.trials,
-                full=rules,
-                on_start=on_start,
-                on_done=on_done,
-                out_of_time=out_of_time,
+        # a trial that kills the server is told as such and the server started again;
+        # one BatchPilot did not start is not its to restart
+        trial_target: Target = target
+        trial_probe: Probe = probe
+        if server is not None:
+            watch = Watch(server, target)
+            trial_target, trial_probe = WatchedTarget(target, watch), WatchedProbe(probe, watch)
+        summary: TuneSummary | None = None
+        try:
+            interrupted = await _until_signal(
+                run_trials(
+                    tuner,
+                    trial_target,
+                    trial_probe,
+                    trials=cfg.tuning.trials,
+                    full=rules,
+                    on_start=on_start,
+                    on_done=on_done,
+                    out_of_time=out_of_time,
+                )
             )
-        )
-        progress.stop()
-        summary = _summary(tuner, run, rules, interrupted, started)
-        if not interrupted and cfg.tuning.confirm:
-            summary = await _confirm(summary, tuner, cfg, target, probe, console, started)
+            progress.stop()
+            summary = _summary(tuner, run, rules, interrupted, started)
+            if not interrupted and cfg.tuning.confirm:
+                summary = await _confirm(summary, tuner, cfg, target, probe, console, started)
+        finally:
+            progress.stop()
+            if attach is not None:
+                await leave_attached(target, attach, baseline, summary, console)
         return summary.model_copy(
             update={"runtime": runtime_figures(runtime, summary, target.last_verification)}
         )

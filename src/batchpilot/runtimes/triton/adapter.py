@@ -15,6 +15,7 @@ from urllib.parse import urlsplit
 
 import aiohttp
 
+from batchpilot.capacity.promql import with_matchers
 from batchpilot.loadgen.protocols import JSON_HEADERS, RequestProtocol, v2_path
 from batchpilot.models import MAX_BATCH_SIZE_LIMIT, MAX_QUEUE_TIME_MS_LIMIT, BatchingConfig
 from batchpilot.runtimes.base import (
@@ -221,14 +222,27 @@ class TritonRuntime(Runtime):
     how_applied: ClassVar[HowApplied] = "live"
     metrics: ClassVar[Metrics] = Metrics(
         port_note=f":{DEFAULT_METRICS_PORT}/metrics (--metrics-port)",
-        # duration counters only: no histogram for a non-decoupled model
+        # duration counters and per-pod summaries: no histogram in Triton 2.51
         latency_histogram=None,
         latency_unit="us",
         ok_requests="nv_inference_request_success",
         total_requests='{__name__=~"nv_inference_request_success|nv_inference_request_failure"}',
         batch_size="sum(rate(nv_inference_count[1m])) / sum(rate(nv_inference_exec_count[1m]))",
+        latency_summary="nv_inference_request_summary_us",
     )
     default_model: ClassVar[str | None] = MODEL_NAME
+
+    def metrics_for(self, model: str | None = None) -> Metrics:
+        """Triton labels every series with `model`."""
+        matcher = f'model="{model or MODEL_NAME}"'
+        metrics = self.metrics
+        return metrics.model_copy(
+            update={
+                "latency_matchers": matcher,
+                "ok_requests": with_matchers(metrics.ok_requests, matcher),
+                "total_requests": with_matchers(metrics.total_requests, matcher),
+            }
+        )
 
     def protocol(self, model: str | None = None) -> RequestProtocol:
         return triton_protocol(model or MODEL_NAME)

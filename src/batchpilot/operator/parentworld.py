@@ -1,0 +1,153 @@
+"""A World whose target is a parent (KServe InferenceService, RayService): the pods are
+found through the parent and every write goes to the parent (batchpilot.operator.parents).
+
+Strategy is always InPlace (the CRD refuses Canary for parents). KServe: Env trials,
+write-back and restore set the predictor's environment on the InferenceService and wait
+until its pods run it; Live trials go to the pods as for a Deployment. RayService:
+trials are Live; write-back and restore set the Serve deployment's user_config in
+serveConfigV2.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Mapping
+from datetime import datetime
+from typing import Any, TypeVar
+
+from batchpilot.operator import decisions, parents
+from batchpilot.operator.kube import JSON, KubeError, NotFound, pods_path
+from batchpilot.operator.spec import Params
+from batchpilot.operator.status import OriginalConfig
+from batchpilot.operator.world import KubeWorld, TargetProblem
+
+T = TypeVar("T")
+
+
+class ParentWorld(KubeWorld):
+    """A KubeWorld on a KServe InferenceService or a RayService target."""
+
+    _wanted_env: Mapping[str, str | None] | None = None
+
+    async def _target(self) -> JSON:
+        target = self._spec.target
+        try:
+            parent = await self._kube.get(parents.target_path(target, self._namespace))
+        except NotFound as exc:
+            raise TargetProblem(
+                "TargetNotFound", f"{target.kind} {self._namespace}/{target.name} does not exist"
+            ) from exc
+        self._check(lambda: self._describe(parent))
+        return parent
+
+    def _describe(self, parent: Mapping[str, Any]) -> None:
+        """Raises ParentProblem when the parent lacks what the study writes."""
+        if parent.get("kind") == "RayService":
+            parents.user_config_of(parent, self._spec.target)
+        else:
+            parents.predictor_slot(parent, self._spec.target.container)
+
+    @staticmethod
+    def _check(check: Callable[[], T]) -> T:
+        try:
+            return check()
+        except parents.ParentProblem as problem:
+            raise TargetProblem(problem.reason, problem.message) from None
+
+    async def _measured(self) -> JSON:
+        return await self._target()
+
+    async def _pods(self, workload: Mapping[str, Any]) -> list[JSON]:
+        selector = self._check(lambda: parents.pod_selector(workload))
+        listing = await self._kube.get(pods_path(self._namespace), {"labelSelector": selector})
+        items: list[JSON] = listing.get("items", [])
+        return items
+
+    def _container(self, workload: Mapping[str, Any]) -> str:
+        slot = self._check(lambda: parents.predictor_slot(workload, self._spec.target.container))
+        return slot.container
+
+    async def record_original(self, now: datetime) -> OriginalConfig:
+        parent = await self._target()
+        read = (
+            parents.ray_original if parent.get("kind") == "RayService" else parents.kserve_original
+        )
+        original = self._check(lambda: read(parent, self._spec, now))
+        if self._spec.apply.method == "Live":
+            ips = decisions.ready_pod_ips(await self._pods(parent))
+            if ips:
+                original = original.model_copy(update={"params": await self._live_get(ips[0])})
+        return original
+
+    async def write_back(self, params: Params) -> None:
+        parent = await self._target()
+        if parent.get("kind") != "RayService":
+            await super().write_back(params)
+            return
+        # the serving pods run the winner now, as a Deployment's would after its
+        # rollout; KubeRay then hands the same user_config to the replicas again
+        if self._spec.apply.method == "Live":
+            await self._apply_live(parent, params)
+        await self._apply_user_config(parent, parents.user_config_values(params))
+
+    async def restore(self, original: OriginalConfig) -> None:
+        parent = await self._target()
+        if parent.get("kind") != "RayService":
+            await super().restore(original)
+            return
+        if self._spec.apply.method == "Live" and original.params:
+            await self._apply_live(parent, original.params)
+        await self._apply_user_config(parent, parents.ray_restore_values(original))
+
+    async def _apply_user_config(
+        self, parent: Mapping[str, Any], values: Mapping[str, Any]
+    ) -> None:
+        body = self._check(lambda: parents.ray_user_config_patch(parent, self._spec.target, values))
+        if body is None:
+            return  # already there: no write, so KubeRay has nothing to redeploy
+        await self._server_side_apply(parent, body)
+
+    async def _apply_env(
+        self, workload: Mapping[str, Any], env: dict[str, str | None], *, force: bool
+    ) -> None:
+        slot = self._check(lambda: parents.predictor_slot(workload, self._spec.target.container))
+        body = parents.kserve_env_patch(workload, slot, env)
+        applied = await self._server_side_apply(workload, body, force=force)
+        self._wanted_env = env
+        try:
+            await self._wait_rollout(applied)
+        finally:
+            self._wanted_env = None
+
+    async def _server_side_apply(
+        self, parent: Mapping[str, Any], body: JSON, *, force: bool = True
+    ) -> JSON:
+        name = parent["metadata"]["name"]
+        path = parents.target_path(self._spec.target, self._namespace)
+        try:
+            return await self._kube.server_side_apply(path, body, force=force)
+        except KubeError as exc:
+            raise TargetProblem(
+                "ApplyFailed", f"server-side apply on {parent.get('kind')} {name}: {exc}"
+            ) from exc
+
+    async def _wait_rollout(self, workload: Mapping[str, Any]) -> None:
+        """Until every pod of the parent runs the wanted environment (when one was just
+        written) and is ready; the trial's deadline bounds the wait."""
+        container = self._container(workload) if workload.get("kind") == "InferenceService" else ""
+        wanted = self._wanted_env
+        reported: str | None = None
+        while True:
+            current = await self._target()
+            pods = await self._pods(current)
+            problem = decisions.pod_problem(pods)
+            if problem is not None:
+                if problem.fatal:
+                    raise TargetProblem(problem.reason, problem.message)
+                if problem.message != reported:
+                    reported = problem.message
+                    await self._on_problem(problem)
+            rollout = parents.pods_rollout(pods, container, wanted)
+            if rollout.done and problem is None:
+                return
+            await asyncio.sleep(self._poll_s)

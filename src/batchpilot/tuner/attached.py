@@ -1,0 +1,99 @@
+"""`tune --url`: tuning a server BatchPilot did not start. Before any load, the running
+configuration is applied once through the runtime's control, so a control that cannot
+change this server (no access to its model repository, a management endpoint elsewhere,
+a model it does not serve) fails at once in the runtime's own words. At the end the
+configuration found running is put back, or the recommended one kept when asked."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+from rich.console import Console
+
+from batchpilot.models import BatchingConfig
+from batchpilot.runtimes.base import Runtime
+from batchpilot.tuner.interfaces import Target, TargetError
+from batchpilot.tuner.summary import TuneSummary
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Attached:
+    """A server BatchPilot did not start: its base URL, the model to tune (None: the
+    runtime's bundled one), and whether the recommended configuration stays live at the
+    end (else the configuration found running returns)."""
+
+    url: str
+    model: str | None = None
+    keep_winner: bool = False
+
+
+async def check_attached(
+    target: Target, runtime: Runtime, model: str | None, console: Console
+) -> BatchingConfig:
+    """The configuration running now, once applied to itself. TargetError says what
+    failed: reading it (the model is not served there, or not by this runtime) or
+    changing it (the control cannot reach what it needs)."""
+    url = getattr(target, "url", "")
+    served = f"model {model!r}" if model is not None else "its model"
+    try:
+        baseline = await target.current()
+    except TargetError as exc:
+        raise TargetError(
+            f"cannot read the batching configuration of {served} (is it served there, "
+            f"and by {runtime.title}?): {exc}"
+        ) from None
+    console.print(
+        f"Tuning the {runtime.title} running at {url} ({served}), found at "
+        f"{baseline.label()}; checking that its configuration can be changed ...",
+        highlight=False,
+    )
+    try:
+        await target.apply(baseline)
+    except TargetError as exc:
+        raise TargetError(
+            f"its configuration cannot be changed through the {runtime.name} control, so "
+            f"it cannot be tuned from here: {exc}"
+        ) from None
+    return baseline
+
+
+def final_config(
+    attach: Attached, baseline: BatchingConfig, summary: TuneSummary | None
+) -> BatchingConfig:
+    """What the server runs when BatchPilot leaves: the recommendation when the winner
+    is to be kept and there is one, else the configuration found running."""
+    if attach.keep_winner and summary is not None and summary.recommended is not None:
+        return summary.recommended
+    return baseline
+
+
+async def leave_attached(
+    target: Target,
+    attach: Attached,
+    baseline: BatchingConfig,
+    summary: TuneSummary | None,
+    console: Console,
+) -> None:
+    """Put the final configuration live. TargetError when that fails: the server then
+    runs whatever the last trial left, and the user must know."""
+    final = final_config(attach, baseline, summary)
+    kept = final != baseline
+    try:
+        await target.apply(final)
+    except TargetError as exc:
+        raise TargetError(
+            f"could not put {final.label()} back on the server at {attach.url}; it may still "
+            f"run a trial's configuration, set {final.label()} yourself ({exc})"
+        ) from None
+    if kept:
+        console.print(f"Kept the recommended {final.label()} live.", highlight=False)
+    else:
+        why = (
+            " (nothing recommended over it)"
+            if attach.keep_winner
+            else "; --keep-winner leaves the recommended one live instead"
+        )
+        console.print(f"Put the starting {final.label()} back{why}.", highlight=False)
