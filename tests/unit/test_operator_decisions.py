@@ -681,8 +681,16 @@ def test_a_rolled_back_study_is_over() -> None:
 
 def test_cleanup_left_names_the_canary_and_the_unrestored_target() -> None:
     original = OriginalConfig(env={"MAX_BATCH_SIZE": "32", "MAX_QUEUE_TIME_MS": None})
+    in_place = parse_spec(
+        {
+            "target": {"name": "resnet", "container": "server"},
+            "sla": {"p99LatencyMs": 300},
+            "load": {"endpoint": {"port": 8080, "path": "/v1/predict"}, "maxRps": 50},
+            "tuning": {"strategy": "InPlace"},
+        }
+    )
     left = decisions.cleanup_left(
-        status(trial(0), canary="resnet-bp-canary", original=original), spec(strategy="InPlace")
+        status(trial(0), canary="resnet-bp-canary", original=original), in_place
     )
     assert "canary Deployment resnet-bp-canary" in left
     assert "Deployment resnet still runs the trial's configuration" in left
