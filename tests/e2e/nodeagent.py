@@ -54,7 +54,8 @@ _PROBE_FAILURE_THRESHOLD = 3
 _MAX_GRACE_S = 10.0
 # What a pod process inherits from the test machine: enough to find the project's
 # interpreter and write temporary files, nothing else.
-_INHERITED_ENV = ("PATH", "HOME", "LANG", "LC_ALL", "TMPDIR", "VIRTUAL_ENV")
+# PYTHONPATH: pods run the project's code under test, as the operator does.
+_INHERITED_ENV = ("PATH", "HOME", "LANG", "LC_ALL", "TMPDIR", "VIRTUAL_ENV", "PYTHONPATH")
 
 
 def now() -> str:

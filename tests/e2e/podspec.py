@@ -41,9 +41,14 @@ class Refused(ValueError):
     """The agent will not run this container; the message says why and what it runs."""
 
 
+def _project_module(names: Sequence[str]) -> bool:
+    return bool(names) and (names[0] == "batchpilot" or names[0].startswith("batchpilot."))
+
+
 def project_argv(container: Mapping[str, Any], python: str) -> list[str]:
     """The argv to run for `container`: only the project's own CLI (`batchpilot ...` or
-    `python -m batchpilot ...`), run by the project's interpreter. Anything else is
+    `python -m batchpilot ...`) or one of its modules (`python -m batchpilot.runtimes.
+    triton.serve ...`), run by the project's interpreter. Anything else is
     refused: the agent executes pod specs from the API server on the test machine."""
     command = list(container.get("command") or IMAGE_ENTRYPOINT)
     args = list(container.get("args") or [])
@@ -51,7 +56,7 @@ def project_argv(container: Mapping[str, Any], python: str) -> list[str]:
     head = PurePosixPath(argv[0]).name
     if head == "batchpilot":
         return [python, "-m", "batchpilot", *argv[1:]]
-    if head.startswith("python") and argv[1:3] == ["-m", "batchpilot"]:
+    if head.startswith("python") and argv[1:2] == ["-m"] and _project_module(argv[2:3]):
         return [python, *argv[1:]]
     raise Refused(
         f"container {container.get('name')!r} runs {argv[0]!r}: the e2e node agent runs only "

@@ -35,13 +35,22 @@ def test_project_cli_runs_under_the_project_interpreter() -> None:
         "batchpilot",
         "serve",
     ]
+    # A module of the project, such as a runtime's container command.
+    module = ["python", "-m", "batchpilot.runtimes.triton.serve", "--host", "0.0.0.0"]
+    assert project_argv({"command": module}, "/py") == ["/py", *module[1:]]
     # No command: the image's entrypoint, the project's CLI.
     assert project_argv({"args": ["serve"]}, "/py") == ["/py", "-m", "batchpilot", "serve"]
 
 
 @pytest.mark.parametrize(
     "command",
-    [["sh", "-c", "batchpilot serve"], ["python", "-c", "print(1)"], ["/bin/batchpilotx"]],
+    [
+        ["sh", "-c", "batchpilot serve"],
+        ["python", "-c", "print(1)"],
+        ["/bin/batchpilotx"],
+        ["python", "-m", "batchpilotx"],
+        ["python", "-m", "http.server"],
+    ],
 )
 def test_anything_else_is_refused(command: list[str]) -> None:
     with pytest.raises(Refused, match="runs only the project's CLI"):

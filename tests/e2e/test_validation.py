@@ -141,7 +141,53 @@ CEL_CASES = [
         ),
         cel_key="names must be unique",
     ),
-    Case("Live without endpoint", _set("apply.method", "Live"), cel_key="apply.live"),
+    Case(
+        "Live without endpoint",
+        _set("apply.method", "Live"),
+        cel_key="is required when apply.method is Live",
+    ),
+    Case(
+        "runtime without model",
+        _set("runtime", {"kind": "Triton"}),
+        cel_key="runtime.model is required",
+    ),
+    Case(
+        "Ray dashboard port on Triton",
+        _set("runtime", {"kind": "Triton", "model": "m", "managementPort": 8265}),
+        cel_key="managementPort (the Ray dashboard",
+    ),
+    Case(
+        "Triton metrics port on Ray",
+        _set("runtime", {"kind": "RayServe", "model": "app", "metricsPort": 8002}),
+        cel_key="metricsPort (Triton's",
+    ),
+    Case(
+        "apply.live with a runtime",
+        _both(
+            _set("runtime", {"kind": "Triton", "model": "m"}),
+            _set("apply", {"method": "Live", "live": {"port": 8000, "path": "/admin"}}),
+        ),
+        cel_key="apply.live is for runtime.kind Reference only",
+    ),
+    Case(
+        "vLLM live",
+        _both(_set("runtime", {"kind": "VLLM", "model": "m"}), _set("apply.method", "Live")),
+        cel_key="are tuned by rollout",
+    ),
+    Case(
+        "extras with a runtime's Live",
+        _both(
+            _set("runtime", {"kind": "Triton", "model": "m"}),
+            _set("apply.method", "Live"),
+            _extra({"name": "instances", "min": 1, "max": 2}),
+        ),
+        cel_key="a runtime's live control sets",
+    ),
+    Case(
+        "reference without load path",
+        _set("load.endpoint", {"port": 8080}),
+        cel_key="load.endpoint.path is required",
+    ),
     Case(
         "Prometheus URL scheme",
         _set("load.prometheus", {"url": "ftp://prometheus:9090"}),
@@ -203,6 +249,7 @@ CEL_CASES = [
 ENUM_CASES = [
     ("target", "apiVersion"),
     ("target", "kind"),
+    ("runtime", "kind"),
     ("apply", "method"),
     ("load", "source"),
     ("tuning", "strategy"),

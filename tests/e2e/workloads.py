@@ -137,3 +137,72 @@ def container_env(workload: dict[str, Any], container: str = "server") -> dict[s
         if c["name"] == container:
             return {e["name"]: e.get("value", "") for e in c.get("env") or []}
     raise LookupError(f"no container {container!r}")
+
+
+TRITON_HTTP_PORT = 8000
+TRITON_METRICS_PORT = 8002
+TRITON_MODEL = "batchpilot"
+
+
+def triton_deployment(
+    name: str, *, max_batch_size: int = 4, max_queue_delay_us: int = 2000
+) -> dict[str, Any]:
+    """Triton with the bundled model as a user would deploy it: the batching knobs in
+    the model's configuration (here the serve command's flags), readiness on Triton's
+    own endpoint, every listener on the pod's address."""
+    command = [
+        "python",
+        "-m",
+        "batchpilot.runtimes.triton.serve",
+        "--host=0.0.0.0",
+        f"--http-port={TRITON_HTTP_PORT}",
+        "--grpc-port=8001",
+        f"--metrics-port={TRITON_METRICS_PORT}",
+        f"--max-batch-size={max_batch_size}",
+        f"--max-queue-delay-us={max_queue_delay_us}",
+    ]
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": name, "labels": {"app": name}},
+        "spec": {
+            "replicas": 1,
+            "selector": {"matchLabels": {"app": name}},
+            "template": {
+                "metadata": {"labels": {"app": name}},
+                "spec": {
+                    "terminationGracePeriodSeconds": 10,
+                    "containers": [
+                        {
+                            "name": "server",
+                            "image": "batchpilot:dev",
+                            "command": command,
+                            # the bundled model's matrix product on one BLAS thread
+                            "env": [{"name": "OMP_NUM_THREADS", "value": "1"}],
+                            "ports": [
+                                {"name": "http", "containerPort": TRITON_HTTP_PORT},
+                                {"name": "grpc", "containerPort": 8001},
+                                {"name": "metrics", "containerPort": TRITON_METRICS_PORT},
+                            ],
+                            "readinessProbe": {
+                                "httpGet": {"path": "/v2/health/ready", "port": "http"},
+                                "periodSeconds": 1,
+                            },
+                        }
+                    ],
+                },
+            },
+        },
+    }
+
+
+def triton_inference_service(name: str, target: str, *, max_trials: int = 3) -> dict[str, Any]:
+    """A study of a Triton target through its own API (runtime Triton, method Live):
+    no apply.live and no load path, the adapter knows both."""
+    isvc = inference_service(name, target, method="Env", max_trials=max_trials)
+    spec = isvc["spec"]
+    spec["runtime"] = {"kind": "Triton", "model": TRITON_MODEL}
+    spec["apply"] = {"method": "Live"}
+    spec["load"]["endpoint"] = {"port": TRITON_HTTP_PORT}
+    spec["sla"] = {"p99LatencyMs": 500, "maxErrorRate": 0.01}
+    return isvc

@@ -525,3 +525,25 @@ async def test_a_rollback_whose_restore_fails_is_finished_on_the_next_step(
     degraded = condition(status_of(kmock), "Degraded")
     assert degraded["reason"] == "RolledBack"
     assert "CrashLoopBackOff" in degraded["message"]
+
+
+async def test_live_runtime_write_back_leaves_the_snippet_to_commit_in_status(
+    kmock: kmock.KubernetesEmulator, operator: Operator, cluster: FakeCluster
+) -> None:
+    kmock.objects[ISVC, NAMESPACE, "resnet"] = isvc(
+        runtime={"kind": "Triton", "model": "resnet"},
+        apply={"method": "Live"},
+        load={"endpoint": {"port": 8000}},
+    )
+    async with operator():
+        await eventually(lambda: phase_is(kmock, "Converged"), what="convergence")
+    status = status_of(kmock)
+    best = status["best"]
+    assert status["applied"] is True
+    assert cluster.written_back[-1] == best["params"]
+    persist = status["persist"]
+    assert (persist["runtime"], persist["kind"]) == ("Triton", "recommend")
+    assert f"max_batch_size: {best['maxBatchSize']}" in persist["snippet"]
+    delay_us = round(best["maxQueueTimeMs"] * 1000)
+    assert f"max_queue_delay_microseconds: {delay_us}" in persist["snippet"]
+    assert "config.pbtxt" in persist["where"]

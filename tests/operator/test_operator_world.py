@@ -3,6 +3,7 @@ API server (server-side apply, canary creation, rollout checks), without Kopf.""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 from typing import Any
@@ -13,10 +14,13 @@ from aiohttp import web
 from kmock import KubernetesError, Request, ResourceInfo
 from kmock import method as http_method
 
+from batchpilot.models import BatchingConfig
 from batchpilot.operator import decisions
+from batchpilot.operator import runtimes as operator_runtimes
 from batchpilot.operator.kube import FIELD_MANAGER, Connection, Kube, KubeError
 from batchpilot.operator.spec import InferenceServiceSpec, parse_spec
 from batchpilot.operator.world import KubeWorld, TargetProblem
+from batchpilot.tuner.interfaces import TargetError
 
 pytestmark = [pytest.mark.operator, pytest.mark.timeout(60)]
 
@@ -378,3 +382,99 @@ async def test_verify_does_not_blame_the_configuration_for_a_pod_without_room(
     pending["metadata"]["name"] = "resnet-2"
     kmock.objects["v1/pods", NS, "resnet-2"] = pending
     await world(kube, make_spec()).verify(0.2)
+
+
+class FakeControl:
+    """A runtime control of one pod: what was applied, and what the pod runs."""
+
+    def __init__(self, ip: str, live: dict[str, BatchingConfig], fail: list[str]) -> None:
+        self.ip, self._live, self._fail = ip, live, fail
+        self.last_verification = None
+
+    async def current(self) -> BatchingConfig:
+        return self._live.setdefault(self.ip, BatchingConfig(max_batch_size=4, max_queue_time_ms=1))
+
+    async def native(self) -> dict[str, int | float]:
+        return {}
+
+    async def apply(self, config: BatchingConfig) -> None:
+        if self._fail:
+            raise TargetError(self._fail.pop(0))
+        self._live[self.ip] = config
+
+
+def triton_spec() -> InferenceServiceSpec:
+    return parse_spec(
+        {
+            "target": {"name": "resnet", "container": "server"},
+            "sla": {"p99LatencyMs": 300},
+            "runtime": {"kind": "Triton", "model": "resnet"},
+            "apply": {"method": "Live"},
+            "load": {"endpoint": {"port": 8000}},
+            "tuning": {"strategy": "InPlace"},
+        }
+    )
+
+
+def fake_controls(
+    monkeypatch: pytest.MonkeyPatch, fail: list[str] | None = None
+) -> dict[str, BatchingConfig]:
+    live: dict[str, BatchingConfig] = {}
+    errors = fail if fail is not None else []
+
+    def control_for(runtime: object, spec: InferenceServiceSpec, ip: str) -> FakeControl:
+        assert spec.runtime.kind == "Triton"
+        return FakeControl(ip, live, errors)
+
+    monkeypatch.setattr(operator_runtimes, "control_for", control_for)
+    return live
+
+
+async def test_runtime_live_applies_on_every_pod_and_never_touches_the_template(
+    kmock: kmock.KubernetesEmulator, kube: Kube, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    live = fake_controls(monkeypatch)
+    kmock.objects[DEPLOYMENTS, NS, "resnet"] = target()
+    for n, ip in enumerate(("127.0.0.1", "127.0.0.2")):
+        pod = ready_pod()
+        pod["metadata"]["name"] = f"resnet-{n}"
+        pod["status"]["podIP"] = ip
+        kmock.objects["v1/pods", NS, f"resnet-{n}"] = pod
+    w = world(kube, triton_spec())
+    original = await w.record_original(NOW)
+    # read through the runtime's control, not from the environment
+    assert original.params == {"max_batch_size": 4, "max_queue_time_ms": 1.0}
+    await w.apply({"max_batch_size": 8, "max_queue_time_ms": 2.5})
+    wanted = BatchingConfig(max_batch_size=8, max_queue_time_ms=2.5)
+    assert live == {"127.0.0.1": wanted, "127.0.0.2": wanted}
+    await w.write_back({"max_batch_size": 16, "max_queue_time_ms": 0.5})
+    assert {c.max_batch_size for c in live.values()} == {16}
+    await w.restore(original)
+    assert {c.label() for c in live.values()} == {"batch=4 wait=1ms"}
+    assert not [r for r in kmock["patch"] if r.resource is not None]
+
+
+async def test_runtime_apply_waits_out_a_failing_pod_then_names_it(
+    kmock: kmock.KubernetesEmulator, kube: Kube, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    live = fake_controls(monkeypatch, fail=["load under way"])
+    kmock.objects[DEPLOYMENTS, NS, "resnet"] = target()
+    kmock.objects["v1/pods", NS, "resnet-1"] = ready_pod()
+    w = world(kube, triton_spec())
+    await w.apply({"max_batch_size": 8, "max_queue_time_ms": 2.5})  # second attempt took
+    assert live["127.0.0.1"].max_batch_size == 8
+    fake_controls(monkeypatch, fail=["refused"] * 1000)
+    settling = KubeWorld(
+        kube,
+        spec=triton_spec(),
+        namespace=NS,
+        owner=OWNER,
+        on_problem=lambda problem: asyncio.sleep(0),
+        poll_s=0.01,
+        settle_s=0.2,
+    )
+    with pytest.raises(TargetProblem) as caught:
+        await settling.apply({"max_batch_size": 8, "max_queue_time_ms": 2.5})
+    assert caught.value.reason == "AdminUnreachable"
+    assert "refused" in caught.value.message
+    assert "127.0.0.1" in caught.value.message

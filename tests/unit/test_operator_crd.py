@@ -85,7 +85,11 @@ def test_spec_has_cel_rules_defaults_and_enums() -> None:
     rules = {r["rule"] for node in _walk(spec) for r in node.get("x-kubernetes-validations", [])}
     assert "self.min <= self.max" in rules
     assert "self.p99LatencyMs > 0.0" in rules
-    assert "self.method != 'Live' || has(self.live)" in rules
+    # apply.live is needed for the reference server only: the rule sits on the spec
+    assert (
+        "self.apply.method != 'Live' || !(!has(self.runtime) || self.runtime.kind == "
+        "'Reference') || has(self.apply.live)"
+    ) in rules
     assert "self.source != 'prometheus' || has(self.prometheus)" in rules
     assert "self.maxConfirmRounds >= self.confirmRounds" in rules
     assert props["tuning"]["default"]["maxConfirmRounds"] == 6
@@ -94,6 +98,8 @@ def test_spec_has_cel_rules_defaults_and_enums() -> None:
     # defaults of sections spell out their fields: the API server evaluates a section's
     # CEL rules against its default before nested defaults apply
     assert props["apply"]["default"]["method"] == "Env"
+    assert props["runtime"]["default"] == {"kind": "Reference"}
+    assert props["load"]["properties"]["endpoint"]["required"] == ["port"]
     assert props["parameters"]["properties"]["maxBatchSize"]["default"] == {"min": 1, "max": 64}
     assert props["parameters"]["default"]["maxQueueTimeMs"] == {"min": 0.0, "max": 100.0}
     for node in _walk(spec):

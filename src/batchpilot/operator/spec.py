@@ -343,16 +343,29 @@ class HTTPEndpoint(BaseModel):
     path: str = Field(description="HTTP path.", max_length=256, pattern=HTTP_PATH_PATTERN)
 
 
+class LoadEndpoint(BaseModel):
+    """The port the load is sent to on every pod, and the path when the runtime's own
+    inference path is not the one to use."""
+
+    model_config = _model_config()
+
+    port: int = Field(description="Container port.", ge=1, le=65535)
+    path: str | None = Field(
+        default=None,
+        description="HTTP path of the inference requests. Required for runtime.kind "
+        "Reference and Generic; the other runtimes default it to their own inference path "
+        "for runtime.model (Triton, MLServer: /v2/models/MODEL/infer; TorchServe: "
+        "/predictions/MODEL; VLLM: /v1/completions).",
+        max_length=256,
+        pattern=HTTP_PATH_PATTERN,
+    )
+
+
 class ApplySpec(BaseModel):
     """How a configuration reaches the pods."""
 
-    model_config = _model_config(
-        cel(
-            "self.method != 'Live' || has(self.live)",
-            "apply.live (port and path of the admin endpoint) is required when apply.method "
-            "is Live",
-        ),
-    )
+    # Whether apply.live is needed depends on spec.runtime: the rule sits on the spec.
+    model_config = _model_config()
 
     method: Literal["Env", "Live"] = Field(
         default="Env",
@@ -367,14 +380,96 @@ class ApplySpec(BaseModel):
     )
     live: HTTPEndpoint | None = Field(
         default=None,
-        description="Admin endpoint used by method Live; it accepts GET and PUT of "
-        'JSON {"max_batch_size": ..., "max_queue_time_ms": ...}.',
+        description="Admin endpoint used by method Live with runtime.kind Reference; it "
+        'accepts GET and PUT of JSON {"max_batch_size": ..., "max_queue_time_ms": ...}.',
+    )
+
+
+RuntimeKind = Literal[
+    "Reference", "Triton", "RayServe", "TorchServe", "MLServer", "VLLM", "Generic"
+]
+# Kinds whose adapter changes a running server over its own API (apply.method Live).
+LIVE_RUNTIMES = ("Triton", "RayServe")
+# Kinds tuned by rollout only: their knobs are start-up settings, or the adapter needs
+# the model's files on the operator's machine to change them.
+ROLLOUT_RUNTIMES = ("MLServer", "TorchServe", "VLLM", "Generic")
+# Kinds that name the model they serve.
+MODEL_RUNTIMES = ("Triton", "RayServe", "TorchServe", "MLServer", "VLLM")
+# Kinds without a model name: the reference server serves one model, Generic is opaque.
+MODELLESS_RUNTIMES = ("Reference", "Generic")
+# Kinds whose requests the operator cannot shape: load.endpoint.path is the user's.
+PATHLESS_RUNTIMES = ("Reference", "Generic")
+
+
+def _cel_list(kinds: tuple[str, ...]) -> str:
+    return "[" + ", ".join(f"'{k}'" for k in kinds) + "]"
+
+
+def _kinds(kinds: tuple[str, ...]) -> str:
+    return ", ".join(kinds[:-1]) + " and " + kinds[-1]
+
+
+_MODEL_MESSAGE = (
+    f"runtime.model is required for kinds {_kinds(MODEL_RUNTIMES)} (the name "
+    "the server serves the model under; RayServe: APP or APP/DEPLOYMENT) and not used by "
+    f"{_kinds(MODELLESS_RUNTIMES)}"
+)
+_MANAGEMENT_MESSAGE = (
+    "runtime.managementPort (the Ray dashboard's port, Serve's REST API) applies to kind "
+    "RayServe only"
+)
+_METRICS_MESSAGE = "runtime.metricsPort (Triton's metrics port) applies to kind Triton only"
+
+
+class RuntimeSpec(BaseModel):
+    """The inference server the target runs: how its knobs are set, read and kept, and
+    which requests it serves."""
+
+    model_config = _model_config(
+        cel(
+            f"(self.kind in {_cel_list(MODELLESS_RUNTIMES)}) != has(self.model)",
+            _MODEL_MESSAGE,
+        ),
+        cel("!has(self.managementPort) || self.kind == 'RayServe'", _MANAGEMENT_MESSAGE),
+        cel("!has(self.metricsPort) || self.kind == 'Triton'", _METRICS_MESSAGE),
+    )
+
+    kind: RuntimeKind = Field(
+        default="Reference",
+        description="Reference: BatchPilot's reference server. Triton, RayServe: changed "
+        "live through their own APIs (apply.method Live) or by rollout (Env). TorchServe, "
+        "MLServer: by rollout (Env). VLLM, Generic: by rollout (Env), the values reaching "
+        "the server through $(VAR) references in the container's args.",
+    )
+    model: str | None = Field(
+        default=None,
+        description="The model's name on the server (Triton, MLServer, TorchServe, VLLM); "
+        "RayServe: the application, or APP/DEPLOYMENT.",
+        min_length=1,
+        max_length=256,
+        pattern=r"^[A-Za-z0-9][A-Za-z0-9_.:/-]*$",
+    )
+    management_port: int | None = Field(
+        default=None,
+        description="RayServe: the dashboard port serving Serve's REST API [8265].",
+        ge=1,
+        le=65535,
+    )
+    metrics_port: int | None = Field(
+        default=None,
+        description="Triton: the metrics port, read to verify the batches after a change [8002].",
+        ge=1,
+        le=65535,
     )
 
     @model_validator(mode="after")
-    def _live_needs_endpoint(self) -> ApplySpec:
-        if self.method == "Live" and self.live is None:
-            raise ValueError("apply.live (port and path) is required when apply.method is Live")
+    def _fields_fit_the_kind(self) -> RuntimeSpec:
+        if (self.kind in MODELLESS_RUNTIMES) != (self.model is None):
+            raise ValueError(_MODEL_MESSAGE)
+        if self.management_port is not None and self.kind != "RayServe":
+            raise ValueError(_MANAGEMENT_MESSAGE)
+        if self.metrics_port is not None and self.kind != "Triton":
+            raise ValueError(_METRICS_MESSAGE)
         return self
 
 
@@ -516,7 +611,7 @@ class LoadSpec(BaseModel):
         ),
     )
 
-    endpoint: HTTPEndpoint = Field(description="Inference endpoint the load is sent to.")
+    endpoint: LoadEndpoint = Field(description="Inference endpoint the load is sent to.")
     requests: list[RequestClassSpec] = Field(
         default_factory=lambda: [
             RequestClassSpec(weight=c.weight, size=c.size) for c in RequestMix.default().classes
@@ -715,6 +810,44 @@ _IN_PLACE_BUDGET_MESSAGE = (
 )
 
 
+_CEL_REFERENCE = "!has(self.runtime) || self.runtime.kind == 'Reference'"
+_LIVE_ENDPOINT_MESSAGE = (
+    "apply.live (port and path of the admin endpoint) is required when apply.method is Live "
+    "and runtime.kind is Reference"
+)
+_LIVE_ADAPTER_MESSAGE = (
+    "apply.live is for runtime.kind Reference only: with another runtime the operator "
+    "reaches the runtime's own control API (remove apply.live)"
+)
+_ROLLOUT_MESSAGE = (
+    f"apply.method Live is for runtime.kind Reference, {_kinds(LIVE_RUNTIMES)}; "
+    f"{_kinds(ROLLOUT_RUNTIMES)} are tuned by rollout: set apply.method Env and read the "
+    "variables in the container (e.g. args: --max-num-seqs=$(MAX_BATCH_SIZE))"
+)
+_LIVE_EXTRA_MESSAGE = (
+    "parameters.extra needs apply.method Env or runtime.kind Reference: a runtime's live "
+    "control sets maxBatchSize and maxQueueTimeMs only"
+)
+_PATH_MESSAGE = (
+    f"load.endpoint.path is required for runtime.kind {_kinds(PATHLESS_RUNTIMES)}; the "
+    "other runtimes default it to their own inference path"
+)
+
+
+def runtime_problems(spec: InferenceServiceSpec) -> list[tuple[bool, str]]:
+    """The spec-wide runtime rules, as the CEL rules above state them: (broken, message)."""
+    kind = spec.runtime.kind
+    live = spec.apply.method == "Live"
+    reference = kind == "Reference"
+    return [
+        (live and reference and spec.apply.live is None, _LIVE_ENDPOINT_MESSAGE),
+        (live and not reference and spec.apply.live is not None, _LIVE_ADAPTER_MESSAGE),
+        (live and not reference and kind not in LIVE_RUNTIMES, _ROLLOUT_MESSAGE),
+        (live and not reference and bool(spec.parameters.extra), _LIVE_EXTRA_MESSAGE),
+        (spec.load.endpoint.path is None and kind in PATHLESS_RUNTIMES, _PATH_MESSAGE),
+    ]
+
+
 class InferenceServiceSpec(BaseModel):
     """Tunes the dynamic batching of a model server for the most effective throughput
     within a p99 latency SLA."""
@@ -736,9 +869,36 @@ class InferenceServiceSpec(BaseModel):
             "self.tuning.strategy != 'InPlace' || has(self.load.maxRps)",
             _IN_PLACE_BUDGET_MESSAGE,
         ),
+        cel(
+            f"self.apply.method != 'Live' || !({_CEL_REFERENCE}) || has(self.apply.live)",
+            _LIVE_ENDPOINT_MESSAGE,
+        ),
+        cel(
+            f"self.apply.method != 'Live' || {_CEL_REFERENCE} || !has(self.apply.live)",
+            _LIVE_ADAPTER_MESSAGE,
+        ),
+        cel(
+            f"self.apply.method != 'Live' || {_CEL_REFERENCE} || "
+            f"self.runtime.kind in {_cel_list(LIVE_RUNTIMES)}",
+            _ROLLOUT_MESSAGE,
+        ),
+        cel(
+            f"self.apply.method != 'Live' || {_CEL_REFERENCE} || "
+            "!has(self.parameters.extra) || size(self.parameters.extra) == 0",
+            _LIVE_EXTRA_MESSAGE,
+        ),
+        cel(
+            "has(self.load.endpoint.path) || (has(self.runtime) && "
+            f"!(self.runtime.kind in {_cel_list(PATHLESS_RUNTIMES)}))",
+            _PATH_MESSAGE,
+        ),
     )
 
     target: TargetRef = Field(description="The workload to tune.")
+    runtime: RuntimeSpec = Field(
+        default_factory=RuntimeSpec,
+        description="The inference server the target runs (Reference when unset).",
+    )
     sla: SLASpec = Field(description="The latency and error SLA.")
     parameters: ParametersSpec = Field(
         default_factory=lambda: ParametersSpec.model_validate({}),
@@ -753,6 +913,13 @@ class InferenceServiceSpec(BaseModel):
         default_factory=lambda: TuningSpec.model_validate({}),
         description="How the study runs and what happens to its result.",
     )
+
+    @model_validator(mode="after")
+    def _runtime_fits_the_method(self) -> InferenceServiceSpec:
+        for broken, message in runtime_problems(self):
+            if broken:
+                raise ValueError(message)
+        return self
 
     @model_validator(mode="after")
     def _env_for_extras(self) -> InferenceServiceSpec:

@@ -157,6 +157,19 @@ class OriginalConfig(_Status):
     recorded_at: datetime | None = Field(default=None, description="When it was recorded.")
 
 
+class PersistAdvice(_Status):
+    """How to keep a configuration written back live: a live change lasts until the pod
+    restarts, so the snippet belongs in the model's configuration in Git."""
+
+    runtime: str = Field(description="spec.runtime.kind the advice is for.")
+    kind: str = Field(
+        description="Where it goes: env, args, configmap, serve-config or recommend (a "
+        "file of the model's own configuration)."
+    )
+    where: str = Field(description="Where to write the snippet, for a person.")
+    snippet: str = Field(description="The exact text to commit.")
+
+
 class InferenceServiceStatus(_Status):
     """What the operator has found so far."""
 
@@ -213,4 +226,9 @@ class InferenceServiceStatus(_Status):
         default=None,
         description="What the req/s figures cover: per-pod (one pod measured) or fleet "
         "(measuredPods pods together).",
+    )
+    persist: PersistAdvice | None = Field(
+        default=None,
+        description="For a runtime written back live: the snippet that keeps the "
+        "configuration across pod restarts, to commit with the model's configuration.",
     )

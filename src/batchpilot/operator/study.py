@@ -19,6 +19,7 @@ from typing import Literal
 
 from batchpilot.models import BatchingConfig, CapacityResult
 from batchpilot.operator import adopt, decisions, kstatus, metrics, specdiff
+from batchpilot.operator import runtimes as operator_runtimes
 from batchpilot.operator.kube import KubeError
 from batchpilot.operator.spec import InferenceServiceSpec, Params, batching_config
 from batchpilot.operator.status import (
@@ -458,7 +459,8 @@ class StudyRunner:
             message += "; recommended only (writeBack: Recommend)"
         self._condition("Ready", "True", "Converged", message)
         self._condition("TargetReady", "True", "Done", "study finished")
-        await self._save(phase="Converged", message=message)
+        persist = operator_runtimes.persist_advice(self.spec, best.params)
+        await self._save(phase="Converged", message=message, persist=persist)
         self._event("Normal", "Converged", message)
 
     async def _write_back(self, params: Params) -> bool:
@@ -565,6 +567,7 @@ class StudyRunner:
             if not apply:
                 message += "; recommended only (writeBack: Recommend)"
             condition_reason, event_reason = "Converged", "Converged"
+            await self._save(persist=operator_runtimes.persist_advice(self.spec, chosen))
         else:
             await self._restore_in_place()
             message = f"{reason}: the incumbent stays. {verdict.reason}"

@@ -15,15 +15,18 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import aiohttp
 
+from batchpilot.loadgen.protocols import REFERENCE_PATH, speaking
 from batchpilot.models import BatchingConfig, CapacityResult
 from batchpilot.operator import decisions
+from batchpilot.operator import runtimes as operator_runtimes
 from batchpilot.operator.kube import JSON, Kube, KubeError, NotFound, pods_path, workload_path
-from batchpilot.operator.spec import InferenceServiceSpec, Params
+from batchpilot.operator.spec import InferenceServiceSpec, Params, batching_config
 from batchpilot.operator.status import OriginalConfig
 from batchpilot.tuner.interfaces import TargetError
 
 if TYPE_CHECKING:
     from batchpilot.capacity.prometheus import PrometheusStepSource
+    from batchpilot.runtimes.base import Runtime
 
 log = logging.getLogger(__name__)
 
@@ -74,7 +77,8 @@ class World(Protocol):
         ...
 
     async def write_back(self, params: Params) -> None:
-        """Write `params` onto the target's pod template (server-side apply)."""
+        """Write `params` onto the target's pod template (server-side apply), or, for a
+        runtime applied live, onto every pod of the target."""
         ...
 
     async def restore(self, original: OriginalConfig) -> None:
@@ -116,6 +120,9 @@ class KubeWorld:
         self._canary: str | None = None
         # pods the latest measurement spread its load over: its req/s are theirs together
         self.measured_pods: int | None = None
+        # spec.runtime's adapter when it applies configurations live (None: apply.live
+        # or the pod template)
+        self._runtime = operator_runtimes.live_adapter(spec)
 
     # --- reading ----------------------------------------------------------------------
 
@@ -161,7 +168,12 @@ class KubeWorld:
         if self._spec.apply.method == "Live":
             ips = decisions.ready_pod_ips(await self._pods(workload))
             if ips:
-                original = original.model_copy(update={"params": await self._live_get(ips[0])})
+                live = (
+                    await self._live_get(ips[0])
+                    if self._runtime is None
+                    else await self._runtime_get(self._runtime, ips[0])
+                )
+                original = original.model_copy(update={"params": live})
         return original
 
     # --- the canary -------------------------------------------------------------------
@@ -195,6 +207,10 @@ class KubeWorld:
             await self._apply_live(await self._measured(), params)
 
     async def write_back(self, params: Params) -> None:
+        if self._runtime is not None:
+            # live on every pod of the target; status.persist says how to keep it
+            await self._apply_live(await self._target(), params)
+            return
         env = decisions.env_for_params(params, self._spec.env_names())
         await self._apply_env(await self._target(), dict(env), force=True)
 
@@ -202,6 +218,8 @@ class KubeWorld:
         workload = await self._target()
         if self._spec.apply.method == "Live" and original.params:
             await self._apply_live(workload, original.params)
+        if self._runtime is not None:
+            return  # the pod template was never changed
         # an apply that leaves out a variable the operator set releases it (removed if
         # it was unset before); variables that had a value get it back
         await self._apply_env(workload, dict(original.env), force=True)
@@ -358,12 +376,41 @@ class KubeWorld:
                 ) from exc
         return {k: v for k, v in payload.items() if isinstance(v, int | float)}
 
+    async def _runtime_get(self, runtime: Runtime, ip: str) -> Params:
+        control = operator_runtimes.control_for(runtime, self._spec, ip)
+        try:
+            config = await control.current()
+        except TargetError as exc:
+            raise TargetProblem("AdminUnreachable", f"{runtime.title} at {ip}: {exc}") from exc
+        return dict(config.model_dump())
+
+    async def _runtime_apply(
+        self, runtime: Runtime, ips: list[str], params: Mapping[str, float | int]
+    ) -> None:
+        """Apply through the runtime's adapter on every pod; its `apply` returns only once
+        the configuration is verified live. A value the runtime cannot take fails at
+        once; anything else (a pod restarting, a load under way) is waited out."""
+        config = batching_config(dict(params))
+        try:
+            runtime.check(config)
+        except ValueError as exc:
+            raise TargetProblem("AdminRejected", f"{runtime.title}: {exc}") from None
+        for ip in ips:
+            control = operator_runtimes.control_for(runtime, self._spec, ip)
+            try:
+                await control.apply(config)
+            except TargetError as exc:
+                raise TargetProblem(
+                    "AdminNotApplied", f"{runtime.title} at {ip}: {config.label()}: {exc}"
+                ) from exc
+
     async def _apply_live(
         self, workload: Mapping[str, Any], params: Mapping[str, float | int]
     ) -> None:
-        """PUT `params` on every ready pod and verify with GET. A pod that is restarting
-        (no ready pods, refused connections: its status lags its process) is waited
-        for, up to `settle_s`; a refusal by the server (4xx) fails at once."""
+        """Apply `params` on every ready pod and verify them: PUT and GET on apply.live,
+        or the runtime adapter's apply. A pod that is restarting (no ready pods, refused
+        connections: its status lags its process) is waited for, up to `settle_s`; a
+        refusal by the server (4xx) fails at once."""
         name = workload["metadata"]["name"]
         last = "no attempt"
         try:
@@ -373,7 +420,10 @@ class KubeWorld:
                     try:
                         if not ips:
                             raise TargetProblem("NoReadyPods", f"{name} has no ready pods")
-                        await self._put_and_verify(ips, params)
+                        if self._runtime is None:
+                            await self._put_and_verify(ips, params)
+                        else:
+                            await self._runtime_apply(self._runtime, ips, params)
                         return
                     except TargetProblem as problem:
                         if problem.reason not in TRANSIENT:
@@ -419,8 +469,6 @@ class KubeWorld:
         since: datetime,
         seed: int | None = None,
     ) -> CapacityResult:
-        from batchpilot.capacity.http import measure_capacity  # imported when first used
-
         load = self._spec.load
         workload = await self._measured()
         pods = await self._pods(workload)
@@ -430,26 +478,8 @@ class KubeWorld:
         urls = [f"http://{ip}:{load.endpoint.port}" for ip in ips]
         source = await self._checked_prometheus_source()
         self.measured_pods = len(ips)
-        in_place = self._spec.tuning.strategy == "InPlace"
-        result = await measure_capacity(
-            urls,
-            path=load.endpoint.path,
-            sla=self._spec.sla.to_sla(),
-            mix=load.mix(),
-            precision=load.precision,
-            step_duration_s=load.step_seconds,
-            warmup_s=load.warmup_seconds,
-            must_beat=must_beat,
-            timeout_s=load.request_timeout_seconds,
-            min_requests=load.min_requests,
-            seed=self._spec.tuning.seed if seed is None else seed,
-            source=source,
-            arrival=load.arrival.process_model(),
-            max_rps=decisions.load_ceiling(load.max_rps, len(ips)),
-            max_overload_s=load.max_overload_seconds,
-            # on production a breach is not provoked a second time to confirm it
-            confirm_failures=not in_place,
-        )
+        with speaking(operator_runtimes.load_protocol(self._spec)):
+            result = await self._measure_capacity(urls, must_beat, seed, source)
         # a pod that restarted mid-measurement (crash, OOM kill, eviction) makes the
         # figures say nothing about this configuration: the trial fails and is not scored
         after = await self._pods(workload)
@@ -461,6 +491,38 @@ class KubeWorld:
         if restarted:
             raise TargetProblem("PodRestarted", f"during the trial: {restarted}")
         return result
+
+    async def _measure_capacity(
+        self,
+        urls: list[str],
+        must_beat: float | None,
+        seed: int | None,
+        source: PrometheusStepSource | None,
+    ) -> CapacityResult:
+        from batchpilot.capacity.http import measure_capacity  # imported when first used
+
+        load = self._spec.load
+        in_place = self._spec.tuning.strategy == "InPlace"
+        return await measure_capacity(
+            urls,
+            # a runtime's protocol, in force around the call, brings its own path
+            path=load.endpoint.path or REFERENCE_PATH,
+            sla=self._spec.sla.to_sla(),
+            mix=load.mix(),
+            precision=load.precision,
+            step_duration_s=load.step_seconds,
+            warmup_s=load.warmup_seconds,
+            must_beat=must_beat,
+            timeout_s=load.request_timeout_seconds,
+            min_requests=load.min_requests,
+            seed=self._spec.tuning.seed if seed is None else seed,
+            source=source,
+            arrival=load.arrival.process_model(),
+            max_rps=decisions.load_ceiling(load.max_rps, len(urls)),
+            max_overload_s=load.max_overload_seconds,
+            # on production a breach is not provoked a second time to confirm it
+            confirm_failures=not in_place,
+        )
 
     async def _checked_prometheus_source(self) -> PrometheusStepSource | None:
         """The Prometheus source, its scrape interval checked against the step length

@@ -37,6 +37,37 @@ class TritonStartError(LaunchError):
     """Triton did not become ready; the message carries the tail of its log."""
 
 
+def server_args(
+    install: TritonInstall,
+    root: Path,
+    *,
+    host: str,
+    http_port: int,
+    grpc_port: int,
+    metrics_port: int,
+    model: str = MODEL_NAME,
+) -> list[str]:
+    """The `tritonserver` command line for the repository under `root` (written by
+    `write_repository`): explicit model control, so batching can change live, and every
+    listener on `host`."""
+    return [
+        str(install.binary),
+        f"--model-repository={root / 'models'}",
+        f"--backend-directory={root / 'backends'}",
+        "--model-control-mode=explicit",
+        f"--load-model={model}",
+        f"--http-address={host}",
+        f"--http-port={http_port}",
+        f"--grpc-address={host}",
+        f"--grpc-port={grpc_port}",
+        f"--metrics-address={host}",
+        f"--metrics-port={metrics_port}",
+        "--allow-gpu-metrics=false",
+        "--metrics-config=summary_latencies=true",
+        f"--exit-timeout-secs={_EXIT_TIMEOUT_S}",
+    ]
+
+
 class TritonProcess(ChildProcess):
     """`async with TritonProcess(TritonBatching(8, 5000)) as triton: ... triton.url ...`"""
 
@@ -83,22 +114,14 @@ class TritonProcess(ChildProcess):
     def args(self) -> list[str]:
         assert self.install is not None
         assert self._root is not None
-        return [
-            str(self.install.binary),
-            f"--model-repository={self._root / 'models'}",
-            f"--backend-directory={self._root / 'backends'}",
-            "--model-control-mode=explicit",
-            f"--load-model={self.model}",
-            f"--http-address={self.host}",
-            f"--http-port={self.http_port}",
-            f"--grpc-address={self.host}",
-            f"--grpc-port={self.grpc_port}",
-            f"--metrics-address={self.host}",
-            f"--metrics-port={self.metrics_port}",
-            "--allow-gpu-metrics=false",
-            "--metrics-config=summary_latencies=true",
-            f"--exit-timeout-secs={_EXIT_TIMEOUT_S}",
-        ]
+        return server_args(
+            self.install,
+            self._root,
+            host=self.host,
+            http_port=self.http_port,
+            grpc_port=self.grpc_port,
+            metrics_port=self.metrics_port,
+        )
 
     async def start(self) -> None:
         """Write the repository, start Triton and wait until it and the model are ready.

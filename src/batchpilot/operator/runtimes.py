@@ -1,0 +1,103 @@
+"""What spec.runtime means to the operator: which adapter of `batchpilot.runtimes` speaks
+to the target's pods, on which ports, with which requests, and how a winner is kept.
+Pure decisions, no I/O: `KubeWorld` does the calls."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from typing import Final
+
+from batchpilot.loadgen.protocols import RequestProtocol, openai
+from batchpilot.operator.spec import InferenceServiceSpec, RuntimeKind, batching_config
+from batchpilot.operator.status import PersistAdvice
+from batchpilot.runtimes.base import Runtime, RuntimeControl
+from batchpilot.runtimes.registry import get_runtime
+
+# spec.runtime.kind -> the adapter's registry name; VLLM and Generic have no adapter
+# (they are tuned by rollout, their knobs being start-up arguments).
+REGISTRY_NAMES: Final[Mapping[RuntimeKind, str]] = {
+    "Reference": "reference",
+    "Triton": "triton",
+    "RayServe": "ray",
+    "TorchServe": "torchserve",
+    "MLServer": "mlserver",
+}
+DEFAULT_TRITON_METRICS_PORT = 8002
+DEFAULT_RAY_DASHBOARD_PORT = 8265
+
+
+def adapter(spec: InferenceServiceSpec) -> Runtime | None:
+    """The runtime's adapter, None for kinds without one (VLLM, Generic)."""
+    name = REGISTRY_NAMES.get(spec.runtime.kind)
+    return None if name is None else get_runtime(name)
+
+
+def live_adapter(spec: InferenceServiceSpec) -> Runtime | None:
+    """The adapter that applies configurations live, None when the operator uses its own
+    ways (method Env: the pod template; Reference with Live: apply.live)."""
+    if spec.apply.method != "Live" or spec.runtime.kind == "Reference":
+        return None
+    return adapter(spec)
+
+
+def control_url(spec: InferenceServiceSpec, ip: str) -> str:
+    """The base URL of a pod's inference server (the load's port)."""
+    return f"http://{ip}:{spec.load.endpoint.port}"
+
+
+def control_for(runtime: Runtime, spec: InferenceServiceSpec, ip: str) -> RuntimeControl:
+    """A control of the runtime on the pod at `ip`. Ports other than the inference port
+    come from spec.runtime, defaulting to the runtime's own defaults."""
+    url = control_url(spec, ip)
+    model = spec.runtime.model
+    kind = spec.runtime.kind
+    if kind == "Triton":
+        from batchpilot.runtimes.triton.adapter import TritonRuntime
+
+        assert isinstance(runtime, TritonRuntime)
+        port = spec.runtime.metrics_port or DEFAULT_TRITON_METRICS_PORT
+        return runtime.control(url, model=model, metrics_url=f"http://{ip}:{port}/metrics")
+    if kind == "RayServe":
+        from batchpilot.runtimes.rayserve.adapter import RayServeRuntime
+
+        assert isinstance(runtime, RayServeRuntime)
+        port = spec.runtime.management_port or DEFAULT_RAY_DASHBOARD_PORT
+        return runtime.control(url, model=model, dashboard_url=f"http://{ip}:{port}")
+    return runtime.control(url, model=model)
+
+
+def load_protocol(spec: InferenceServiceSpec) -> RequestProtocol | None:
+    """The requests a trial sends: the runtime's own protocol for its model, on
+    load.endpoint.path when that is set. None keeps the reference server's requests on
+    load.endpoint.path (kinds Reference and Generic)."""
+    kind, model = spec.runtime.kind, spec.runtime.model
+    protocol: RequestProtocol | None
+    if kind == "VLLM":
+        assert model is not None  # the spec's rule
+        protocol = openai(model)
+    elif kind in ("Reference", "Generic"):
+        return None
+    else:
+        runtime = adapter(spec)
+        assert runtime is not None
+        protocol = runtime.protocol(model)
+    path = spec.load.endpoint.path
+    return protocol if path is None else dataclasses.replace(protocol, path=path)
+
+
+def persist_advice(
+    spec: InferenceServiceSpec, params: Mapping[str, float | int]
+) -> PersistAdvice | None:
+    """How to make a live write-back survive a pod restart, for status.persist; None
+    when the write-back itself persists (method Env writes the pod template)."""
+    runtime = live_adapter(spec)
+    if runtime is None:
+        return None
+    persistence = runtime.persistence(batching_config(dict(params)), model=spec.runtime.model)
+    return PersistAdvice(
+        runtime=spec.runtime.kind,
+        kind=persistence.kind,
+        where=persistence.where,
+        snippet=persistence.snippet,
+    )
