@@ -26,7 +26,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from . import procs
+from . import fit, procs
+from .fit import NODE_CAPACITY
 from .kubeapi import STRATEGIC_PATCH, ApiError, Kube
 from .podspec import (
     HOST_IP,
@@ -181,7 +182,7 @@ class NodeAgent:
     # --- node --------------------------------------------------------------------
 
     def _register_node(self) -> None:
-        capacity = {"cpu": "16", "memory": "64Gi", "pods": "110", "nvidia.com/gpu": "8"}
+        capacity = dict(NODE_CAPACITY)
         body = {
             "apiVersion": "v1",
             "kind": "Node",
@@ -246,6 +247,7 @@ class NodeAgent:
 
     def _reconcile(self) -> None:
         pods = self._list_pods()
+        used = fit.in_use(pods, self.node_name)
         seen: set[str] = set()
         for pod in pods:
             uid = pod["metadata"]["uid"]
@@ -253,7 +255,12 @@ class NodeAgent:
             node = pod["spec"].get("nodeName")
             if not node:
                 if not pod["metadata"].get("deletionTimestamp"):
-                    self._bind(pod)
+                    short = fit.shortfall(pod, used)
+                    if short is None:
+                        self._bind(pod)
+                        fit.add(used, pod)
+                    else:
+                        self._post_unschedulable(pod, short)
                 continue
             if node != self.node_name:
                 continue
@@ -265,6 +272,31 @@ class NodeAgent:
         for uid in gone:
             self._forget(uid)
         self._write_scrape_targets()
+
+    def _post_unschedulable(self, pod: Pod, message: str) -> None:
+        """What kube-scheduler reports on a pod no node has room for."""
+        meta = pod["metadata"]
+        for condition in pod["status"].get("conditions") or []:
+            if condition.get("type") == "PodScheduled" and condition.get("message") == message:
+                return
+        status = {
+            "phase": "Pending",
+            "conditions": [
+                {
+                    "type": "PodScheduled",
+                    "status": "False",
+                    "reason": "Unschedulable",
+                    "message": message,
+                    "lastTransitionTime": now(),
+                }
+            ],
+        }
+        with contextlib.suppress(ApiError):  # deleted meanwhile
+            self._api.patch(
+                f"/api/v1/namespaces/{meta['namespace']}/pods/{meta['name']}/status",
+                {"status": status},
+                STRATEGIC_PATCH,
+            )
 
     def _bind(self, pod: Pod) -> None:
         meta = pod["metadata"]

@@ -50,8 +50,15 @@ def sample_documents(cluster: Cluster) -> list[dict[str, Any]]:
 def shortened(isvc: dict[str, Any]) -> dict[str, Any]:
     spec = isvc["spec"]
     spec["load"] = {**spec["load"], **FAST_LOAD}
-    # no confirmation phase: test_verdict covers it, at the length it takes
-    spec["tuning"] = {**spec.get("tuning", {}), "maxTrials": 3, "seed": 7, "finalists": 0}
+    # no confirmation phase: test_verdict covers it, at the length it takes; the
+    # write-back is watched for seconds, not minutes (test_waits covers the watch)
+    spec["tuning"] = {
+        **spec.get("tuning", {}),
+        "maxTrials": 3,
+        "seed": 7,
+        "finalists": 0,
+        "verifySeconds": 3,
+    }
     spec["tuning"].pop("patience", None)
     return isvc
 

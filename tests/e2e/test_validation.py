@@ -257,6 +257,25 @@ ENUM_CASES = [
     ("tuning", "writeBack"),
 ]
 
+# (field under spec, a value out of range, the schema's message for it)
+BOUND_CASES = [
+    (
+        "tuning.scheduleTimeoutSeconds",
+        2,
+        "spec.tuning.scheduleTimeoutSeconds in body should be greater than or equal to 5",
+    ),
+    (
+        "tuning.verifySeconds",
+        -1,
+        "spec.tuning.verifySeconds in body should be greater than or equal to 0",
+    ),
+    (
+        "tuning.verifySeconds",
+        86401,
+        "spec.tuning.verifySeconds in body should be less than or equal to 86400",
+    ),
+]
+
 
 def _apply(cluster: Cluster, namespace: str, spec: dict[str, Any]) -> tuple[int, str]:
     manifest = copy.deepcopy(VALID)
@@ -310,6 +329,13 @@ def test_invalid_resources_rejected_with_crd_messages(
     )
     if code == 0 or "spec.sla.p99LatencyMs in body should be greater than 0" not in stderr:
         problems.append(f"negative p99: kubectl said: {stderr}")
+
+    for path, value, expected in BOUND_CASES:
+        spec = copy.deepcopy(VALID["spec"])
+        _set(path, value)(spec)
+        code, stderr = _apply(cluster, namespace, spec)
+        if code == 0 or expected not in stderr:
+            problems.append(f"{path}={value}: expected {expected!r}, kubectl said: {stderr}")
 
     # Nothing invalid was stored, and the valid base is accepted.
     listed = cluster.kubectl("get", "inferenceservices", "-n", namespace, "-o", "name")

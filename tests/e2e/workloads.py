@@ -82,13 +82,16 @@ def inference_service(
     max_failures: int = 3,
     batch_range: tuple[int, int] = (1, 16),
     finalists: int = 0,
+    verify_s: int = 3,
     max_rps: float | None = 100_000.0,
 ) -> dict[str, Any]:
     """An InferenceService tuned for test speed: one-second steps, coarse precision and
     a handful of trials over a small search space. No confirmation phase by default
     (`finalists` 0): the scenarios about rollouts, write-back and faults need the
     study's best written back; test_verdict covers the confirmation. `max_rps` is the
-    load budget per pod, which strategy InPlace requires (the default caps nothing)."""
+    load budget per pod, which strategy InPlace requires (the default caps nothing). A
+    write-back is watched for `verify_s` seconds (test_waits covers what a longer watch
+    catches)."""
     apply: dict[str, Any] = {"method": method}
     if method == "Live":
         apply["live"] = {"port": SERVER_PORT, "path": "/admin/batching"}
@@ -122,6 +125,7 @@ def inference_service(
                 "trialDeadlineSeconds": deadline_s,
                 "maxFailures": max_failures,
                 "finalists": finalists,
+                "verifySeconds": verify_s,
             },
         },
     }

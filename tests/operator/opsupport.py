@@ -76,10 +76,17 @@ class FakeWorld:
             return None
         name = canary or canary_name(self.spec.target.name, "ns", "resnet", "uid")
         self.cluster.canaries.add(name)
+        self.cluster.prepares += 1
         return name
 
     async def apply(self, params: Params) -> None:
         self.cluster.applied.append(dict(params))
+        if self.cluster.unschedulable is not None:
+            raise TargetProblem(
+                "Unschedulable",
+                f"pod resnet-bp-canary-1 cannot be scheduled: {self.cluster.unschedulable}",
+                stops_study=True,
+            )
         if self.spec.tuning.strategy == "InPlace":
             self.cluster.target = dict(params)
         hold = self.cluster.hold_after
@@ -125,8 +132,17 @@ class FakeWorld:
         self.cluster.written_back.append(dict(params))
 
     async def restore(self, original: OriginalConfig) -> None:
+        if self.cluster.restore_problem is not None:
+            raise self.cluster.restore_problem
         self.cluster.target = dict(original.params)
         self.cluster.restored += 1
+
+    async def verify(self, seconds: float) -> None:
+        self.cluster.verified.append(seconds)
+        if self.cluster.crashes(self.cluster.target):
+            raise TargetProblem(
+                "CrashLoopBackOff", "pod resnet-2 container server: CrashLoopBackOff: exit 1"
+            )
 
     async def remove_canary(self, name: str) -> None:
         self.cluster.canaries.discard(name)
@@ -182,6 +198,13 @@ class FakeCluster:
         # applies after the first `hold_after` ones wait until `gate` is set
         self.hold_after: int | None = None
         self.gate = asyncio.Event()
+        self.prepares = 0  # canaries made ready (created or found)
+        # the scheduler's message for every measured pod: none fits
+        self.unschedulable: str | None = None
+        self.restore_problem: TargetProblem | None = None
+        # whether the target crash-loops on a configuration once it is written back
+        self.crashes: Callable[[Params], bool] = lambda params: False
+        self.verified: list[float] = []  # the verify windows asked for
 
     def factory(self) -> Callable[..., FakeWorld]:
         def make(

@@ -26,6 +26,8 @@ from opsupport import (
     score,
 )
 
+from batchpilot.operator.world import TargetProblem
+
 pytestmark = [
     pytest.mark.operator,
     pytest.mark.timeout(60),
@@ -382,6 +384,147 @@ async def test_a_client_bound_trial_says_so_in_the_status(
     # a trial the client could drive is not flagged
     for trial in trials:
         assert trial["clientBound"] == (cluster.score(trial["params"]) > 450.0)
+
+
+async def test_a_queued_study_creates_no_canary_until_it_holds_the_slot(
+    kmock: kmock.KubernetesEmulator, operator: Operator, cluster: FakeCluster
+) -> None:
+    cluster.hold_after = 0
+    kmock.objects[ISVC, NAMESPACE, "first"] = isvc("first", tuning={"maxTrials": 1})
+    kmock.objects[ISVC, NAMESPACE, "second"] = isvc("second", tuning={"maxTrials": 1})
+
+    def waiting() -> bool:
+        return any(
+            c["type"] == "Measuring" and c["reason"] == "WaitingForSlot"
+            for n in ("first", "second")
+            for c in status_of(kmock, n).get("conditions", [])
+        )
+
+    async with operator():
+        await eventually(waiting, what="one study waiting for the slot")
+        await eventually(lambda: len(cluster.applied) == 1, what="the other one measuring")
+        assert cluster.prepares == 1  # the waiting study has no canary yet
+        cluster.hold_after = None
+        cluster.gate.set()
+        await eventually(
+            lambda: all(
+                status_of(kmock, n).get("phase") == "Converged" for n in ("first", "second")
+            ),
+            what="both converged",
+        )
+    assert cluster.prepares == 2
+
+
+async def test_an_unschedulable_canary_fails_the_study_and_frees_the_slot(
+    kmock: kmock.KubernetesEmulator, operator: Operator, cluster: FakeCluster
+) -> None:
+    cluster.unschedulable = "0/1 nodes are available: 1 Insufficient nvidia.com/gpu."
+    kmock.objects[ISVC, NAMESPACE, "resnet"] = isvc()
+    async with operator():
+        await eventually(lambda: phase_is(kmock, "Failed"), what="the study failed")
+        status = status_of(kmock)
+        # the first trial ends the study: no retries while holding the slot
+        assert [t["state"] for t in status["trials"]] == ["Failed"]
+        assert "Insufficient nvidia.com/gpu" in status["message"]
+        assert condition(status, "Ready")["reason"] == "StudyFailed"
+        assert cluster.canaries == set()  # deleted: its GPUs are free again
+        assert status.get("canary") is None
+        # the slot is free: another study runs to the end
+        cluster.unschedulable = None
+        created = await kmock.post(ISVC_URL, json=isvc("other", tuning={"maxTrials": 1}))
+        assert created.status in (200, 201)
+        await eventually(
+            lambda: status_of(kmock, "other").get("phase") == "Converged", what="next study"
+        )
+
+
+async def test_a_write_back_that_crash_loops_is_rolled_back_once(
+    kmock: kmock.KubernetesEmulator, operator: Operator, cluster: FakeCluster
+) -> None:
+    # whatever wins, the target crash-loops on anything but the original
+    cluster.crashes = lambda params: params != ORIGINAL
+    kmock.objects[ISVC, NAMESPACE, "resnet"] = isvc(
+        tuning={"strategy": "Canary", "maxTrials": 4, "writeBack": "Apply", "verifySeconds": 60}
+    )
+    async with operator():
+        await eventually(lambda: phase_is(kmock, "RolledBack"), what="rolled back")
+        await eventually(lambda: "RolledBack" in reasons_of(kmock), what="the event")
+    status = status_of(kmock)
+    assert cluster.written_back
+    assert cluster.target == ORIGINAL
+    assert cluster.restored == 1
+    assert cluster.verified == [60.0]
+    degraded = condition(status, "Degraded")
+    assert (degraded["status"], degraded["reason"]) == ("True", "RolledBack")
+    assert "CrashLoopBackOff" in degraded["message"]
+    assert condition(status, "Ready")["status"] == "False"
+    assert status["applied"] is False
+    assert status["restored"] is True
+    assert reasons_of(kmock).count("RolledBack") == 1
+    assert "Converged" not in reasons_of(kmock)
+
+
+async def test_a_healthy_write_back_is_watched_then_converges(
+    kmock: kmock.KubernetesEmulator, operator: Operator, cluster: FakeCluster
+) -> None:
+    kmock.objects[ISVC, NAMESPACE, "resnet"] = isvc()
+    async with operator():
+        await eventually(lambda: phase_is(kmock, "Converged"), what="convergence")
+    assert cluster.verified == [300.0]  # tuning.verifySeconds' default
+    assert all(c["type"] != "Degraded" for c in status_of(kmock)["conditions"])
+
+
+async def test_deletion_whose_restore_cannot_finish_gives_up_with_an_event(
+    kmock: kmock.KubernetesEmulator, operator: Operator, cluster: FakeCluster
+) -> None:
+    kmock.objects[ISVC, NAMESPACE, "resnet"] = isvc(
+        tuning={"strategy": "InPlace", "maxTrials": 10, "writeBack": "Apply"}
+    )
+    cluster.hold_after = 2
+    async with operator():
+        await eventually(lambda: len(cluster.applied) == 3, what="trial 2 applied")
+        cluster.restore_problem = TargetProblem(
+            "RolloutTimedOut", "Deployment resnet did not roll out within 900 s: 0 of 1 ready"
+        )
+        response = await kmock.delete(f"{ISVC_URL}/resnet")
+        assert response.status == 200
+        await eventually(lambda: obj_of(kmock) == {}, what="finalizer released")
+        await eventually(lambda: "CleanupIncomplete" in reasons_of(kmock), what="the event")
+    [event] = [e for e in events_of(kmock) if e["reason"] == "CleanupIncomplete"]
+    assert event["type"] == "Warning"
+    assert "RolloutTimedOut" in event["message"]
+    assert "Deployment resnet still runs the trial's configuration" in event["message"]
+    assert cluster.restored == 0
+
+
+async def test_a_rollback_whose_restore_fails_is_finished_on_the_next_step(
+    kmock: kmock.KubernetesEmulator, operator: Operator, cluster: FakeCluster
+) -> None:
+    cluster.crashes = lambda params: params != ORIGINAL
+    cluster.restore_problem = TargetProblem(
+        "RolloutTimedOut", "Deployment resnet did not roll out within 900 s"
+    )
+    kmock.objects[ISVC, NAMESPACE, "resnet"] = isvc()
+
+    def rolling_back() -> bool:
+        return any(
+            c["type"] == "Degraded" and c["reason"] == "RollingBack"
+            for c in status_of(kmock).get("conditions", [])
+        )
+
+    async with operator():
+        await eventually(rolling_back, what="the rollback started")
+        written = len(cluster.written_back)
+        cluster.restore_problem = None
+        await eventually(lambda: phase_is(kmock, "RolledBack"), what="rolled back")
+        await eventually(lambda: "RolledBack" in reasons_of(kmock), what="the event")
+    assert cluster.target == ORIGINAL
+    assert len(cluster.written_back) == written  # the broken values were not written again
+    assert cluster.restored == 1
+    assert reasons_of(kmock).count("RolledBack") == 1
+    degraded = condition(status_of(kmock), "Degraded")
+    assert degraded["reason"] == "RolledBack"
+    assert "CrashLoopBackOff" in degraded["message"]
 
 
 async def test_live_runtime_write_back_leaves_the_snippet_to_commit_in_status(

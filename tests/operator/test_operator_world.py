@@ -10,6 +10,7 @@ from typing import Any
 
 import kmock
 import pytest
+from aiohttp import web
 from kmock import KubernetesError, Request, ResourceInfo
 from kmock import method as http_method
 
@@ -222,6 +223,183 @@ async def test_client_retries_conflicts_and_server_errors_then_gives_up(
     with pytest.raises(KubeError) as caught:
         await kube.merge_patch(f"/apis/apps/v1/namespaces/{NS}/deployments/nope", {})
     assert caught.value.status == 404
+
+
+def quick(spec: InferenceServiceSpec, **tuning: Any) -> InferenceServiceSpec:
+    """`spec` with waits below the CRD's minimums, so that a test of a deadline is quick."""
+    return spec.model_copy(update={"tuning": spec.tuning.model_copy(update=tuning)})
+
+
+def unschedulable_pod() -> dict[str, Any]:
+    pod = ready_pod()
+    pod["status"] = {
+        "phase": "Pending",
+        "conditions": [
+            {
+                "type": "PodScheduled",
+                "status": "False",
+                "reason": "Unschedulable",
+                "message": "0/1 nodes are available: 1 Insufficient nvidia.com/gpu.",
+            }
+        ],
+    }
+    return pod
+
+
+async def test_an_unschedulable_pod_past_the_schedule_timeout_stops_the_study(
+    kmock: kmock.KubernetesEmulator, kube: Kube
+) -> None:
+    waiting = target()
+    waiting["status"]["updatedReplicas"] = 0
+    kmock.objects[DEPLOYMENTS, NS, "resnet"] = waiting
+    kmock.objects["v1/pods", NS, "resnet-1"] = unschedulable_pod()
+    problems: list[Any] = []
+    spec = quick(make_spec(), schedule_timeout_seconds=0.2)
+    with pytest.raises(TargetProblem) as caught:
+        await world(kube, spec, problems).apply({"max_batch_size": 8, "max_queue_time_ms": 1.0})
+    assert caught.value.reason == "Unschedulable"
+    assert caught.value.stops_study
+    assert "Insufficient nvidia.com/gpu" in caught.value.message
+    assert "tuning.scheduleTimeoutSeconds" in caught.value.message
+    # reported once while it was waited for, not on every poll
+    assert [p.reason for p in problems] == ["Unschedulable"]
+
+
+async def test_a_rollout_that_never_finishes_ends_at_its_deadline(
+    kmock: kmock.KubernetesEmulator, kube: Kube
+) -> None:
+    stuck = target()
+    stuck["status"]["readyReplicas"] = 0
+    kmock.objects[DEPLOYMENTS, NS, "resnet"] = stuck
+    spec = quick(make_spec(), trial_deadline_seconds=0.3)
+    w = world(kube, spec)
+    original = await w.record_original(NOW)
+    with pytest.raises(TargetProblem) as caught:
+        await w.restore(original)
+    assert caught.value.reason == "RolloutTimedOut"
+    assert "0 of 1 replicas ready" in caught.value.message
+    assert not caught.value.stops_study
+
+
+async def test_a_rollout_past_its_progress_deadline_fails_the_write_back(
+    kmock: kmock.KubernetesEmulator, kube: Kube
+) -> None:
+    stuck = target()
+    stuck["status"]["updatedReplicas"] = 0
+    stuck["status"]["conditions"] = [
+        {
+            "type": "Progressing",
+            "status": "False",
+            "reason": "ProgressDeadlineExceeded",
+            "message": 'ReplicaSet "resnet-7d9" has timed out progressing.',
+        }
+    ]
+    kmock.objects[DEPLOYMENTS, NS, "resnet"] = stuck
+    kmock.objects["v1/pods", NS, "resnet-1"] = ready_pod()
+    with pytest.raises(TargetProblem) as caught:
+        await world(kube, make_spec()).write_back({"max_batch_size": 8, "max_queue_time_ms": 1.0})
+    assert caught.value.reason == "ProgressDeadlineExceeded"
+    assert "has timed out progressing" in caught.value.message
+
+
+async def test_verify_passes_a_healthy_target_and_catches_a_crash_loop(
+    kmock: kmock.KubernetesEmulator, kube: Kube
+) -> None:
+    kmock.objects[DEPLOYMENTS, NS, "resnet"] = target()
+    kmock.objects["v1/pods", NS, "resnet-1"] = ready_pod()
+    w = world(kube, make_spec())
+    await w.verify(0.2)  # healthy for the whole window
+    crashing = ready_pod()
+    crashing["status"]["containerStatuses"] = [
+        {
+            "name": "server",
+            "restartCount": 3,
+            "state": {"waiting": {"reason": "CrashLoopBackOff", "message": "back-off 10s"}},
+        }
+    ]
+    kmock.objects["v1/pods", NS, "resnet-1"] = crashing
+    with pytest.raises(TargetProblem) as caught:
+        await w.verify(30.0)
+    assert caught.value.reason == "CrashLoopBackOff"
+
+
+async def test_verify_catches_pods_that_stay_unready(
+    kmock: kmock.KubernetesEmulator, kube: Kube
+) -> None:
+    unready = target()
+    unready["status"]["readyReplicas"] = 0
+    kmock.objects[DEPLOYMENTS, NS, "resnet"] = unready
+    with pytest.raises(TargetProblem) as caught:
+        await world(kube, make_spec()).verify(0.2)
+    assert caught.value.reason == "Unready"
+    assert "0 of 1 replicas ready" in caught.value.message
+
+
+@pytest.fixture
+async def prometheus() -> AsyncIterator[tuple[str, dict[str, float]]]:
+    """A loopback stand-in for Prometheus's instant-query API: each query answers the
+    value set for the first key it contains ("p99" answers histogram_quantile(0.99...)."""
+    answers: dict[str, float] = {}
+
+    async def query(request: web.Request) -> web.Response:
+        promql = request.query["query"]
+        key = "p99" if "0.99" in promql else "ok" if 'outcome="ok"' in promql else "total"
+        value = answers.get(key)
+        result = [] if value is None else [{"metric": {}, "value": [0, str(value)]}]
+        return web.json_response(
+            {"status": "success", "data": {"resultType": "vector", "result": result}}
+        )
+
+    app = web.Application()
+    app.router.add_get("/api/v1/query", query)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    yield f"http://127.0.0.1:{port}", answers
+    await runner.cleanup()
+
+
+async def test_verify_rolls_back_on_an_sla_breach_seen_by_prometheus(
+    kmock: kmock.KubernetesEmulator, kube: Kube, prometheus: tuple[str, dict[str, float]]
+) -> None:
+    url, answers = prometheus
+    kmock.objects[DEPLOYMENTS, NS, "resnet"] = target()
+    kmock.objects["v1/pods", NS, "resnet-1"] = ready_pod()
+    spec = parse_spec(
+        {
+            "target": {"name": "resnet", "container": "server"},
+            "sla": {"p99LatencyMs": 300, "maxErrorRate": 0.01},
+            "load": {
+                "endpoint": {"port": 8080, "path": "/v1/predict"},
+                "source": "prometheus",
+                "prometheus": {"url": url, "scrapeIntervalSeconds": 1},
+            },
+        }
+    )
+    w = world(kube, spec)
+    await w.verify(0.2)  # no traffic in the window: nothing to judge
+    answers.update({"p99": 0.2, "ok": 50.0, "total": 50.0})
+    await w.verify(0.2)  # traffic within the SLA
+    answers["p99"] = 0.45
+    with pytest.raises(TargetProblem) as caught:
+        await w.verify(0.2)
+    assert caught.value.reason == "SLABreached"
+    assert "p99 450 ms > 300 ms at 50 req/s" in caught.value.message
+
+
+async def test_verify_does_not_blame_the_configuration_for_a_pod_without_room(
+    kmock: kmock.KubernetesEmulator, kube: Kube
+) -> None:
+    scaled = target()
+    scaled["spec"]["replicas"] = 2  # scaled out; the second pod finds no node
+    kmock.objects[DEPLOYMENTS, NS, "resnet"] = scaled
+    kmock.objects["v1/pods", NS, "resnet-1"] = ready_pod()
+    pending = unschedulable_pod()
+    pending["metadata"]["name"] = "resnet-2"
+    kmock.objects["v1/pods", NS, "resnet-2"] = pending
+    await world(kube, make_spec()).verify(0.2)
 
 
 class FakeControl:

@@ -601,3 +601,93 @@ def test_confirmation_settings_are_validated(tuning: dict[str, Any], field: str)
     with pytest.raises(ValidationError) as info:
         spec(**tuning)
     assert field in explain_validation_error(info.value)
+
+
+ROLLED = {"observedGeneration": 3, "updatedReplicas": 1, "readyReplicas": 1, "replicas": 2}
+
+
+def test_a_rollout_past_its_progress_deadline_has_failed() -> None:
+    stuck = deployment(
+        **ROLLED,
+        conditions=[
+            {
+                "type": "Progressing",
+                "status": "False",
+                "reason": "ProgressDeadlineExceeded",
+                "message": 'ReplicaSet "resnet-7d9" has timed out progressing.',
+            }
+        ],
+    )
+    rollout = decisions.rollout_status(stuck)
+    assert (rollout.done, rollout.failed, rollout.reason) == (
+        False,
+        True,
+        "ProgressDeadlineExceeded",
+    )
+    assert "has timed out progressing" in rollout.message
+    assert "progressDeadlineSeconds" in rollout.message
+    # still progressing (a new ReplicaSet is being created) is no failure
+    moving = deployment(
+        **ROLLED,
+        conditions=[{"type": "Progressing", "status": "True", "reason": "NewReplicaSetCreated"}],
+    )
+    assert not decisions.rollout_status(moving).failed
+
+
+def test_a_replica_failure_fails_the_rollout_with_its_message() -> None:
+    refused = deployment(
+        **ROLLED,
+        conditions=[
+            {
+                "type": "ReplicaFailure",
+                "status": "True",
+                "reason": "FailedCreate",
+                "message": 'pods "resnet-7d9-x" is forbidden: exceeded quota: gpu',
+            }
+        ],
+    )
+    rollout = decisions.rollout_status(refused)
+    assert rollout.failed
+    assert rollout.reason == "ReplicaFailure"
+    assert "FailedCreate" in rollout.message
+    assert "exceeded quota: gpu" in rollout.message
+    cleared = deployment(**ROLLED, conditions=[{"type": "ReplicaFailure", "status": "False"}])
+    assert not decisions.rollout_status(cleared).failed
+
+
+def test_a_rolled_back_study_is_over() -> None:
+    assert decisions.plan(spec(), status(trial(0), phase="RolledBack"), 1).kind == "idle"
+
+
+def test_cleanup_left_names_the_canary_and_the_unrestored_target() -> None:
+    original = OriginalConfig(env={"MAX_BATCH_SIZE": "32", "MAX_QUEUE_TIME_MS": None})
+    in_place = parse_spec(
+        {
+            "target": {"name": "resnet", "container": "server"},
+            "sla": {"p99LatencyMs": 300},
+            "load": {"endpoint": {"port": 8080, "path": "/v1/predict"}, "maxRps": 50},
+            "tuning": {"strategy": "InPlace"},
+        }
+    )
+    left = decisions.cleanup_left(
+        status(trial(0), canary="resnet-bp-canary", original=original), in_place
+    )
+    assert "canary Deployment resnet-bp-canary" in left
+    assert "Deployment resnet still runs the trial's configuration" in left
+    assert "'MAX_BATCH_SIZE': '32'" in left
+    assert decisions.cleanup_left(status(trial(0), restored=True), spec()) == "nothing"
+
+
+def test_sla_breach_of_production_traffic() -> None:
+    sla = SLA(p99_ms=300, max_error_rate=0.01)
+    kept = decisions.sla_breach(p99_ms=250, ok_rps=100, total_rps=100.5, sla=sla)
+    assert kept is None
+    slow = decisions.sla_breach(p99_ms=480, ok_rps=100, total_rps=100, sla=sla)
+    assert slow == "p99 480 ms > 300 ms at 100 req/s"
+    failing = decisions.sla_breach(p99_ms=100, ok_rps=90, total_rps=100, sla=sla)
+    assert failing is not None
+    assert "error rate 10.00% > 1.00%" in failing
+    # no traffic in the window (NaN from Prometheus): nothing to judge
+    nan = float("nan")
+    assert decisions.sla_breach(p99_ms=nan, ok_rps=nan, total_rps=nan, sla=sla) is None
+    assert decisions.sla_breach(p99_ms=900, ok_rps=0, total_rps=0, sla=sla) is None

@@ -47,6 +47,7 @@ def conditions(status: InferenceServiceStatus) -> dict[str, Condition]:
         ("Confirming", "False", "True", "False"),
         ("Converged", "True", "False", "False"),
         ("Failed", "False", "False", "True"),
+        ("RolledBack", "False", "False", "True"),
     ],
 )
 def test_kstatus_conditions_follow_the_phase(

@@ -7,6 +7,7 @@ unit-testable without a cluster (DESIGN.md §5).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -64,14 +65,15 @@ def plan(spec: InferenceServiceSpec, status: InferenceServiceStatus, generation:
     if status.observed_generation != generation:
         if (
             status.observed_generation is not None
-            and status.phase != "Failed"
+            and status.phase not in ("Failed", "RolledBack")
             and status.study_fingerprint == study_fingerprint(spec)
         ):
             # an edit the study does not depend on (writeBack, maxTrials, ...): a failed
-            # study is rerun instead, the edit being the user's way to retry it
+            # or rolled-back study is rerun instead, the edit being the user's way to
+            # retry it
             return Plan("adopt-spec", f"spec generation {generation} keeps the study")
         return Plan("new-study", f"spec generation {generation} has no study yet")
-    if status.phase in ("Converged", "Failed"):
+    if status.phase in ("Converged", "Failed", "RolledBack"):
         return Plan("idle", f"study of generation {generation} is {status.phase}")
     if status.original is None:
         return Plan("record-original", "the target's configuration is not recorded yet")
@@ -271,6 +273,21 @@ def needs_cleanup(status: InferenceServiceStatus, strategy: str) -> tuple[bool, 
         and status.phase in ACTIVE_PHASES
     )
     return delete_canary, restore
+
+
+def cleanup_left(status: InferenceServiceStatus, spec: InferenceServiceSpec) -> str:
+    """What a cleanup that gave up leaves behind, for the event a person reads."""
+    delete_canary, restore = needs_cleanup(status, spec.tuning.strategy)
+    left: list[str] = []
+    if delete_canary:
+        left.append(f"canary Deployment {status.canary} (garbage-collected with its owner)")
+    if restore and status.original is not None:
+        shown = status.original.env or status.original.params
+        left.append(
+            f"{spec.target.kind} {spec.target.name} still runs the trial's configuration; "
+            f"its original was {shown}"
+        )
+    return "; ".join(left) or "nothing"
 
 
 # measure_capacity's own ceiling when no load budget is set
@@ -505,6 +522,35 @@ def env_for_params(
 class Rollout:
     done: bool
     message: str
+    # the controller gave up (ReplicaFailure, progress deadline): waiting will not help
+    failed: bool = False
+    reason: str = ""
+
+
+def _rollout_failure(status: Mapping[str, Any]) -> Rollout | None:
+    """What the workload controller itself reports as failed: pods it cannot create
+    (quota, admission: ReplicaFailure) or no progress within the Deployment's
+    progressDeadlineSeconds (Progressing=False, ProgressDeadlineExceeded)."""
+    for condition in status.get("conditions", []) or []:
+        kind, state = condition.get("type"), condition.get("status")
+        message = str(condition.get("message") or "").strip()
+        if kind == "ReplicaFailure" and state == "True":
+            why = condition.get("reason") or "ReplicaFailure"
+            return Rollout(
+                False, f"replicas cannot be created: {why}: {message}", True, "ReplicaFailure"
+            )
+        if (
+            kind == "Progressing"
+            and state == "False"
+            and condition.get("reason") == "ProgressDeadlineExceeded"
+        ):
+            return Rollout(
+                False,
+                f"the rollout made no progress within progressDeadlineSeconds: {message}",
+                True,
+                "ProgressDeadlineExceeded",
+            )
+    return None
 
 
 def rollout_status(workload: Mapping[str, Any]) -> Rollout:
@@ -516,6 +562,9 @@ def rollout_status(workload: Mapping[str, Any]) -> Rollout:
     generation = meta.get("generation", 0)
     if status.get("observedGeneration", 0) < generation:
         return Rollout(False, "the controller has not seen the new template yet")
+    stuck = _rollout_failure(status)
+    if stuck is not None:
+        return stuck
     updated = status.get("updatedReplicas", 0)
     ready = status.get("readyReplicas", 0)
     total = status.get("replicas", 0)
@@ -581,6 +630,23 @@ def pod_problem(pods: Sequence[Mapping[str, Any]]) -> PodProblem | None:
                     fatal=True,
                 )
     return None
+
+
+def sla_breach(*, p99_ms: float, ok_rps: float, total_rps: float, sla: SLA) -> str | None:
+    """How production traffic over a window broke the SLA (p99 or error rate); None
+    when it kept it, or when there was no traffic to judge."""
+    if not (math.isfinite(total_rps) and total_rps > 0):
+        return None
+    ok = ok_rps if math.isfinite(ok_rps) else 0.0
+    error_rate = max(0.0, 1.0 - ok / total_rps)
+    broken: list[str] = []
+    if math.isfinite(p99_ms) and p99_ms > sla.p99_ms:
+        broken.append(f"p99 {p99_ms:.0f} ms > {sla.p99_ms:g} ms")
+    if error_rate > sla.max_error_rate:
+        broken.append(f"error rate {error_rate:.2%} > {sla.max_error_rate:.2%}")
+    if not broken:
+        return None
+    return f"{', '.join(broken)} at {total_rps:.0f} req/s"
 
 
 def ready_pod_ips(pods: Sequence[Mapping[str, Any]]) -> list[str]:

@@ -318,9 +318,16 @@ async def finalize(body: kopf.Body, memo: kopf.Memo, logger: kopf.Logger, **_: A
         try:
             await runner.stop_early("the InferenceService was deleted")
         except TargetProblem as problem:
-            if problem.reason not in GONE:
-                raise kopf.TemporaryError(f"cleanup: {problem.message}", delay=10) from problem
-            logger.warning(f"nothing to restore: {problem.message}")
+            if problem.reason in GONE:
+                logger.warning(f"nothing to restore: {problem.message}")
+            else:
+                # every wait of the cleanup has a deadline and ran out: the resource goes
+                # anyway (a finalizer that never lets go blocks `kubectl delete` and any
+                # namespace deletion), saying what it leaves behind
+                left = decisions.cleanup_left(runner.status, runner.spec)
+                message = f"cleanup gave up ({problem.reason}: {problem.message}); left: {left}"
+                kopf.event(body, type="Warning", reason="CleanupIncomplete", message=message[:1024])
+                logger.warning(message)
         except KubeError as error:
             raise kopf.TemporaryError(f"cleanup: {error}", delay=10) from error
     metrics.forget(*key)

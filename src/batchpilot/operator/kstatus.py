@@ -73,6 +73,12 @@ def with_kstatus(status: InferenceServiceStatus, now: datetime) -> InferenceServ
         ready: tuple[ConditionStatus, str] = ("False", reason)
         reconciling: tuple[ConditionStatus, str] = ("False", reason)
         stalled: tuple[ConditionStatus, str] = ("True", reason)
+    elif phase == "RolledBack":
+        # over, and not what was asked for: the target runs its original values again
+        # until the user changes the spec (Flux reports it rather than waiting)
+        ready = ("False", "RolledBack")
+        reconciling = ("False", "RolledBack")
+        stalled = ("True", "RolledBack")
     elif phase == "Converged":
         ready = ("True", "Converged")
         if degraded is not None and degraded.status == "True":

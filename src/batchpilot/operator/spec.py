@@ -746,6 +746,23 @@ class TuningSpec(BaseModel):
         ge=1,
         le=50,
     )
+    schedule_timeout_seconds: int = Field(
+        default=300,
+        description="Longest a pod of the measured workload (the canary, or the target "
+        "under InPlace) may stay Unschedulable: past it the study fails with the "
+        "scheduler's message and frees the measurement slot and the canary's resources.",
+        ge=5,
+        le=86400,
+    )
+    verify_seconds: int = Field(
+        default=300,
+        description="After a write-back, how long the target is watched: crash-looping or "
+        "unready pods (or, with load.source prometheus, a p99 or error rate over the SLA) "
+        "restore the original configuration and end the study as RolledBack. 0 skips the "
+        "watch; the write-back's rollout is still awaited.",
+        ge=0,
+        le=86400,
+    )
     seed: int = Field(default=0, description="Seed of the sampler and the load generator.", ge=0)
     finalists: int = Field(
         default=3,

@@ -13,7 +13,7 @@ from pydantic.alias_generators import to_camel
 
 from batchpilot.operator.spec import MAX_TRIALS_LIMIT
 
-Phase = Literal["Pending", "Baseline", "Tuning", "Confirming", "Converged", "Failed"]
+Phase = Literal["Pending", "Baseline", "Tuning", "Confirming", "Converged", "Failed", "RolledBack"]
 TrialState = Literal["Running", "Complete", "Pruned", "Infeasible", "Failed"]
 TrialSource = Literal["baseline", "warm-start", "sampler", "refine"]
 
@@ -174,7 +174,9 @@ class InferenceServiceStatus(_Status):
     """What the operator has found so far."""
 
     phase: Phase = Field(
-        default="Pending", description="Pending, Baseline, Tuning, Converged, Failed."
+        default="Pending",
+        description="Pending, Baseline, Tuning, Confirming, Converged, Failed, or RolledBack "
+        "(the write-back broke the target and the original configuration was restored).",
     )
     observed_generation: int | None = Field(
         default=None, description="Spec generation the study in status belongs to."

@@ -9,9 +9,10 @@ takes exactly the path an uninterrupted one would (DESIGN.md §5).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Literal
@@ -20,7 +21,7 @@ from batchpilot.models import BatchingConfig, CapacityResult
 from batchpilot.operator import adopt, decisions, kstatus, metrics, specdiff
 from batchpilot.operator import runtimes as operator_runtimes
 from batchpilot.operator.kube import KubeError
-from batchpilot.operator.spec import InferenceServiceSpec, batching_config
+from batchpilot.operator.spec import InferenceServiceSpec, Params, batching_config
 from batchpilot.operator.status import (
     Confirmation,
     InferenceServiceStatus,
@@ -35,6 +36,9 @@ from batchpilot.tuner.study import TrialRecord, Tuner
 from batchpilot.tuner.verdict import Estimate
 
 log = logging.getLogger(__name__)
+
+# problems of a write-back that a restore cannot cure: retried as the step, not rolled back
+NOT_ROLLED_BACK = frozenset({"TargetNotFound", "ContainerNotFound", "ApplyFailed"})
 
 EventType = Literal["Normal", "Warning"]
 EventSink = Callable[[EventType, str, str], None]
@@ -106,6 +110,8 @@ class StudyRunner:
         self._slots = slots
         self._clock = clock
         self._prepared = False
+        # a problem that ends the study once its trial is recorded
+        self._stopping: TargetProblem | None = None
 
     # --- bookkeeping ------------------------------------------------------------------
 
@@ -204,6 +210,8 @@ class StudyRunner:
             update={"study_fingerprint": specdiff.study_fingerprint(self.spec)}
         )
         self._prepared = False
+        if any(c.type == "Degraded" for c in self.status.conditions):
+            self._condition("Degraded", "False", "StudyStarted", "a new study replaces it")
         self._condition("Ready", "False", "StudyStarted", self.status.message)
         self._condition("SpecValid", "True", "Valid", f"spec generation {generation} is valid")
         await self._save()
@@ -257,8 +265,37 @@ class StudyRunner:
             if canary is not None:
                 self._event("Normal", "CanaryCreated", f"trials run on canary {canary}")
 
+    @contextlib.asynccontextmanager
+    async def _slot(self) -> AsyncIterator[None]:
+        """Hold the measurement slot. Taken before the canary is created, so a study
+        queued behind another holds no canary (and none of its GPUs) while it waits."""
+        semaphore = self._slots.semaphore
+        if semaphore.locked():
+            message = "waiting: another study is being measured (one trial at a time)"
+            self._condition("Measuring", "False", "WaitingForSlot", message)
+            await self._save(message=message)
+            metrics.WAITING.inc()
+            try:
+                await semaphore.acquire()
+            finally:
+                metrics.WAITING.dec()
+        else:
+            await semaphore.acquire()
+        try:
+            yield
+        finally:
+            semaphore.release()
+            self._condition("Measuring", "False", "Idle", "no trial is being measured")
+
     async def _trial(self) -> None:
-        await self._prepare()
+        async with self._slot():
+            await self._prepare()
+            await self._measured_trial()
+        if self._stopping is not None:
+            problem, self._stopping = self._stopping, None
+            await self._fail(f"{problem.reason}: {problem.message}")
+
+    async def _measured_trial(self) -> None:
         tuner = self._tuner()
         number, config, params = tuner.ask()
         records = tuner.records()
@@ -282,47 +319,33 @@ class StudyRunner:
     ) -> TrialRecord:
         asked = next(r for r in tuner.records() if r.number == number)
         started = asked.started_at or self._clock()
-        semaphore = self._slots.semaphore
-        if semaphore.locked():
-            message = "waiting: another study is being measured (one trial at a time)"
-            self._condition("Measuring", "False", "WaitingForSlot", message)
-            await self._save(message=message)
-            metrics.WAITING.inc()
-            try:
-                await semaphore.acquire()
-            finally:
-                metrics.WAITING.dec()
-        else:
-            await semaphore.acquire()
+        self._condition("Measuring", "True", "Measuring", f"trial {number}")
+        await self._save()
+        deadline = self.spec.tuning.trial_deadline_seconds
         try:
-            self._condition("Measuring", "True", "Measuring", f"trial {number}")
-            await self._save()
-            deadline = self.spec.tuning.trial_deadline_seconds
-            try:
-                async with asyncio.timeout(deadline):
-                    await self._world.apply(params)
-                    self._condition("TargetReady", "True", "Applied", "configuration is live")
-                    result: CapacityResult = await self._world.measure(
-                        config, must_beat=tuner.must_beat(), since=started
-                    )
-            except TargetProblem as exc:
-                self._condition("TargetReady", "False", exc.reason, exc.message)
-                self._event("Warning", exc.reason, exc.message)
-                return tuner.tell_failed(number, f"{exc.reason}: {exc.message}")
-            except TimeoutError:
-                return tuner.tell_failed(number, f"trial deadline of {deadline} s passed")
-            except OSError as exc:
-                # refused or reset connections to the pods: the load generator's view
-                message = f"pods did not answer: {exc}"[:500]
-                self._condition("TargetReady", "False", "Unreachable", message)
-                self._event("Warning", "Unreachable", message)
-                return tuner.tell_failed(number, message)
-            except (TargetError, KubeError, ValueError) as exc:
-                return tuner.tell_failed(number, str(exc)[:500])
-            return tuner.tell(number, result)
-        finally:
-            semaphore.release()
-            self._condition("Measuring", "False", "Idle", "no trial is being measured")
+            async with asyncio.timeout(deadline):
+                await self._world.apply(params)
+                self._condition("TargetReady", "True", "Applied", "configuration is live")
+                result: CapacityResult = await self._world.measure(
+                    config, must_beat=tuner.must_beat(), since=started
+                )
+        except TargetProblem as exc:
+            self._condition("TargetReady", "False", exc.reason, exc.message)
+            self._event("Warning", exc.reason, exc.message)
+            if exc.stops_study:
+                self._stopping = exc
+            return tuner.tell_failed(number, f"{exc.reason}: {exc.message}")
+        except TimeoutError:
+            return tuner.tell_failed(number, f"trial deadline of {deadline} s passed")
+        except OSError as exc:
+            # refused or reset connections to the pods: the load generator's view
+            message = f"pods did not answer: {exc}"[:500]
+            self._condition("TargetReady", "False", "Unreachable", message)
+            self._event("Warning", "Unreachable", message)
+            return tuner.tell_failed(number, message)
+        except (TargetError, KubeError, ValueError) as exc:
+            return tuner.tell_failed(number, str(exc)[:500])
+        return tuner.tell(number, result)
 
     async def _record(self, tuner: Tuner, record: TrialRecord) -> None:
         entries = [to_entry(r) for r in tuner.records()]
@@ -367,11 +390,11 @@ class StudyRunner:
         if upcoming is None:
             return
         round_index, params = upcoming
-        await self._prepare()
         seed = self.spec.tuning.seed + decisions.ROUND_SEED_STRIDE * (round_index + 1)
-        started = self._clock()
         rps, why = 0.0, ""
-        async with self._slots.semaphore:
+        async with self._slot():
+            await self._prepare()
+            started = self._clock()
             self._condition("Measuring", "True", "Confirming", f"round {round_index + 1}")
             await self._save()
             deadline = self.spec.tuning.trial_deadline_seconds
@@ -384,12 +407,12 @@ class StudyRunner:
                 rps = result.effective_rps
             except TargetProblem as exc:
                 why = f"{exc.reason}: {exc.message}"
+                if exc.stops_study:
+                    self._stopping = exc
             except TimeoutError:
                 why = f"deadline of {deadline} s passed"
             except (OSError, TargetError, ValueError) as exc:
                 why = str(exc)
-            finally:
-                self._condition("Measuring", "False", "Idle", "no trial is being measured")
         measured = RoundMeasurement(
             round=round_index, params=params, effective_rps=round(rps, 1), reason=why[:500]
         )
@@ -410,6 +433,9 @@ class StudyRunner:
         )
         await self._save(confirmation=confirmation, phase="Confirming", message=text)
         self._event("Warning" if why else "Normal", "Confirmation", text)
+        if self._stopping is not None:
+            problem, self._stopping = self._stopping, None
+            await self._fail(f"{problem.reason}: {problem.message}")
 
     async def _finish(self, reason: str) -> None:
         if self.status.confirmation is not None:
@@ -420,14 +446,9 @@ class StudyRunner:
             await self._fail(f"{reason}, and no configuration met the SLA")
             return
         await self._remove_canary()
-        if self.spec.tuning.write_back == "Apply" and not self.status.applied:
-            await self._world.write_back(dict(best.params))
-            await self._save(applied=True)
-            self._event(
-                "Normal",
-                "Applied",
-                f"wrote {decisions.describe_params(best.params)} to {self.spec.target.name}",
-            )
+        if self.spec.tuning.write_back == "Apply":
+            if not await self._write_back(dict(best.params)):
+                return
         elif self.spec.tuning.write_back == "Recommend":
             await self._restore_in_place()
         message = (
@@ -441,6 +462,61 @@ class StudyRunner:
         persist = operator_runtimes.persist_advice(self.spec, best.params)
         await self._save(phase="Converged", message=message, persist=persist)
         self._event("Normal", "Converged", message)
+
+    async def _write_back(self, params: Params) -> bool:
+        """Write `params` onto the target and watch it for `tuning.verifySeconds`; False
+        when it broke the target and the original configuration was put back. Safe to
+        repeat after a restart: a write-back already done is only verified again, and a
+        rollback under way is finished."""
+        rolling_back = next(
+            (
+                c
+                for c in self.status.conditions
+                if c.type == "Degraded" and c.reason == "RollingBack"
+            ),
+            None,
+        )
+        try:
+            if rolling_back is not None:
+                raise TargetProblem("RollingBack", rolling_back.message)
+            if not self.status.applied:
+                await self._world.write_back(params)
+                await self._save(applied=True)
+                self._event(
+                    "Normal",
+                    "Applied",
+                    f"wrote {decisions.describe_params(params)} to {self.spec.target.name}",
+                )
+            await self._world.verify(float(self.spec.tuning.verify_seconds))
+        except TargetProblem as problem:
+            if problem.reason in NOT_ROLLED_BACK:
+                raise
+            await self._roll_back(params, problem, resumed=rolling_back is not None)
+            return False
+        return True
+
+    async def _roll_back(self, params: Params, problem: TargetProblem, *, resumed: bool) -> None:
+        """Put the incumbent back after a write-back that broke the target: one
+        Degraded/RolledBack condition and one event, and the study ends RolledBack."""
+        original = self.status.original
+        assert original is not None  # recorded before any trial
+        if resumed:
+            message = problem.message
+        else:
+            message = (
+                f"rolled back {decisions.describe_params(params)} on "
+                f"{self.spec.target.name}: {problem.reason}: {problem.message}; the original "
+                "configuration is restored"
+            )
+            # said before the restore, so a restart in between finishes the rollback
+            self._condition("Degraded", "True", "RollingBack", message)
+            await self._save(message=message)
+        await self._world.restore(original)
+        self._condition("Degraded", "True", "RolledBack", message)
+        self._condition("Ready", "False", "RolledBack", message)
+        self._condition("TargetReady", "True", "Restored", "original configuration restored")
+        await self._save(phase="RolledBack", applied=False, restored=True, message=message)
+        self._event("Warning", "RolledBack", message)
 
     async def _restore_in_place(self) -> None:
         """An InPlace target gets its original configuration back when nothing is
@@ -477,15 +553,10 @@ class StudyRunner:
         reason = confirmation.reason
         if verdict.significant:
             apply = self.spec.tuning.write_back == "Apply"
-            if apply and not self.status.applied:
-                await self._world.write_back(chosen)
-                await self._save(applied=True)
-                self._event(
-                    "Normal",
-                    "Applied",
-                    f"wrote {decisions.describe_params(chosen)} to {self.spec.target.name}",
-                )
-            elif not apply:
+            if apply:
+                if not await self._write_back(chosen):
+                    return
+            else:
                 await self._restore_in_place()
             message = (
                 f"{reason}: best {decisions.describe_params(chosen)} → "

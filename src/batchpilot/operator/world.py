@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import secrets
+import time
 from collections.abc import Awaitable, Callable, Mapping
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, Protocol
@@ -51,10 +52,13 @@ ProblemSink = Callable[[decisions.PodProblem], Awaitable[None]]
 class TargetProblem(TargetError):
     """The target cannot be used now; `reason` is CamelCase for conditions and events."""
 
-    def __init__(self, reason: str, message: str) -> None:
+    def __init__(self, reason: str, message: str, *, stops_study: bool = False) -> None:
         super().__init__(message)
         self.reason = reason
         self.message = message
+        # retrying cannot help and the study holds what others wait for (the slot, a
+        # canary's GPUs): the study fails instead of its next trial trying again
+        self.stops_study = stops_study
 
 
 class World(Protocol):
@@ -92,6 +96,12 @@ class World(Protocol):
 
     async def restore(self, original: OriginalConfig) -> None:
         """Put the original configuration back on the target."""
+        ...
+
+    async def verify(self, seconds: float) -> None:
+        """Watch the target for `seconds` after a write-back; a TargetProblem when its
+        pods crash, restart or stay unready, or (load.source prometheus) when its
+        traffic over the window broke the SLA."""
         ...
 
     async def remove_canary(self, name: str) -> None: ...
@@ -362,23 +372,125 @@ class KubeWorld:
         await self._wait_rollout(applied)
 
     async def _wait_rollout(self, workload: Mapping[str, Any]) -> None:
+        """Return once the workload runs its template on every replica. Bounded by
+        `tuning.trialDeadlineSeconds` (write-back, restore and cleanup run outside any
+        trial's deadline); pods Unschedulable for `tuning.scheduleTimeoutSeconds`, a
+        rollout the controller gave up on and crash-looping pods end it at once."""
         kind = workload.get("kind", "Deployment")
         name = workload["metadata"]["name"]
+        limit = float(self._spec.tuning.trial_deadline_seconds)
+        last = ["the rollout was not read yet"]
+        try:
+            async with asyncio.timeout(limit):
+                await self._follow_rollout(kind, name, last)
+        except TimeoutError:
+            raise TargetProblem(
+                "RolloutTimedOut",
+                f"{kind} {name} did not roll out within {limit:g} s "
+                f"(tuning.trialDeadlineSeconds): {last[0]}",
+            ) from None
+
+    async def _follow_rollout(self, kind: str, name: str, last: list[str]) -> None:
+        loop = asyncio.get_running_loop()
+        schedule_limit = float(self._spec.tuning.schedule_timeout_seconds)
+        unschedulable_since: float | None = None
         reported: str | None = None
         while True:
             current = await self._kube.get(workload_path(kind, self._namespace, name))
             rollout = decisions.rollout_status(current)
+            if rollout.failed:
+                raise TargetProblem(rollout.reason, f"{kind} {name}: {rollout.message}")
             pods = await self._pods(current)
             problem = decisions.pod_problem(pods)
-            if problem is not None:
-                if problem.fatal:
-                    raise TargetProblem(problem.reason, problem.message)
-                if problem.message != reported:
-                    reported = problem.message
-                    await self._on_problem(problem)
+            last[0] = problem.message if problem is not None else rollout.message
+            if problem is not None and problem.fatal:
+                raise TargetProblem(problem.reason, problem.message)
+            if problem is not None and problem.reason == "Unschedulable":
+                unschedulable_since = unschedulable_since or loop.time()
+                if loop.time() - unschedulable_since >= schedule_limit:
+                    raise TargetProblem(
+                        "Unschedulable",
+                        f"{problem.message} (for {schedule_limit:g} s, "
+                        "tuning.scheduleTimeoutSeconds)",
+                        stops_study=True,
+                    )
+            else:
+                unschedulable_since = None
+            if problem is not None and problem.message != reported:
+                reported = problem.message
+                await self._on_problem(problem)
             if rollout.done and len(decisions.ready_pod_ips(pods)) >= 1 and problem is None:
                 return
             await asyncio.sleep(self._poll_s)
+
+    async def verify(self, seconds: float) -> None:
+        if seconds <= 0:
+            return
+        loop = asyncio.get_running_loop()
+        workload = await self._target()
+        kind, name = workload.get("kind", "Deployment"), workload["metadata"]["name"]
+        before = await self._pods(workload)
+        started = loop.time()
+        # a pod may miss a readiness probe under load; one unready for half the window
+        # (or still unready at its end) is what a broken configuration looks like
+        grace = seconds / 2
+        unready_since: float | None = None
+        while True:
+            current = await self._target()
+            pods = await self._pods(current)
+            # a pod that cannot be placed (an HPA scaling out on a full cluster) says
+            # nothing about the configuration; one that crashes does
+            problem = decisions.pod_problem(pods)
+            if problem is not None and problem.fatal:
+                raise TargetProblem(problem.reason, problem.message)
+            restarted = decisions.restarted_pods(before, pods)
+            if restarted:
+                raise TargetProblem("PodRestarted", f"after the write-back: {restarted}")
+            rollout = decisions.rollout_status(current)
+            now = loop.time()
+            if rollout.done or (problem is not None and problem.reason == "Unschedulable"):
+                unready_since = None
+            else:
+                unready_since = unready_since or now
+                if now - unready_since >= grace or now - started >= seconds:
+                    raise TargetProblem(
+                        "Unready", f"{kind} {name} after the write-back: {rollout.message}"
+                    )
+            if now - started >= seconds:
+                break
+            await asyncio.sleep(min(self._poll_s, max(0.0, started + seconds - now)))
+        breach = await self._production_breach(seconds)
+        if breach is not None:
+            raise TargetProblem(
+                "SLABreached",
+                f"production traffic over {seconds:g} s after the write-back: {breach}",
+            )
+
+    async def _production_breach(self, window_s: float) -> str | None:
+        """The SLA breach Prometheus saw over the window, with load.source prometheus.
+        A query that fails judges nothing: a monitoring outage is no reason to undo a
+        configuration that runs."""
+        source = self._prometheus_source()
+        if source is None:
+            return None
+        from batchpilot.capacity.prometheus import PrometheusQueryError
+
+        queries = source.queries(window_s)
+        end = time.time()
+        try:
+            values = {
+                name: await source.query_scalar(queries[name], at_unix=end)
+                for name in ("p99", "ok_rps", "total_rps")
+            }
+        except PrometheusQueryError as exc:
+            log.warning("verify: no SLA verdict from Prometheus: %s", exc)
+            return None
+        return decisions.sla_breach(
+            p99_ms=values["p99"] * 1000.0,
+            ok_rps=values["ok_rps"],
+            total_rps=values["total_rps"],
+            sla=self._spec.sla.to_sla(),
+        )
 
     def _admin_url(self, ip: str) -> str:
         live = self._spec.apply.live
