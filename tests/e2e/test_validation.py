@@ -195,6 +195,19 @@ CEL_CASES = [
     ),
     Case("Prometheus without URL", _set("load.source", "prometheus"), cel_key="(url) is required"),
     Case(
+        "Prometheus URL fragment",
+        _set("load.prometheus", {"url": "http://prometheus:9090/#/graph"}),
+        cel_key="must not contain '#'",
+    ),
+    Case(
+        "Prometheus CA bundle over http",
+        _set(
+            "load.prometheus",
+            {"url": "http://prometheus:9090", "caBundle": "-----BEGIN CERTIFICATE-----"},
+        ),
+        cel_key="caBundle applies to https://",
+    ),
+    Case(
         "MMPP fields on Poisson",
         _set("load.arrival", {"process": "Poisson", "burstFactor": 3}),
         cel_key="apply to process MMPP only",

@@ -47,22 +47,37 @@ def container_of(deployment: dict[str, Any]) -> dict[str, Any]:
     return containers[0]
 
 
+def named(docs: list[dict[str, Any]], kind: str, name: str) -> dict[str, Any]:
+    found = [d for d in docs if d["kind"] == kind and d["metadata"]["name"] == name]
+    assert len(found) == 1, f"{len(found)} {kind} objects named {name}"
+    return found[0]
+
+
+OPERATOR_ROLE = "batchpilot-operator"
+
+
 def test_default_installs_crd_rbac_and_operator() -> None:
     docs = render("default")
     assert sorted(d["kind"] for d in docs) == [
+        "ClusterRole",
+        "ClusterRole",
         "ClusterRole",
         "ClusterRoleBinding",
         "CustomResourceDefinition",
         "Deployment",
         "Namespace",
         "ServiceAccount",
+        "ValidatingAdmissionPolicy",
+        "ValidatingAdmissionPolicyBinding",
     ]
     assert one(docs, "CustomResourceDefinition")["metadata"]["name"] == CRD_NAME
     namespace = one(docs, "Namespace")["metadata"]["name"]
     account = one(docs, "ServiceAccount")
     assert account["metadata"]["namespace"] == namespace
     binding = one(docs, "ClusterRoleBinding")
-    assert binding["roleRef"]["name"] == one(docs, "ClusterRole")["metadata"]["name"]
+    assert (
+        binding["roleRef"]["name"] == named(docs, "ClusterRole", OPERATOR_ROLE)["metadata"]["name"]
+    )
     assert binding["subjects"] == [
         {"kind": "ServiceAccount", "name": account["metadata"]["name"], "namespace": namespace}
     ]
@@ -93,7 +108,7 @@ def test_operator_deployment_is_hardened_and_probed() -> None:
 
 
 def test_cluster_role_grants_exactly_what_the_operator_calls() -> None:
-    role = one(render("default"), "ClusterRole")
+    role = named(render("default"), "ClusterRole", OPERATOR_ROLE)
     granted = {
         (group, resource, verb)
         for rule in role["rules"]
@@ -150,3 +165,81 @@ def test_sample_inference_service_targets_the_sample_server() -> None:
     assert spec.load.endpoint.port in {p["containerPort"] for p in container["ports"]}
     labels = deployment["spec"]["template"]["metadata"]["labels"]
     assert service["spec"]["selector"].items() <= labels.items()
+
+
+def _grants(rules: list[dict[str, Any]]) -> set[tuple[str, str, str]]:
+    return {
+        (group, resource, verb)
+        for rule in rules
+        for group in rule["apiGroups"]
+        for resource in rule["resources"]
+        for verb in rule["verbs"]
+    }
+
+
+def test_user_roles_aggregate_into_edit_and_view() -> None:
+    docs = render("default")
+    editor = named(docs, "ClusterRole", "batchpilot-editor")
+    viewer = named(docs, "ClusterRole", "batchpilot-viewer")
+    assert editor["metadata"]["labels"]["rbac.authorization.k8s.io/aggregate-to-edit"] == "true"
+    assert editor["metadata"]["labels"]["rbac.authorization.k8s.io/aggregate-to-admin"] == "true"
+    assert viewer["metadata"]["labels"]["rbac.authorization.k8s.io/aggregate-to-view"] == "true"
+    # users write the spec; status is the operator's
+    assert ("batchpilot.dev", "inferenceservices", "create") in _grants(editor["rules"])
+    assert ("batchpilot.dev", "inferenceservices/status", "patch") not in _grants(editor["rules"])
+    assert {verb for _, _, verb in _grants(viewer["rules"])} == {"get", "list", "watch"}
+
+
+def test_admission_policy_binds_the_operator_to_canaries() -> None:
+    docs = render("default")
+    policy = one(docs, "ValidatingAdmissionPolicy")
+    binding = one(docs, "ValidatingAdmissionPolicyBinding")
+    assert binding["spec"]["policyName"] == policy["metadata"]["name"]
+    assert binding["spec"]["validationActions"] == ["Deny"]
+    assert policy["spec"]["failurePolicy"] == "Fail"
+    [rule] = policy["spec"]["matchConstraints"]["resourceRules"]
+    assert set(rule["operations"]) == {"CREATE", "DELETE"}
+    assert set(rule["resources"]) == {"deployments", "statefulsets"}
+    account = one(docs, "ServiceAccount")["metadata"]["name"]
+    [condition] = policy["spec"]["matchConditions"]
+    assert f"endsWith(':{account}')" in condition["expression"]
+    from batchpilot.operator.canary import CANARY_LABEL
+
+    expressions = [v["expression"] for v in policy["spec"]["validations"]]
+    assert all(f"'{CANARY_LABEL}' in" in e for e in expressions)
+
+
+def test_namespaced_overlay_swaps_the_cluster_role_for_roles() -> None:
+    docs = render("namespaced")
+    kinds = [d["kind"] for d in docs]
+    assert "ClusterRoleBinding" in kinds
+    assert all(d["metadata"]["name"] != OPERATOR_ROLE for d in docs if d["kind"] == "ClusterRole")
+    role = one(docs, "Role")
+    binding = one(docs, "RoleBinding")
+    watched = role["metadata"]["namespace"]
+    account = one(docs, "ServiceAccount")
+    assert binding["metadata"]["namespace"] == watched
+    assert binding["roleRef"] == {
+        "apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": role["metadata"]["name"]
+    }  # fmt: skip
+    assert binding["subjects"] == [
+        {
+            "kind": "ServiceAccount",
+            "name": account["metadata"]["name"],
+            "namespace": account["metadata"]["namespace"],
+        }
+    ]
+    # the Role holds the cluster role's namespaced rules, and nothing cluster-wide remains
+    # but reading CRDs
+    cluster_role = named(render("default"), "ClusterRole", OPERATOR_ROLE)
+    crds = "apiextensions.k8s.io"
+    assert _grants(role["rules"]) == {g for g in _grants(cluster_role["rules"]) if g[0] != crds}
+    [crd_binding] = [d for d in docs if d["kind"] == "ClusterRoleBinding"]
+    crd_reader = named(docs, "ClusterRole", crd_binding["roleRef"]["name"])
+    assert {g[0] for g in _grants(crd_reader["rules"])} == {crds}
+    args = container_of(one(docs, "Deployment"))["args"]
+    assert f"--namespace={watched}" in args
+    assert "--all-namespaces" not in args
+    # the admission policy and the user roles come along
+    assert one(docs, "ValidatingAdmissionPolicy")
+    assert named(docs, "ClusterRole", "batchpilot-editor")

@@ -72,6 +72,11 @@ _POSITIVE = click.FloatRange(0, min_open=True)
 @click.option("--prometheus", "prometheus_url", default=None, help="Decide steps from PromQL.")
 @click.option("--prometheus-selector", default="", help="Label matchers, e.g. 'job=\"x\"'.")
 @click.option(
+    "--prometheus-ca-bundle", type=click.Path(exists=True, dir_okay=False), default=None,
+    help="PEM file of the CA certificates an https --prometheus is verified against "
+    "[default: the system's trust store]; verification is never turned off.",
+)  # fmt: skip
+@click.option(
     "--prometheus-scrape-interval", type=_POSITIVE, default=None,
     help="Seconds between scrapes of the target (default: from Prometheus's configuration); "
     "steps shorter than 4 intervals are refused.",
@@ -97,6 +102,7 @@ def capacity(
     accelerators_per_replica: int,
     prometheus_url: str | None,
     prometheus_selector: str,
+    prometheus_ca_bundle: str | None,
     prometheus_scrape_interval: float | None,
     plot_path: str | None,
     as_json: bool,
@@ -107,8 +113,16 @@ def capacity(
     try:
         mix = parse_mix(mix_spec) if mix_spec is not None else RequestMix.default()
         bases = normalise_urls(urls)
+        source = None
         if prometheus_url is not None:
-            normalise_urls(prometheus_url)
+            source = PrometheusStepSource(
+                prometheus_url,
+                selector=prometheus_selector,
+                scrape_interval_s=prometheus_scrape_interval,
+                ca_file=prometheus_ca_bundle,
+            )
+        elif prometheus_ca_bundle is not None:
+            raise ValueError("--prometheus-ca-bundle applies with --prometheus only")
         if plot_path is not None and Path(plot_path).suffix.lower() not in (".png", ".svg", ".pdf"):
             raise ValueError(f"--plot must name a .png, .svg or .pdf file, got {plot_path!r}")
     except ValueError as e:
@@ -128,14 +142,8 @@ def capacity(
         on_interrupt(task.cancel)
         try:
             await check_reachable(bases)
-            source = None
-            if prometheus_url is not None:
-                await check_reachable([prometheus_url.rstrip("/")])
-                source = PrometheusStepSource(
-                    prometheus_url,
-                    selector=prometheus_selector,
-                    scrape_interval_s=prometheus_scrape_interval,
-                )
+            if source is not None:
+                await source.check_reachable()
                 await source.check_step(step_seconds)
             result = await measure_capacity(
                 bases, sla=sla, mix=mix, precision=precision, step_duration_s=step_seconds,
@@ -149,7 +157,11 @@ def capacity(
 
     try:
         result, interrupted = asyncio.run(run())
-    except (UnreachableError, PrometheusQueryError, WorkerError, ValueError) as e:
+    except PrometheusQueryError as e:
+        # the CLI's user may see the body (a tenant reading Events may not: see the source)
+        said = f" (it said: {' '.join(e.body_excerpt.split())})" if e.body_excerpt else ""
+        raise fail(f"{e}{said}") from None
+    except (UnreachableError, WorkerError, ValueError) as e:
         raise fail(str(e)) from None
     written = None
     if plot_path is not None and result.steps:

@@ -10,12 +10,7 @@ import math
 import time
 from typing import TYPE_CHECKING, Any
 
-import aiohttp
-from prometheus_api_client import PrometheusConnect
-from prometheus_api_client.exceptions import PrometheusApiClientException
-from requests import RequestException
-from urllib3.util.retry import Retry
-
+from batchpilot.capacity.prometheus_http import PrometheusHTTP, PrometheusQueryError
 from batchpilot.capacity.promql import MS_PER_UNIT, with_matchers
 from batchpilot.capacity.scrape import check_window, scrape_interval_from_config
 from batchpilot.loadgen.result import LoadResult
@@ -25,9 +20,7 @@ from batchpilot.runtimes.base import Metrics
 if TYPE_CHECKING:
     from batchpilot.runtimes.base import Runtime
 
-
-class PrometheusQueryError(RuntimeError):
-    """Prometheus did not answer a query; the message says which and why."""
+__all__ = ["PrometheusQueryError", "PrometheusStepSource"]
 
 
 class NoLatencyHistogram(ValueError):
@@ -59,7 +52,11 @@ class PrometheusStepSource:
 
     `scrape_interval_s` is how often Prometheus scrapes the target; unset, it is read from
     Prometheus's configuration (`check_step`). A step shorter than four intervals is
-    refused (`batchpilot.capacity.scrape`)."""
+    refused (`batchpilot.capacity.scrape`).
+
+    https URLs are verified against the system's trust store, or only against
+    `ca_pem` (PEM text) / `ca_file` (a PEM file) when given; a URL with a query or a
+    fragment is refused (ValueError), as is a CA bundle that does not parse."""
 
     def __init__(
         self,
@@ -73,6 +70,8 @@ class PrometheusStepSource:
         settle_s: float = 2.5,
         query_timeout_s: float = 10.0,
         scrape_interval_s: float | None = None,
+        ca_pem: str | None = None,
+        ca_file: str | None = None,
     ) -> None:
         if settle_s < 0 or query_timeout_s <= 0:
             raise ValueError("settle time must be ≥ 0 s and query timeout > 0 s")
@@ -88,7 +87,8 @@ class PrometheusStepSource:
                 "these metrics hold no latency histogram, so Prometheus cannot give a p99; "
                 "decide steps on the client's p99 instead"
             )
-        self.url = url.rstrip("/")
+        self._http = PrometheusHTTP(url, timeout_s=query_timeout_s, ca_pem=ca_pem, ca_file=ca_file)
+        self.url = self._http.url
         self.metrics = metrics
         self._latency = metrics.latency_histogram
         self._selector = selector.strip().strip("{}").strip()
@@ -97,11 +97,6 @@ class PrometheusStepSource:
         with_matchers(metrics.total_requests, self._selector)
         self._settle_s = settle_s
         self._timeout_s = query_timeout_s
-        # Few, quick retries: the whole query is bounded by query_timeout_s anyway.
-        retry = Retry(total=2, backoff_factor=0.1, status_forcelist=(502, 503, 504))
-        self._client = PrometheusConnect(
-            url=self.url, disable_ssl=True, timeout=math.ceil(query_timeout_s), retry=retry
-        )
 
     @classmethod
     def for_runtime(
@@ -114,6 +109,8 @@ class PrometheusStepSource:
         settle_s: float = 2.5,
         query_timeout_s: float = 10.0,
         scrape_interval_s: float | None = None,
+        ca_pem: str | None = None,
+        ca_file: str | None = None,
     ) -> PrometheusStepSource:
         """A source reading `runtime`'s own metrics (`runtime.metrics`) for `model`
         (default: its bundled one). NoLatencyHistogram when the runtime exports none."""
@@ -137,6 +134,8 @@ class PrometheusStepSource:
             settle_s=settle_s,
             query_timeout_s=query_timeout_s,
             scrape_interval_s=scrape_interval_s,
+            ca_pem=ca_pem,
+            ca_file=ca_file,
         )
 
     def queries(self, window_s: float) -> dict[str, str]:
@@ -168,23 +167,18 @@ class PrometheusStepSource:
 
     async def _config_yaml(self) -> str:
         """Prometheus's loaded configuration (GET /api/v1/status/config)."""
-        url = f"{self.url}/api/v1/status/config"
         try:
-            timeout = aiohttp.ClientTimeout(total=self._timeout_s)
-            async with (
-                aiohttp.ClientSession(timeout=timeout) as session,
-                session.get(url) as response,
-            ):
-                response.raise_for_status()
-                body: Any = await response.json()
-            return str(body["data"]["yaml"])
-        except TimeoutError:
-            problem = f"no answer within {self._timeout_s:g} s"
-        except (aiohttp.ClientError, ValueError, KeyError, TypeError) as e:
-            problem = str(e) or type(e).__name__
+            data: Any = await self._http.get("/api/v1/status/config")
+            return str(data["yaml"])
+        except PrometheusQueryError as exc:
+            problem = str(exc).removeprefix(f"Prometheus at {self._http.shown}: ")
+            body_excerpt = exc.body_excerpt
+        except (KeyError, TypeError):
+            problem, body_excerpt = "the answer holds no configuration", ""
         raise PrometheusQueryError(
-            f"Prometheus at {self.url}: cannot read its configuration for the scrape "
-            f"interval ({problem}); give the interval explicitly"
+            f"Prometheus at {self._http.shown}: cannot read its configuration for the scrape "
+            f"interval ({problem}); give the interval explicitly",
+            body_excerpt=body_excerpt,
         )
 
     async def step_result(
@@ -231,25 +225,24 @@ class PrometheusStepSource:
 
     async def query_scalar(self, query: str, *, at_unix: float) -> float:
         """The single value of an instant query at `at_unix`; NaN when there is none."""
+        data: Any = await self._http.get(
+            "/api/v1/query", {"query": query, "time": f"{at_unix:.3f}"}
+        )
         try:
-            result: Any = await asyncio.wait_for(
-                asyncio.to_thread(
-                    self._client.custom_query,
-                    query,
-                    params={"time": f"{at_unix:.3f}"},
-                    timeout=math.ceil(self._timeout_s),
-                ),
-                timeout=self._timeout_s + 1.0,
-            )
-        except TimeoutError:
+            result = data["result"]
+            if data.get("resultType") == "scalar":
+                return float(result[1])
+            return float(result[0]["value"][1]) if result else math.nan
+        except (KeyError, IndexError, TypeError, ValueError, AttributeError):
             raise PrometheusQueryError(
-                f"Prometheus at {self.url} did not answer within {self._timeout_s:g} s"
+                f"Prometheus at {self._http.shown}: the answer to the query is not a "
+                "vector or scalar"
             ) from None
-        except (PrometheusApiClientException, RequestException, ValueError) as e:
-            raise PrometheusQueryError(f"Prometheus at {self.url}: {e}") from None
-        if not result:
-            return math.nan
-        return float(result[0]["value"][1])
+
+    async def check_reachable(self) -> None:
+        """Raise PrometheusQueryError unless the API answers a trivial query: the URL,
+        TLS and the path are checked before any load is sent."""
+        await self.query_scalar("vector(1)", at_unix=time.time())
 
 
 def _finite_or(value: float, default: float) -> float:

@@ -489,10 +489,32 @@ class PrometheusSpec(BaseModel):
         cel(
             "self.url.startsWith('http://') || self.url.startsWith('https://')",
             "load.prometheus.url must start with http:// or https://",
-        )
+        ),
+        cel(
+            "!self.url.contains('#') && !self.url.contains('?')",
+            "load.prometheus.url must not contain '#' (a fragment) or '?' (a query): the API "
+            "path is appended to the URL",
+        ),
+        cel(
+            "!has(self.caBundle) || self.url.startsWith('https://')",
+            "load.prometheus.caBundle applies to https:// URLs only",
+        ),
     )
 
-    url: str = Field(description="Base URL of the Prometheus API.", min_length=8, max_length=512)
+    url: str = Field(
+        description="Base URL of the Prometheus API; https is verified (see caBundle), "
+        "without a query or fragment.",
+        min_length=8,
+        max_length=512,
+    )
+    ca_bundle: str | None = Field(
+        default=None,
+        description="PEM CA certificates that sign an https Prometheus's certificate; the "
+        "operator's trust store when unset. Verification is always on. CA certificates are "
+        "public, so they are given here rather than read from a Secret.",
+        min_length=1,
+        max_length=65536,
+    )
     latency_metric: str | None = Field(
         default=None,
         description="Latency histogram (seconds) to read p99 from; the reference server's "
@@ -521,6 +543,23 @@ class PrometheusSpec(BaseModel):
         gt=0.0,
         le=3600.0,
     )
+
+    @model_validator(mode="after")
+    def _url_and_ca_usable(self) -> PrometheusSpec:
+        from batchpilot.capacity.prometheus_http import check_prometheus_url, tls_context
+
+        try:
+            check_prometheus_url(self.url)
+        except ValueError as exc:
+            raise ValueError(f"load.prometheus.url: {exc}") from None
+        if self.ca_bundle is not None:
+            if not self.url.startswith("https://"):
+                raise ValueError("load.prometheus.caBundle applies to https:// URLs only")
+            try:
+                tls_context(ca_pem=self.ca_bundle)
+            except ValueError as exc:
+                raise ValueError(f"load.prometheus.caBundle: {exc}") from None
+        return self
 
 
 MAX_TRACE_TIMESTAMPS = 10_000

@@ -691,4 +691,4 @@ class KubeWorld:
             options["requests_metric"] = prometheus.requests_metric
         if prometheus.scrape_interval_seconds is not None:
             options["scrape_interval_s"] = prometheus.scrape_interval_seconds
-        return PrometheusStepSource(prometheus.url, **options)
+        return PrometheusStepSource(prometheus.url, ca_pem=prometheus.ca_bundle, **options)

@@ -7,6 +7,7 @@ import random
 import time
 from typing import Any, ClassVar
 
+from batchpilot.extras import torch_missing
 from batchpilot.loadgen.protocols import REFERENCE, RequestProtocol
 from batchpilot.models import MAX_BATCH_SIZE_LIMIT, MAX_QUEUE_TIME_MS_LIMIT, BatchingConfig
 from batchpilot.runtimes.base import (
@@ -133,6 +134,9 @@ class ReferenceRuntime(Runtime):
     ) -> LocalServer:
         from batchpilot.server.process import ServerProcess
 
+        missing = torch_missing("the reference server")
+        if missing is not None:
+            raise LaunchError(missing)
         if workload is not None and workload not in WORKLOADS:
             raise LaunchError(
                 f"the reference server serves {' or '.join(WORKLOADS)}, not {workload!r}"

@@ -11,6 +11,7 @@ from typing import Any
 import click
 
 from batchpilot.clitools import OneLineErrors
+from batchpilot.extras import torch_missing
 from batchpilot.models import MAX_BATCH_SIZE_LIMIT, MAX_QUEUE_TIME_MS_LIMIT
 
 MODELS = ("mlp", "encoder")
@@ -103,6 +104,9 @@ def _default_threads() -> int:
 )
 def serve(**kwargs: Any) -> None:  # fmt: skip
     """Run the reference inference server with dynamic batching."""
+    missing = torch_missing("batchpilot serve (the reference server)")
+    if missing is not None:
+        raise click.ClickException(missing)
     logging.basicConfig(
         level=kwargs["log_level"].upper(),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",

@@ -1,0 +1,227 @@
+"""Talking to a Prometheus HTTP API safely: the URL checked before use, TLS verified
+(against the system's trust store or a given CA bundle), bounded time, few retries, and
+error messages that never carry the server's body.
+
+Messages go to Kubernetes Events a tenant can read and to the CLI's one-line errors, so
+they name the status and Prometheus's `errorType` only; a short excerpt of the body is
+kept apart (`PrometheusQueryError.body_excerpt`) for the operator's own log and the CLI."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import random
+import ssl
+from typing import Any
+
+import aiohttp
+from yarl import URL
+
+from batchpilot.retry import backoff_delay, retry
+
+logger = logging.getLogger(__name__)
+
+BODY_EXCERPT_CHARS = 200
+# Prometheus behind a proxy or a rolling restart answers these for a moment
+_RETRY_STATUSES = frozenset({502, 503, 504})
+
+
+class PrometheusQueryError(RuntimeError):
+    """Prometheus did not answer a query; the message says which and why (never with the
+    server's body: see `body_excerpt`)."""
+
+    def __init__(self, message: str, *, body_excerpt: str = "") -> None:
+        super().__init__(message)
+        self.body_excerpt = body_excerpt
+
+
+class _RetryableStatus(Exception):
+    def __init__(self, status: int, reason: str, body: bytes) -> None:
+        super().__init__(status)
+        self.status, self.reason, self.body = status, reason, body
+
+
+def check_prometheus_url(url: str) -> str:
+    """The base URL without a trailing slash. Raises ValueError, saying what is allowed,
+    for anything but an absolute http(s) URL with a host and without a query or fragment:
+    API paths are appended to it, and a `?` or `#` would cut them off."""
+    text = url.strip()
+    if "#" in text:
+        raise ValueError(
+            f"Prometheus URL {display_url(text)!r} has a fragment ('#'): the API path is "
+            "appended to the URL, and a fragment would drop it; give http(s)://HOST[:PORT][/PATH]"
+        )
+    if "?" in text:
+        raise ValueError(
+            f"Prometheus URL {display_url(text)!r} has a query ('?'): the API path is "
+            "appended to the URL; give http(s)://HOST[:PORT][/PATH]"
+        )
+    try:
+        parsed = URL(text)
+    except (ValueError, TypeError):
+        parsed = None
+    if parsed is None or parsed.scheme not in ("http", "https") or not parsed.host:
+        raise ValueError(
+            f"Prometheus URL {display_url(text)!r} is not valid: expected "
+            "http(s)://HOST[:PORT][/PATH]"
+        )
+    return text.rstrip("/")
+
+
+def display_url(url: str) -> str:
+    """`url` without user:password, for messages."""
+    try:
+        parsed = URL(url)
+    except (ValueError, TypeError):
+        return url
+    if parsed.user is None and parsed.password is None:
+        return url
+    return str(parsed.with_user(None))
+
+
+def tls_context(*, ca_pem: str | None = None, ca_file: str | None = None) -> ssl.SSLContext:
+    """A verifying client context: the system's trust store, or only the CA certificates
+    given (PEM text or a PEM file). Raises ValueError when they do not parse."""
+    if ca_pem is not None and ca_file is not None:
+        raise ValueError("give the CA bundle as PEM text or as a file, not both")
+    if ca_pem is None and ca_file is None:
+        return ssl.create_default_context()
+    try:
+        if ca_pem is not None:
+            if "-----BEGIN CERTIFICATE-----" not in ca_pem:
+                raise ssl.SSLError("no PEM certificate block")
+            return ssl.create_default_context(cadata=ca_pem)
+        return ssl.create_default_context(cafile=ca_file)
+    except ssl.SSLError as exc:
+        problem: str = getattr(exc, "reason", None) or str(exc)
+    except OSError as exc:
+        problem = exc.strerror or str(exc)
+    where = f"file {ca_file}" if ca_file is not None else "text"
+    raise ValueError(
+        f"the Prometheus CA bundle ({where}) is not usable: {problem}; give one or more "
+        "PEM certificates (-----BEGIN CERTIFICATE----- ...)"
+    )
+
+
+def _excerpt(body: bytes) -> str:
+    text = body.decode("utf-8", "replace")
+    return text if len(text) <= BODY_EXCERPT_CHARS else text[:BODY_EXCERPT_CHARS] + "…"
+
+
+def _error_type(body: bytes) -> str | None:
+    """Prometheus's `errorType` (a short fixed word such as bad_data), when it sent one."""
+    try:
+        data = json.loads(body)
+    except ValueError:
+        return None
+    kind = data.get("errorType") if isinstance(data, dict) else None
+    return kind if isinstance(kind, str) and kind.isidentifier() and len(kind) <= 32 else None
+
+
+class PrometheusHTTP:
+    """GETs of `/api/v1/...` under a base URL, JSON answers. `timeout_s` bounds each call,
+    its retries included."""
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        timeout_s: float,
+        ca_pem: str | None = None,
+        ca_file: str | None = None,
+        attempts: int = 3,
+    ) -> None:
+        self.url = check_prometheus_url(url)
+        self.shown = display_url(self.url)
+        self._timeout_s = timeout_s
+        self._attempts = attempts
+        # built here, not per call: bad CA input is refused when the source is made
+        self._ssl: ssl.SSLContext | None = (
+            tls_context(ca_pem=ca_pem, ca_file=ca_file) if self.url.startswith("https") else None
+        )
+        self._rng = random.Random()
+
+    async def get(self, path: str, params: dict[str, str] | None = None) -> Any:
+        """The `data` of Prometheus's answer to GET `path`. Raises PrometheusQueryError."""
+        what = path.rsplit("/", 1)[-1]
+        try:
+            return await asyncio.wait_for(self._get_retried(path, params), self._timeout_s)
+        except TimeoutError:
+            raise PrometheusQueryError(
+                f"Prometheus at {self.shown} did not answer within {self._timeout_s:g} s"
+            ) from None
+        except _RetryableStatus as exc:
+            raise self._status_error(what, exc.status, exc.reason, exc.body) from None
+        except aiohttp.ClientConnectorCertificateError as exc:
+            raise PrometheusQueryError(
+                f"Prometheus at {self.shown}: its TLS certificate is not trusted "
+                f"({exc.certificate_error}); give the CA that signed it as the CA bundle"
+            ) from None
+        except aiohttp.ClientConnectorError as exc:
+            reason = (
+                "connection refused (nothing listening)"
+                if isinstance(exc.os_error, ConnectionRefusedError)
+                else exc.os_error.strerror or str(exc.os_error)
+            )
+            raise PrometheusQueryError(f"Prometheus at {self.shown}: {reason}") from None
+        except aiohttp.ClientError as exc:
+            raise PrometheusQueryError(
+                f"Prometheus at {self.shown}: {type(exc).__name__}"
+            ) from None
+
+    async def _get_retried(self, path: str, params: dict[str, str] | None) -> Any:
+        async def once() -> Any:
+            return await self._get_once(path, params)
+
+        return await retry(
+            once,
+            attempts=self._attempts,
+            retryable=lambda e: isinstance(e, _RetryableStatus | aiohttp.ServerDisconnectedError),
+            delay=lambda attempt: backoff_delay(attempt, base=0.1, cap=1.0, rng=self._rng),
+        )
+
+    async def _get_once(self, path: str, params: dict[str, str] | None) -> Any:
+        async with (
+            aiohttp.ClientSession() as session,
+            session.get(
+                f"{self.url}{path}", params=params, ssl=self._ssl or True, allow_redirects=False
+            ) as response,
+        ):
+            body = await response.read()
+            if response.status in _RETRY_STATUSES:
+                raise _RetryableStatus(response.status, response.reason or "", body)
+            if response.status != 200:
+                raise self._status_error(
+                    path.rsplit("/", 1)[-1], response.status, response.reason or "", body
+                )
+        try:
+            answer = json.loads(body)
+            if answer.get("status") != "success":
+                raise ValueError
+            return answer["data"]
+        except (ValueError, AttributeError, KeyError):
+            raise PrometheusQueryError(
+                f"Prometheus at {self.shown}: the answer to {path.rsplit('/', 1)[-1]} is not "
+                "a Prometheus API success",
+                body_excerpt=_excerpt(body),
+            ) from None
+
+    def _status_error(
+        self, what: str, status: int, reason: str, body: bytes
+    ) -> PrometheusQueryError:
+        kind = _error_type(body)
+        detail = f", errorType {kind}" if kind else ""
+        # the operator's own log may hold the start of the body; Events never do
+        logger.info(
+            "Prometheus at %s answered %s with HTTP %d: %s",
+            self.shown,
+            what,
+            status,
+            _excerpt(body),
+        )
+        return PrometheusQueryError(
+            f"Prometheus at {self.shown} answered {what} with HTTP {status} {reason}".rstrip()
+            + detail,
+            body_excerpt=_excerpt(body),
+        )
