@@ -6,12 +6,8 @@ non-2xx answer's body never in the error's message."""
 from __future__ import annotations
 
 import math
-import ssl
-import subprocess
 import sys
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
-from pathlib import Path
 
 import pytest
 from aiohttp import web
@@ -19,56 +15,17 @@ from aiohttp import web
 from batchpilot.capacity.prometheus import PrometheusQueryError, PrometheusStepSource
 from batchpilot.loadgen.stub_server import StubServerProcess
 
+from .tls_support import Tls, https_context, make_tls
+
 pytestmark = [pytest.mark.component, pytest.mark.timeout(120)]
 
 SECRET = "tenant-secret-token-0123456789"
 CONFIG_YAML = "global:\n  scrape_interval: 1s\nscrape_configs:\n- job_name: x\n"
 
 
-@dataclass(frozen=True)
-class Tls:
-    ca: Path
-    other_ca: Path
-    cert: Path
-    key: Path
-
-
-def _openssl(*args: str) -> None:
-    subprocess.run(["openssl", *args], check=True, capture_output=True, timeout=30)
-
-
-def _ca(directory: Path, name: str) -> tuple[Path, Path]:
-    key, cert, ext = directory / f"{name}.key", directory / f"{name}.crt", directory / "ca.ext"
-    ext.write_text(
-        "[req]\ndistinguished_name=dn\n[dn]\n[v3]\n"
-        "basicConstraints=critical,CA:TRUE\nkeyUsage=critical,keyCertSign,cRLSign\n"
-    )
-    _openssl("ecparam", "-name", "prime256v1", "-genkey", "-noout", "-out", str(key))
-    _openssl(
-        "req", "-x509", "-new", "-key", str(key), "-subj", f"/CN={name}", "-days", "1",
-        "-out", str(cert), "-extensions", "v3", "-config", str(ext),
-    )  # fmt: skip
-    return cert, key
-
-
 @pytest.fixture(scope="module")
 def tls(tmp_path_factory: pytest.TempPathFactory) -> Tls:
-    directory = tmp_path_factory.mktemp("tls")
-    ca, ca_key = _ca(directory, "test-ca")
-    other_ca, _ = _ca(directory, "other-ca")
-    key, csr, cert = directory / "server.key", directory / "server.csr", directory / "server.crt"
-    ext = directory / "server.ext"
-    ext.write_text(
-        "basicConstraints=critical,CA:FALSE\nkeyUsage=critical,digitalSignature\n"
-        "extendedKeyUsage=serverAuth\nsubjectAltName=IP:127.0.0.1\n"
-    )
-    _openssl("ecparam", "-name", "prime256v1", "-genkey", "-noout", "-out", str(key))
-    _openssl("req", "-new", "-key", str(key), "-subj", "/CN=127.0.0.1", "-out", str(csr))
-    _openssl(
-        "x509", "-req", "-in", str(csr), "-CA", str(ca), "-CAkey", str(ca_key),
-        "-CAcreateserial", "-days", "1", "-out", str(cert), "-extfile", str(ext),
-    )  # fmt: skip
-    return Tls(ca=ca, other_ca=other_ca, cert=cert, key=key)
+    return make_tls(tmp_path_factory.mktemp("tls"))
 
 
 async def _query(request: web.Request) -> web.Response:
@@ -93,8 +50,7 @@ async def https_url(tls: Tls) -> AsyncIterator[str]:
     app = web.Application()
     app.router.add_get("/prom/api/v1/query", _query)
     app.router.add_get("/prom/api/v1/status/config", _config)
-    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-    context.load_cert_chain(tls.cert, tls.key)
+    context = https_context(tls)
     runner = web.AppRunner(app)
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0, ssl_context=context)

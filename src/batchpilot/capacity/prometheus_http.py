@@ -19,6 +19,7 @@ import aiohttp
 from yarl import URL
 
 from batchpilot.retry import backoff_delay, retry
+from batchpilot.tls import verifying_context
 
 logger = logging.getLogger(__name__)
 
@@ -81,27 +82,8 @@ def display_url(url: str) -> str:
 
 
 def tls_context(*, ca_pem: str | None = None, ca_file: str | None = None) -> ssl.SSLContext:
-    """A verifying client context: the system's trust store, or only the CA certificates
-    given (PEM text or a PEM file). Raises ValueError when they do not parse."""
-    if ca_pem is not None and ca_file is not None:
-        raise ValueError("give the CA bundle as PEM text or as a file, not both")
-    if ca_pem is None and ca_file is None:
-        return ssl.create_default_context()
-    try:
-        if ca_pem is not None:
-            if "-----BEGIN CERTIFICATE-----" not in ca_pem:
-                raise ssl.SSLError("no PEM certificate block")
-            return ssl.create_default_context(cadata=ca_pem)
-        return ssl.create_default_context(cafile=ca_file)
-    except ssl.SSLError as exc:
-        problem: str = getattr(exc, "reason", None) or str(exc)
-    except OSError as exc:
-        problem = exc.strerror or str(exc)
-    where = f"file {ca_file}" if ca_file is not None else "text"
-    raise ValueError(
-        f"the Prometheus CA bundle ({where}) is not usable: {problem}; give one or more "
-        "PEM certificates (-----BEGIN CERTIFICATE----- ...)"
-    )
+    """A verifying client context for Prometheus (see `batchpilot.tls.tls_context`)."""
+    return verifying_context(ca_pem=ca_pem, ca_file=ca_file, what="the Prometheus CA bundle")
 
 
 def _excerpt(body: bytes) -> str:

@@ -87,6 +87,7 @@ def loadtest(
     features: int | None,
     body_template: str | None,
     headers: tuple[str, ...],
+    ca_bundle: str | None,
     path: str | None,
     worker_spec: str | None,
     start_at: float | None,
@@ -107,6 +108,7 @@ def loadtest(
             body_template=body_template,
             headers=headers,
             path=path,
+            ca_bundle=ca_bundle,
         )
         share = parse_share(worker_spec) if worker_spec is not None else (0, 1)
         if start_at is not None and not math.isfinite(start_at):

@@ -25,7 +25,7 @@ from yarl import URL
 
 from batchpilot.loadgen.arrivals import ArrivalKind, as_arrival, describe_arrival, schedule
 from batchpilot.loadgen.endpoints import endpoint_url, normalise_urls
-from batchpilot.loadgen.protocols import JSON_HEADERS, in_force, synthetic_body
+from batchpilot.loadgen.protocols import JSON_HEADERS, client_tls, in_force, synthetic_body
 from batchpilot.loadgen.result import (
     CANCELLED,
     CONNECTION,
@@ -116,7 +116,9 @@ async def run_load(
         start_at=start_at,
     )
     connector = aiohttp.TCPConnector(
-        limit=max_connections or default_max_connections(), limit_per_host=0
+        limit=max_connections or default_max_connections(),
+        limit_per_host=0,
+        ssl=client_tls(),
     )
     health = _HealthProbe()
     async with aiohttp.ClientSession(

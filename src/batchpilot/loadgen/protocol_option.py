@@ -1,8 +1,10 @@
 """The request-protocol options shared by commands that send load: --protocol, --model,
---input-name, --features, --body-template, --header, and the --path they may replace."""
+--input-name, --features, --body-template, --header, --ca-bundle, and the --path they
+may replace."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
@@ -32,7 +34,7 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 def protocol_options() -> Callable[[F], F]:
     """The options; the command receives protocol, model, max_tokens, input_name,
-    features, body_template, headers and path, and builds the protocol with
+    features, body_template, headers, ca_bundle and path, and builds the protocol with
     `build_protocol`."""
     options = [
         click.option(
@@ -75,6 +77,13 @@ def protocol_options() -> Callable[[F], F]:
             help="Extra request header NAME:VALUE (repeatable).",
         ),
         click.option(
+            "--ca-bundle",
+            type=click.Path(dir_okay=False),
+            default=None,
+            help="https: trust only the CA certificates in this PEM file [default: the "
+            "system's trust store]. Certificates are always verified.",
+        ),
+        click.option(
             "--path",
             default=None,
             help=f"Request path [default {REFERENCE_PATH}; v2: /v2/models/MODEL/infer].",
@@ -99,9 +108,41 @@ def build_protocol(
     body_template: str | None,
     headers: Sequence[str],
     path: str | None,
+    ca_bundle: str | None = None,
 ) -> RequestProtocol:
     """The protocol the options describe. ValueError names the option that is wrong and
     what is allowed."""
+    request = _request_protocol(
+        protocol=protocol,
+        model=model,
+        max_tokens=max_tokens,
+        input_name=input_name,
+        features=features,
+        body_template=body_template,
+        headers=headers,
+        path=path,
+    )
+    if ca_bundle is None:
+        return request
+    request = dataclasses.replace(request, ca_file=ca_bundle)
+    try:
+        request.tls()  # a bundle that does not parse is refused before any load
+    except ValueError as exc:
+        raise ValueError(f"--ca-bundle: {exc}") from None
+    return request
+
+
+def _request_protocol(
+    *,
+    protocol: str | None,
+    model: str | None,
+    max_tokens: int | None,
+    input_name: str | None,
+    features: int | None,
+    body_template: str | None,
+    headers: Sequence[str],
+    path: str | None,
+) -> RequestProtocol:
     kind = (protocol or ("template" if body_template is not None else "reference")).lower()
     given = {
         "--model": model,

@@ -11,10 +11,13 @@ from __future__ import annotations
 
 import contextlib
 import json
+import ssl
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from types import MappingProxyType
+
+from batchpilot.tls import verifying_context
 
 JSON_HEADERS: Mapping[str, str] = MappingProxyType({"Content-Type": "application/json"})
 REFERENCE_PATH = "/v1/predict"
@@ -31,16 +34,32 @@ def synthetic_body(size: int) -> bytes:
 @dataclass(frozen=True)
 class RequestProtocol:
     """How every request of a run is sent: POST `path` (appended to each base URL)
-    with `body(size)` and `headers`."""
+    with `body(size)` and `headers`. https URLs are always verified: against the
+    system's trust store, or only against the CA certificates in the PEM file `ca_file`
+    (a server behind a private CA)."""
 
     name: str
     path: str
     body: Callable[[int], bytes]
     headers: Mapping[str, str] = field(default_factory=lambda: JSON_HEADERS)
+    ca_file: str | None = None
 
     def __post_init__(self) -> None:
         if not self.path.startswith("/"):
             raise ValueError(f"request path must start with '/', got {self.path!r}")
+
+    def tls(self) -> ssl.SSLContext | bool:
+        """What the client's connector verifies https with (True: the system's trust
+        store). ValueError when `ca_file` is not a usable PEM bundle."""
+        if self.ca_file is None:
+            return True
+        return verifying_context(ca_file=self.ca_file, what="the load's CA bundle")
+
+
+def client_tls() -> ssl.SSLContext | bool:
+    """The TLS verification of the protocol in force (True: the system's trust store)."""
+    protocol = in_force()
+    return True if protocol is None else protocol.tls()
 
 
 REFERENCE = RequestProtocol("reference", REFERENCE_PATH, synthetic_body)

@@ -13,7 +13,7 @@ from collections.abc import Callable, Sequence
 import aiohttp
 
 from batchpilot.loadgen.endpoints import endpoint_url, normalise_urls
-from batchpilot.loadgen.protocols import JSON_HEADERS, in_force, synthetic_body
+from batchpilot.loadgen.protocols import JSON_HEADERS, client_tls, in_force, synthetic_body
 from batchpilot.models import RequestMix
 
 
@@ -97,7 +97,7 @@ async def closed_loop_rate(
                 await asyncio.sleep(0.01)
 
     started = loop.time()
-    connector = aiohttp.TCPConnector(limit=concurrency)
+    connector = aiohttp.TCPConnector(limit=concurrency, ssl=client_tls())
     async with aiohttp.ClientSession(connector=connector) as session:
         await asyncio.gather(*(worker(session) for _ in range(concurrency)))
     if refused:

@@ -73,12 +73,15 @@ class ShareSpec(Frozen):
     # because a protocol builds bodies with code a worker process cannot receive.
     headers: dict[str, str] | None = None
     bodies: dict[int, str] | None = None
+    ca_file: str | None = None  # the protocol's CA bundle, a file this machine holds
 
     def protocol(self) -> RequestProtocol | None:
         if self.bodies is None:
             return None
         decoded = {size: base64.b64decode(body) for size, body in self.bodies.items()}
-        return RequestProtocol("forwarded", self.path, decoded.__getitem__, self.headers or {})
+        return RequestProtocol(
+            "forwarded", self.path, decoded.__getitem__, self.headers or {}, self.ca_file
+        )
 
 
 async def run_share(spec: ShareSpec, start_at: float | None = None) -> LoadResult:
@@ -173,6 +176,7 @@ def forwarded_protocol(protocol: RequestProtocol, spec: ShareSpec) -> dict[str, 
         "path": protocol.path,
         "headers": dict(protocol.headers),
         "bodies": {s: base64.b64encode(protocol.body(s)).decode() for s in set(sizes)},
+        "ca_file": protocol.ca_file,
     }
 
 
