@@ -134,6 +134,12 @@ class ParentWorld(KubeWorld):
                 "ApplyFailed", f"server-side apply on {parent.get('kind')} {name}: {exc}"
             ) from exc
 
+    def _settled(self, workload: Mapping[str, Any], pods: list[JSON]) -> decisions.Rollout:
+        # a parent's status is its controller's own (KServe, KubeRay): the pods say
+        # whether what was written runs, ready
+        container = self._container(workload) if workload.get("kind") == "InferenceService" else ""
+        return parents.pods_rollout(pods, container, None)
+
     async def _wait_rollout(self, workload: Mapping[str, Any]) -> None:
         """Until every pod of the parent runs the wanted environment (when one was just
         written) and is ready; the trial's deadline bounds the wait."""

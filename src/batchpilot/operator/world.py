@@ -423,6 +423,11 @@ class KubeWorld:
                 return
             await asyncio.sleep(self._poll_s)
 
+    def _settled(self, workload: Mapping[str, Any], pods: list[JSON]) -> decisions.Rollout:
+        """Whether the target runs its template on ready pods, as the verify watch judges
+        it: a Deployment's or StatefulSet's own rollout status."""
+        return decisions.rollout_status(workload)
+
     async def verify(self, seconds: float) -> None:
         if seconds <= 0:
             return
@@ -446,7 +451,7 @@ class KubeWorld:
             restarted = decisions.restarted_pods(before, pods)
             if restarted:
                 raise TargetProblem("PodRestarted", f"after the write-back: {restarted}")
-            rollout = decisions.rollout_status(current)
+            rollout = self._settled(current, pods)
             now = loop.time()
             if rollout.done or (problem is not None and problem.reason == "Unschedulable"):
                 unready_since = None
