@@ -103,8 +103,8 @@ def test_sample_study_converges_and_kubectl_shows_it(
     wide = cluster.kubectl("get", "bpisvc", name, "-n", namespace, "-o", "wide").splitlines()
     assert wide[0].split() == ["NAME", *printer_columns(crds, wide=True)]
     cells = table_cells(wide[0], wide[1])
-    assert [cells[c] for c in ("Rate-scope", "Pods", "Ready")] == ["per-pod", "1", "True"]
-    assert cells["Max-rps/pod"] in ("", "<none>")  # the sample sets no load budget
+    assert [cells[c] for c in ("RATE-SCOPE", "PODS", "READY")] == ["per-pod", "1", "True"]
+    assert cells["MAX-RPS/POD"] in ("", "<none>")  # the sample sets no load budget
     ready = {c["type"]: c for c in status["conditions"]}
     assert ready["Ready"]["status"] == "True"
     assert ready["Reconciling"]["status"] == ready["Stalled"]["status"] == "False"
@@ -155,7 +155,7 @@ def test_env_method_rolls_out_through_replicasets(
     running = live_config(pod)
     assert running["max_batch_size"] == best["maxBatchSize"]
     managers = {f["manager"]: f["operation"] for f in deployment["metadata"]["managedFields"]}
-    assert managers.get("batchpilot") == "Apply", managers
+    assert managers.get("batchpilot/env") == "Apply", managers
 
 
 class LiveSpy:
