@@ -104,13 +104,10 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
         procs.stop_all()
 
 
-@pytest.fixture
-def namespace(cluster: Cluster, request: pytest.FixtureRequest) -> Iterator[str]:
-    """A fresh namespace for one test, deleted afterwards (without waiting)."""
-    name = f"e2e-{request.node.name.removeprefix('test_')[:30].replace('_', '-')}-"
-    name = (name + uuid.uuid4().hex[:6]).lower()
+def create_namespace(cluster: Cluster, name: str) -> None:
+    """Create namespace `name` and wait until pods can be admitted there: once the
+    controller-manager made its default ServiceAccount."""
     cluster.kubectl("create", "namespace", name)
-    # Pods are admitted only once the controller-manager made the default ServiceAccount.
     assert procs.wait_until(
         lambda: (
             cluster.kubectl.run(
@@ -120,6 +117,14 @@ def namespace(cluster: Cluster, request: pytest.FixtureRequest) -> Iterator[str]
         ),
         timeout_s=60,
     ), f"namespace {name}: no default ServiceAccount\n{cluster.diagnostics()}"
+
+
+@pytest.fixture
+def namespace(cluster: Cluster, request: pytest.FixtureRequest) -> Iterator[str]:
+    """A fresh namespace for one test, deleted afterwards (without waiting)."""
+    name = f"e2e-{request.node.name.removeprefix('test_')[:30].replace('_', '-')}-"
+    name = (name + uuid.uuid4().hex[:6]).lower()
+    create_namespace(cluster, name)
     yield name
     cluster.kubectl.run("delete", "namespace", name, "--wait=false", check=False)
 

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import json
+import threading
 import urllib.request
-from typing import Any
+from typing import Any, Self
 
 from .conftest import Cluster
 from .operatorproc import OperatorProcess
@@ -13,6 +14,34 @@ from .workloads import SERVER_PORT, dump, server_deployment
 
 FINISHED = ("Complete", "Pruned", "Infeasible")
 STUDY_TIMEOUT_S = 240.0
+
+
+class Poller:
+    """Calls `poll` every `interval_s` on a thread of its own while its `with` block runs
+    (a study, say): the scenarios' spies and stand-in controllers."""
+
+    interval_s = 0.25
+    join_s = 10.0
+
+    def __init__(self) -> None:
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self) -> Self:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=self.join_s)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self.poll()
+            self._stop.wait(self.interval_s)
+
+    def poll(self) -> None:
+        raise NotImplementedError
 
 
 def deploy_server(cluster: Cluster, namespace: str, name: str = "server", **kwargs: Any) -> None:

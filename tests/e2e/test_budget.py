@@ -5,7 +5,6 @@ status says what its req/s cover."""
 from __future__ import annotations
 
 import re
-import threading
 import time
 import urllib.request
 from typing import Any
@@ -14,7 +13,14 @@ import pytest
 
 from .conftest import Cluster
 from .operatorproc import OperatorProcess
-from .scenario import deploy_server, diagnostics, finished_trials, pods, wait_converged
+from .scenario import (
+    Poller,
+    deploy_server,
+    diagnostics,
+    finished_trials,
+    pods,
+    wait_converged,
+)
 from .workloads import SERVER_PORT, dump, inference_service
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(420)]
@@ -25,33 +31,22 @@ WINDOW_S = 2.0
 COUNTER = re.compile(r'^batchpilot_requests_total\{outcome="[a-z_]+"\} ([0-9.e+]+)$', re.M)
 
 
-class RequestCounter:
+class RequestCounter(Poller):
     """Polls a pod's /metrics while a study runs: (monotonic time, predict requests)."""
 
     def __init__(self, pod: dict[str, Any]) -> None:
+        super().__init__()
         self._url = f"http://{pod['status']['podIP']}:{SERVER_PORT}/metrics"
         self.samples: list[tuple[float, float]] = []
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
 
-    def __enter__(self) -> RequestCounter:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *_: object) -> None:
-        self._stop.set()
-        self._thread.join(timeout=10)
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            try:
-                with urllib.request.urlopen(self._url, timeout=5) as response:
-                    text = response.read().decode()
-                total = sum(float(v) for v in COUNTER.findall(text))
-                self.samples.append((time.monotonic(), total))
-            except OSError:
-                pass  # busy: the next poll will see it
-            self._stop.wait(0.25)
+    def poll(self) -> None:
+        try:
+            with urllib.request.urlopen(self._url, timeout=5) as response:
+                text = response.read().decode()
+            total = sum(float(v) for v in COUNTER.findall(text))
+            self.samples.append((time.monotonic(), total))
+        except OSError:
+            pass  # busy: the next poll will see it
 
     def peak_rps(self) -> float:
         """The highest rate over any window of at least WINDOW_S between two polls."""

@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 from . import procs
-from .conftest import REPO, Cluster, OperatorIdentity
+from .conftest import REPO, Cluster, OperatorIdentity, create_namespace
 from .kubectl import Kubectl
 from .operatorproc import OperatorProcess, service_account_kubeconfig
 from .scenario import deploy_server, diagnostics
@@ -136,16 +136,7 @@ def _namespaced_install(kubectl: Kubectl, operator_ns: str, watched: str) -> lis
 @pytest.fixture
 def operator_namespace(cluster: Cluster) -> Iterator[str]:
     name = f"e2e-bp-op-{uuid.uuid4().hex[:6]}"
-    cluster.kubectl("create", "namespace", name)
-    assert procs.wait_until(
-        lambda: (
-            cluster.kubectl.run(
-                "get", "serviceaccount", "default", "-n", name, check=False
-            ).returncode
-            == 0
-        ),
-        timeout_s=60,
-    )
+    create_namespace(cluster, name)
     yield name
     cluster.kubectl.run("delete", "namespace", name, "--wait=false", check=False)
     for kind in ("clusterrolebinding", "clusterrole"):

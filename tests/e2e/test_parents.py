@@ -10,7 +10,6 @@ KServe a thread copies the predictor's env onto that Deployment, as KServe would
 
 from __future__ import annotations
 
-import threading
 from typing import Any
 
 import pytest
@@ -18,7 +17,7 @@ import yaml
 
 from .conftest import Cluster
 from .operatorproc import OperatorProcess
-from .scenario import diagnostics, live_config, pods, wait_converged
+from .scenario import Poller, diagnostics, live_config, pods, wait_converged
 from .workloads import container_env, dump, inference_service, server_deployment
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(420)]
@@ -150,62 +149,48 @@ def test_rayservice_winner_goes_to_serve_config_not_the_child(
     assert container_env(child_now)["MAX_BATCH_SIZE"] == "4"
 
 
-class KServeStandIn:
+class KServeStandIn(Poller):
     """KServe's part: the predictor's env copied onto the Deployment it owns, so the
     pods roll out to what the InferenceService says."""
 
+    interval_s = 0.5
+    join_s = 30.0
+
     def __init__(self, cluster: Cluster, namespace: str, isvc: str, child: str) -> None:
+        super().__init__()
         self._kubectl = cluster.kubectl
         self._namespace = namespace
         self._isvc = isvc
         self._child = child
+        self._copied: list[dict[str, Any]] | None = None
         self.copies = 0
         self.errors: list[str] = []
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
 
-    def __enter__(self) -> KServeStandIn:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *_: object) -> None:
-        self._stop.set()
-        self._thread.join(timeout=30)
-
-    def _run(self) -> None:
-        copied: list[dict[str, Any]] | None = None
-        while not self._stop.is_set():
-            try:
-                isvc = self._kubectl.json(
-                    "get", "inferenceservices.serving.kserve.io", self._isvc, "-n", self._namespace
+    def poll(self) -> None:
+        try:
+            isvc = self._kubectl.json(
+                "get", "inferenceservices.serving.kserve.io", self._isvc, "-n", self._namespace
+            )
+            env = isvc["spec"]["predictor"]["containers"][0].get("env") or []
+            if env != self._copied:
+                patch = {
+                    "spec": {"template": {"spec": {"containers": [{"name": "server", "env": env}]}}}
+                }
+                self._kubectl(
+                    "patch",
+                    "deployment",
+                    self._child,
+                    "-n",
+                    self._namespace,
+                    "--field-manager=kserve",
+                    "--type=strategic",
+                    "-p",
+                    yaml.safe_dump(patch),
                 )
-                env = isvc["spec"]["predictor"]["containers"][0].get("env") or []
-                if env != copied:
-                    patch = {
-                        "spec": {
-                            "template": {
-                                "spec": {
-                                    "containers": [{"name": "server", "env": env}],
-                                }
-                            }
-                        }
-                    }
-                    self._kubectl(
-                        "patch",
-                        "deployment",
-                        self._child,
-                        "-n",
-                        self._namespace,
-                        "--field-manager=kserve",
-                        "--type=strategic",
-                        "-p",
-                        yaml.safe_dump(patch),
-                    )
-                    copied = env
-                    self.copies += 1
-            except Exception as exc:  # the next poll retries; the test reports them
-                self.errors.append(repr(exc))
-            self._stop.wait(0.5)
+                self._copied = env
+                self.copies += 1
+        except Exception as exc:  # the next poll retries; the test reports them
+            self.errors.append(repr(exc))
 
 
 def test_kserve_predictor_env_is_written_to_the_inference_service(

@@ -7,14 +7,13 @@ winner is written back live with the config.pbtxt lines to commit in status."""
 from __future__ import annotations
 
 import json
-import os
 import urllib.request
 from typing import Any
 
 import pytest
 
 from batchpilot.runtimes.triton.install import VENV_NAME
-from batchpilot.runtimes.venvs import venv_dir
+from runtimes.support import require_runtime
 
 from .conftest import Cluster
 from .operatorproc import OperatorProcess
@@ -31,18 +30,6 @@ from .workloads import (
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(480)]
 
 
-def require_triton() -> None:
-    """Skip without the Triton environment; fail under CI, where it is installed first
-    (as the runtimes tier does)."""
-    python = venv_dir(VENV_NAME) / "bin" / "python"
-    if python.is_file():
-        return
-    message = f"{python} is missing: run scripts/runtimes triton"
-    if os.environ.get("CI"):
-        pytest.fail(f"{message} (CI is set, so the Triton scenario must run)")
-    pytest.skip(message)
-
-
 def triton_config(pod: dict[str, Any]) -> dict[str, Any]:
     url = f"http://{pod['status']['podIP']}:{TRITON_HTTP_PORT}/v2/models/{TRITON_MODEL}/config"
     with urllib.request.urlopen(url, timeout=10) as response:
@@ -53,7 +40,7 @@ def triton_config(pod: dict[str, Any]) -> dict[str, Any]:
 def test_triton_live_study_through_the_operator(
     cluster: Cluster, namespace: str, operator: OperatorProcess
 ) -> None:
-    require_triton()
+    require_runtime(VENV_NAME, "python")
     cluster.kubectl.apply(dump(triton_deployment("triton")), "-n", namespace)
     cluster.kubectl("rollout", "status", "deployment/triton", "-n", namespace, "--timeout=180s")
     [before] = pods(cluster, namespace, "app=triton")

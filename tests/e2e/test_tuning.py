@@ -4,7 +4,6 @@ and the Live method retunes running pods without restarting them."""
 
 from __future__ import annotations
 
-import threading
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +13,7 @@ import yaml
 from .conftest import REPO, Cluster
 from .operatorproc import OperatorProcess
 from .scenario import (
+    Poller,
     deploy_server,
     diagnostics,
     finished_trials,
@@ -158,31 +158,22 @@ def test_env_method_rolls_out_through_replicasets(
     assert managers.get("batchpilot/env") == "Apply", managers
 
 
-class LiveSpy:
+class LiveSpy(Poller):
     """Polls a pod's admin endpoint while a study runs: the configurations it served."""
 
+    interval_s = 0.2
+
     def __init__(self, pod: dict[str, Any]) -> None:
+        super().__init__()
         self._pod = pod
         self.seen: set[tuple[int, float]] = set()
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
 
-    def __enter__(self) -> LiveSpy:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *_: object) -> None:
-        self._stop.set()
-        self._thread.join(timeout=10)
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            try:
-                config = live_config(self._pod)
-                self.seen.add((int(config["max_batch_size"]), float(config["max_queue_time_ms"])))
-            except OSError:
-                pass  # busy or restarting: the next poll will see it
-            self._stop.wait(0.2)
+    def poll(self) -> None:
+        try:
+            config = live_config(self._pod)
+            self.seen.add((int(config["max_batch_size"]), float(config["max_queue_time_ms"])))
+        except OSError:
+            pass  # busy or restarting: the next poll will see it
 
 
 def test_live_method_retunes_without_restarts(

@@ -15,7 +15,7 @@ from batchpilot.loadgen.arrivals import ArrivalKind
 from batchpilot.loadgen.endpoints import UnreachableError, check_reachable, normalise_urls
 from batchpilot.loadgen.generator import MAX_DURATION_S, MAX_RATE, run_load
 from batchpilot.loadgen.mix import parse_mix
-from batchpilot.loadgen.protocol_option import build_protocol, protocol_options
+from batchpilot.loadgen.protocol_option import build_protocol, protocol_options, with_ca_bundle
 from batchpilot.loadgen.protocols import RequestProtocol, speaking
 from batchpilot.loadgen.report import render_load
 from batchpilot.loadgen.result import LoadResult
@@ -99,16 +99,18 @@ def loadtest(
     try:
         mix = parse_mix(mix_spec) if mix_spec is not None else RequestMix.default()
         bases = normalise_urls(urls)
-        request = build_protocol(
-            protocol=protocol,
-            model=model,
-            max_tokens=max_tokens,
-            input_name=input_name,
-            features=features,
-            body_template=body_template,
-            headers=headers,
-            path=path,
-            ca_bundle=ca_bundle,
+        request = with_ca_bundle(
+            build_protocol(
+                protocol=protocol,
+                model=model,
+                max_tokens=max_tokens,
+                input_name=input_name,
+                features=features,
+                body_template=body_template,
+                headers=headers,
+                path=path,
+            ),
+            ca_bundle,
         )
         share = parse_share(worker_spec) if worker_spec is not None else (0, 1)
         if start_at is not None and not math.isfinite(start_at):

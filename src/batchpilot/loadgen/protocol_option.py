@@ -108,41 +108,9 @@ def build_protocol(
     body_template: str | None,
     headers: Sequence[str],
     path: str | None,
-    ca_bundle: str | None = None,
 ) -> RequestProtocol:
-    """The protocol the options describe. ValueError names the option that is wrong and
-    what is allowed."""
-    request = _request_protocol(
-        protocol=protocol,
-        model=model,
-        max_tokens=max_tokens,
-        input_name=input_name,
-        features=features,
-        body_template=body_template,
-        headers=headers,
-        path=path,
-    )
-    if ca_bundle is None:
-        return request
-    request = dataclasses.replace(request, ca_file=ca_bundle)
-    try:
-        request.tls()  # a bundle that does not parse is refused before any load
-    except ValueError as exc:
-        raise ValueError(f"--ca-bundle: {exc}") from None
-    return request
-
-
-def _request_protocol(
-    *,
-    protocol: str | None,
-    model: str | None,
-    max_tokens: int | None,
-    input_name: str | None,
-    features: int | None,
-    body_template: str | None,
-    headers: Sequence[str],
-    path: str | None,
-) -> RequestProtocol:
+    """The protocol the options describe (all but --ca-bundle: `with_ca_bundle`).
+    ValueError names the option that is wrong and what is allowed."""
     kind = (protocol or ("template" if body_template is not None else "reference")).lower()
     given = {
         "--model": model,
@@ -185,3 +153,16 @@ def _request_protocol(
         REFERENCE.body,
         {**REFERENCE.headers, **extra},
     )
+
+
+def with_ca_bundle(request: RequestProtocol, ca_bundle: str | None) -> RequestProtocol:
+    """`request` verifying https against only the CA certificates in file `ca_bundle`
+    (None: as it is). ValueError, before any load, when the file is not a PEM bundle."""
+    if ca_bundle is None:
+        return request
+    request = dataclasses.replace(request, ca_file=ca_bundle)
+    try:
+        request.tls()
+    except ValueError as exc:
+        raise ValueError(f"--ca-bundle: {exc}") from None
+    return request
