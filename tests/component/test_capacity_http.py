@@ -62,8 +62,10 @@ async def test_finds_the_known_capacity_of_a_stub() -> None:
 async def test_a_starved_client_gives_invalid_steps_not_a_failed_server() -> None:
     # A thread spinning in Python holds the interpreter for 50 ms at a time: the event
     # loop that sends the requests stalls, the process uses a whole core, so the client
-    # cannot keep its schedule. The stub could serve 300 req/s within the SLA easily: the
-    # steps its stalls can explain are invalid and the result is client-bound.
+    # cannot keep its schedule. The stub could serve 3,000 req/s within the SLA, ten
+    # times what the starved client ever sends (at 300 a less starved client on a busy
+    # host could reach the stub's own limit first): the steps its stalls can explain are
+    # invalid and the result is client-bound.
     stop = threading.Event()
 
     def hog() -> None:
@@ -74,7 +76,7 @@ async def test_a_starved_client_gives_invalid_steps_not_a_failed_server() -> Non
     sys.setswitchinterval(0.05)
     thread = threading.Thread(target=hog, daemon=True)
     try:
-        async with StubServerProcess(capacity_rps=CAPACITY, queue_limit=100_000) as stub:
+        async with StubServerProcess(capacity_rps=10 * CAPACITY, queue_limit=100_000) as stub:
             thread.start()
             result = await measure_capacity(
                 stub.url, sla=SLA(p99_ms=250), mix=RequestMix.default(), precision=0.25,

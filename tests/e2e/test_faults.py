@@ -58,7 +58,9 @@ def test_server_pod_dies_mid_trial(
         pytest.skip("kills a container process of the local node agent")
     deploy_server(cluster, namespace)
     [pod] = pods(cluster, namespace, "app=server")
-    isvc = inference_service("crash", "server", method="Live", max_trials=3)
+    # Recommend: a winner written back would roll the Deployment to a new pod, and the
+    # pod that crashed and restarted is what the end of the scenario inspects.
+    isvc = inference_service("crash", "server", method="Live", max_trials=3, write_back="Recommend")
     cluster.kubectl.apply(dump(isvc), "-n", namespace)
 
     crashed = wait_running_trial(cluster, namespace, "crash", operator, at_least=1)

@@ -17,6 +17,7 @@ pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600)]
 # Two trials (the baseline and the rule of thumb) and six confirmation measurements, each
 # an Env rollout plus a capacity search: longer than the tier's usual study.
 STUDY_TIMEOUT_S = 420.0
+MIN_GAIN = 60
 
 
 def test_an_already_best_target_stays_untouched_with_no_significant_gain(
@@ -29,8 +30,12 @@ def test_an_already_best_target_stays_untouched_with_no_significant_gain(
     isvc = inference_service(
         "keep", "server", strategy="Canary", batch_range=(8, 16), max_trials=2, finalists=1
     )
-    # a fixed count of rounds (no adaptive ones): the study stays inside the tier's time
-    isvc["spec"]["tuning"].update({"confirmRounds": 3, "maxConfirmRounds": 3, "minGainPercent": 25})
+    # A fixed count of rounds (no adaptive ones): the study stays inside the tier's time.
+    # The searches stop at 30 % precision, so one measurement of the same capacity can
+    # land a whole bracket above another: a margin under two brackets would let a loaded
+    # host's noise pass for a gain.
+    rounds = {"confirmRounds": 3, "maxConfirmRounds": 3, "minGainPercent": MIN_GAIN}
+    isvc["spec"]["tuning"].update(rounds)
     cluster.kubectl.apply(dump(isvc), "-n", namespace)
 
     status = wait_for(
@@ -59,7 +64,7 @@ def test_an_already_best_target_stays_untouched_with_no_significant_gain(
     baseline, best = status["baseline"], status["best"]
     assert baseline["maxBatchSize"] == 16
     assert baseline["effectiveRpsLow"] <= baseline["effectiveRps"] <= baseline["effectiveRpsHigh"]
-    assert best["gainLowPercent"] < 25
+    assert best["gainLowPercent"] < MIN_GAIN
 
     # The target is untouched: same template generation, same environment, no field
     # of it owned by the operator.

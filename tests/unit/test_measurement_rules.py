@@ -183,6 +183,43 @@ def test_timeouts_are_excused_only_when_the_client_alone_reached_the_timeout(
     assert step.valid is not excused
 
 
+def test_a_window_whose_every_request_timed_out_by_the_client_is_invalid() -> None:
+    # The loop stalled 900 ms and the sends were 300 ms late, past the 1 s deadline:
+    # the client alone could have made every request time out, with none answered.
+    n = 50
+    offsets = [i / n for i in range(n)]
+    load = summarise(
+        urls=["http://127.0.0.1:1"], arrival="constant", seed=0, target_rps=50.0,
+        window_s=1.0, offsets=offsets, outcomes=[TIMEOUT] * n, latencies_ms=[1000.0] * n,
+        lags_ms=[300.0] * n, done_at=[o + 1.0 for o in offsets], elapsed_s=2.0,
+        interrupted=False, loop_delays_ms=[900.0], cpu=0.3, timeout_s=1.0,
+    )  # fmt: skip
+    step = step_from_load(load, SLA_100)
+    assert not step.valid
+    assert step.reason.startswith("invalid, client-bound: ")
+
+
+@pytest.mark.parametrize(("trail_s", "valid"), [(0.4, False), (1.5, True)])
+def test_completions_stretched_by_the_clients_lag_and_stall_are_excused(
+    trail_s: float, valid: bool
+) -> None:
+    # The last responses came in `trail_s` after the window: the client's 200 ms send
+    # lag and 250 ms stall account for 0.4 s of that (invalid), never for 1.5 s (a
+    # server that fell behind: the failure stands).
+    n = 50
+    offsets = [i / n for i in range(n)]
+    done = [o + 0.01 for o in offsets[:-5]] + [1.0 + trail_s] * 5
+    load = summarise(
+        urls=["http://127.0.0.1:1"], arrival="constant", seed=0, target_rps=50.0,
+        window_s=1.0, offsets=offsets, outcomes=[OK] * n, latencies_ms=[20.0] * n,
+        lags_ms=[200.0] + [0.0] * (n - 1), done_at=done, elapsed_s=2.5,
+        interrupted=False, loop_delays_ms=[250.0], cpu=0.3, timeout_s=10.0,
+    )  # fmt: skip
+    step = step_from_load(load, SLA_100)
+    assert not step.passed
+    assert step.valid is valid
+
+
 def test_a_step_that_passed_with_a_stalled_client_stays_a_pass() -> None:
     # the stall only added latency to requests timed from their schedule
     load = _load([OK] * 100, [40.0] * 100, loop_delays_ms=[30.0] * 100, cpu=0.95)

@@ -99,7 +99,9 @@ def client_could_explain(load: LoadResult, sla: SLA, sla_p99_ms: float) -> bool:
     The client adds to a request at most its send lag and a stall of its loop while the
     response is read; the allowance is the p99 send lag plus the worst stall. The window
     is excused when, less that allowance, its p99 is within the SLA and, over the
-    completions' span less the stall, its achieved rate keeps up. Non-OK requests stay
+    completions' span less the worst send lag and stall (by which the client alone can
+    stretch it), its achieved rate keeps up, every request that timed out only because
+    of the client counted as served. Non-OK requests stay
     infinitely slow -- so a window judged on an infinite p99 (more than 1 % non-OK, or
     too few requests to bound it) is never excused -- except timeouts once the client's
     worst lag plus its worst stall reached the request timeout: then the client alone
@@ -122,11 +124,14 @@ def client_could_explain(load: LoadResult, sla: SLA, sla_p99_ms: float) -> bool:
         return False
     else:
         judged_ms = sla_p99_ms
-    # requests the client made time out would have counted as served
-    achieved = load.achieved_rps * (load.ok + excused) / load.ok if load.ok else 0.0
+    # Requests the client made time out would have counted as served, also when the
+    # client's stalls made every request of the window time out (no OK at all).
+    span_s = load.duration_s - load.warmup_s
     if load.ok_first_done_s is not None and load.ok_last_done_s is not None:
-        span = load.ok_last_done_s - load.ok_first_done_s - client.loop_delay_max_ms / 1000.0
-        achieved = (load.ok + excused) / max(load.duration_s - load.warmup_s, span)
+        # the last response may have been sent that late and read after that stall
+        stretch_s = (client.lag_max_ms + client.loop_delay_max_ms) / 1000.0
+        span_s = max(span_s, load.ok_last_done_s - load.ok_first_done_s - stretch_s)
+    achieved = (load.ok + excused) / span_s if span_s > 0 else 0.0
     passed, _ = step_passes(
         p99_ms=max(judged_ms - allowance_ms, 0.0),
         error_rate=non_ok / load.requests,
