@@ -258,3 +258,34 @@ async def test_a_breached_sla_starts_a_new_study_from_the_written_back_configura
     assert status["trials"][0]["params"] == written
     assert "Retune" in reasons_of(kmock)
     assert reasons_of(kmock).count("StudyStarted") == 1
+
+
+async def test_an_in_place_target_is_restored_while_the_window_is_shut(
+    kmock: kmock.KubernetesEmulator, operator: Operator, cluster: FakeCluster, clock: Clock
+) -> None:
+    clock.now = datetime(2026, 12, 2, 2, 0, tzinfo=UTC)
+    window = {"start": "0 2 * * *", "durationMinutes": 120}
+    tuning = {"strategy": "InPlace", "maxTrials": 4, "finalists": 0, "window": window}
+    kmock.objects[ISVC, NAMESPACE, "resnet"] = isvc(tuning=tuning)
+    cluster.hold_after = 1  # trial 1 waits in apply, on the target
+    async with operator():
+        await eventually(lambda: len(cluster.applied) == 2, what="trial 1 applied")
+        # too late for another whole trial (deadline 900 s) before the 04:00 close
+        clock.now = datetime(2026, 12, 2, 3, 50, tzinfo=UTC)
+        cluster.hold_after = None
+        cluster.gate.set()
+        await eventually(
+            lambda: conditions(kmock).get("InWindow", {}).get("reason") == "OutsideWindow",
+            what="the wait for the next window",
+        )
+        assert cluster.target == ORIGINAL
+        assert cluster.restored == 1
+        assert len(cluster.applied) == 2
+        status = status_of(kmock)
+        assert status["waitingUntil"].startswith("2026-12-03T02:00:00")
+        assert "before a trial could finish" in status["message"]
+        assert "the original configuration restored" in status["message"]
+        clock.now = datetime(2026, 12, 3, 2, 0, tzinfo=UTC)
+        await eventually(lambda: phase_is(kmock, "Converged"), what="the next window's trials")
+    assert [t["number"] for t in status_of(kmock)["trials"]] == [0, 1, 2, 3]
+    assert cluster.written_back

@@ -633,16 +633,15 @@ class StudyRunner:
             return await self._window_gate()
         return None
 
-    async def _suspend(self) -> None:
-        if self.status.suspended:
-            return
+    async def _undo_for_pause(self) -> str:
+        """Free what a paused study holds: the canary goes (and its GPUs with it), an
+        InPlace target runs its original configuration again. Says what was undone."""
         delete_canary, restore = decisions.needs_cleanup(self.status, self.spec.tuning.strategy)
         if delete_canary:
             await self._remove_canary()
-        restored = self.status.restored
         if restore and self.status.original is not None:
             await self._world.restore(self.status.original)
-            restored = True
+            await self._save(restored=True)
         self._prepared = False
         undone = [
             what
@@ -652,20 +651,26 @@ class StudyRunner:
             )
             if done
         ]
-        message = "suspended (spec.suspend)" + (f": {', '.join(undone)}" if undone else "")
+        return ", ".join(undone)
+
+    def _unpaused_restored(self) -> bool:
+        # a restore done for a pause is undone by the next trial: a later failure must
+        # restore again
+        return self.status.restored and self.status.phase not in decisions.ACTIVE_PHASES
+
+    async def _suspend(self) -> None:
+        if self.status.suspended:
+            return
+        undone = await self._undo_for_pause()
+        message = "suspended (spec.suspend)" + (f": {undone}" if undone else "")
         self._condition("Suspended", "True", "Suspended", message)
-        await self._save(suspended=True, restored=restored, message=message)
+        await self._save(suspended=True, message=message)
         self._event("Normal", "Suspended", message)
 
     async def _resume(self) -> None:
-        # a restore done for the pause is undone by the next trial: a later failure must
-        # restore again
-        active = self.status.phase in decisions.ACTIVE_PHASES
         message = "resumed (spec.suspend false): the study goes on from its status"
         self._condition("Suspended", "False", "Resumed", message)
-        await self._save(
-            suspended=False, restored=self.status.restored and not active, message=message
-        )
+        await self._save(suspended=False, restored=self._unpaused_restored(), message=message)
         self._event("Normal", "Resumed", message)
 
     async def _window_gate(self) -> bool | None:
@@ -675,13 +680,19 @@ class StudyRunner:
         if gate.may_start:
             if waiting:
                 self._condition("InWindow", "True", "InsideWindow", gate.message)
-                await self._save(waiting_until=None, message=gate.message)
+                await self._save(
+                    waiting_until=None, restored=self._unpaused_restored(), message=gate.message
+                )
                 self._event("Normal", "WindowOpen", gate.message)
             return None
         if not waiting or self.status.waiting_until != gate.until:
-            self._condition("InWindow", "False", "OutsideWindow", gate.message)
-            await self._save(waiting_until=gate.until, message=gate.message)
-            self._event("Normal", "OutsideWindow", gate.message)
+            # no canary holds its GPUs, and production does not run a trial's values,
+            # until the next window
+            undone = "" if waiting else await self._undo_for_pause()
+            message = gate.message + (f"; {undone}" if undone else "")
+            self._condition("InWindow", "False", "OutsideWindow", message)
+            await self._save(waiting_until=gate.until, message=message)
+            self._event("Normal", "OutsideWindow", message)
         return False
 
     async def _retune_step(self) -> bool:
