@@ -289,3 +289,19 @@ async def test_an_in_place_target_is_restored_while_the_window_is_shut(
         await eventually(lambda: phase_is(kmock, "Converged"), what="the next window's trials")
     assert [t["number"] for t in status_of(kmock)["trials"]] == [0, 1, 2, 3]
     assert cluster.written_back
+
+
+async def test_a_restarting_edit_while_suspended_lifts_the_pause_with_it(
+    kmock: kmock.KubernetesEmulator, operator: Operator, cluster: FakeCluster, clock: Clock
+) -> None:
+    kmock.objects[ISVC, NAMESPACE, "resnet"] = isvc(
+        tuning={"maxTrials": 3, "finalists": 0}, suspend=True
+    )
+    async with operator():
+        await eventually(lambda: status_of(kmock).get("suspended") is True, what="suspension")
+        assert cluster.applied == []
+        await edit(kmock, 2, {"suspend": False, "sla": {"p99LatencyMs": 250}})
+        await eventually(lambda: phase_is(kmock, "Converged"), what="the new study")
+    found = conditions(kmock)
+    assert (found["Suspended"]["status"], found["Suspended"]["reason"]) == ("False", "Resumed")
+    assert found["Ready"]["status"] == "True"

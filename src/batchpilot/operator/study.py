@@ -624,7 +624,9 @@ class StudyRunner:
             if self.status.phase not in ("Failed", "RolledBack"):
                 await self._suspend()
             return False
-        if self.status.suspended:
+        # a new study (a restarting edit) starts unsuspended but inherits the conditions
+        paused = any(c.type == "Suspended" and c.status == "True" for c in self.status.conditions)
+        if self.status.suspended or paused:
             await self._resume()
             return True
         if plan.kind == "idle":
