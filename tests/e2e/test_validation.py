@@ -259,6 +259,31 @@ CEL_CASES = [
     ),
 ]
 
+# tuning.window, tuning.retune and its window (the scheduling rules)
+CEL_CASES += [
+    Case(
+        "window start of four fields",
+        _set("tuning.window", {"start": "0 2 * *", "durationMinutes": 60}),
+        cel_key="tuning.window.start is a 5-field cron",
+    ),
+    Case(
+        "window shorter than a trial",
+        _set("tuning.window", {"start": "0 2 * * *", "durationMinutes": 10}),
+        cel_key="durationMinutes must cover tuning.trialDeadlineSeconds",
+    ),
+    Case("retune Sometimes", _set("tuning.retune", "Sometimes"), cel_key="retune is Never"),
+    Case(
+        "retuneWindow in days",
+        _set("tuning.retuneWindow", "2d"),
+        cel_key="tuning.retuneWindow is a number",
+    ),
+    Case(
+        "OnSLABreach without Prometheus",
+        _set("tuning.retune", "OnSLABreach"),
+        cel_key="OnSLABreach needs load.source prometheus",
+    ),
+]
+
 ENUM_CASES = [
     ("target", "apiVersion"),
     ("target", "kind"),

@@ -20,14 +20,27 @@ from batchpilot.operator.spec import InferenceServiceSpec
 
 # tuning fields (Python names) that a study adopts without starting over
 ADOPTED_TUNING_FIELDS = frozenset(
-    {"write_back", "max_trials", "patience", "max_failures", "trial_deadline_seconds", "window"}
+    {
+        "write_back",
+        "max_trials",
+        "patience",
+        "max_failures",
+        "trial_deadline_seconds",
+        "window",
+        "retune",
+        "retune_window",
+    }
 )
+# top-level fields likewise: suspend pauses and resumes the same study
+ADOPTED_FIELDS = frozenset({"suspend"})
 
 
 def _study_part(spec: InferenceServiceSpec) -> dict[str, Any]:
     data = spec.model_dump(mode="json", by_alias=True)
     adopted = {to_camel(f) for f in ADOPTED_TUNING_FIELDS}
     data["tuning"] = {k: v for k, v in data["tuning"].items() if k not in adopted}
+    for name in ADOPTED_FIELDS:
+        data.pop(to_camel(name), None)
     return data
 
 

@@ -232,3 +232,28 @@ class InferenceServiceStatus(_Status):
         description="For a runtime written back live: the snippet that keeps the "
         "configuration across pod restarts, to commit with the model's configuration.",
     )
+    suspended: bool = Field(
+        default=False,
+        description="spec.suspend took effect: no trial runs, the canary is gone and an "
+        "InPlace target runs its original configuration until suspend is false again.",
+    )
+    waiting_until: datetime | None = Field(
+        default=None,
+        description="Outside the maintenance window: when the next one opens.",
+    )
+    retunes: int = Field(default=0, description="Studies started over by tuning.retune.")
+    last_retune_at: datetime | None = Field(
+        default=None, description="When the latest re-tune started a new study."
+    )
+    last_retune_reason: str = Field(default="", description="Why it did.")
+    next_retune_at: datetime | None = Field(
+        default=None,
+        description="A Converged study with tuning.retune: the next SLA check (OnSLABreach) "
+        "or schedule tick.",
+    )
+    retune_key: str | None = Field(
+        default=None, description="The tuning.retune setting nextRetuneAt was computed for."
+    )
+    previous_best: Result | None = Field(
+        default=None, description="The best of the study the latest re-tune replaced."
+    )

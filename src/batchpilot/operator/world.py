@@ -471,6 +471,11 @@ class KubeWorld:
                 f"production traffic over {seconds:g} s after the write-back: {breach}",
             )
 
+    async def production_breach(self, window_s: float) -> str | None:
+        """How the target's traffic over the last `window_s` broke the SLA (re-tune
+        OnSLABreach); None when it kept it or there is no Prometheus verdict."""
+        return await self._production_breach(window_s)
+
     async def _production_breach(self, window_s: float) -> str | None:
         """The SLA breach Prometheus saw over the window, with load.source prometheus.
         A query that fails judges nothing: a monitoring outage is no reason to undo a
