@@ -517,13 +517,14 @@ class PrometheusSpec(BaseModel):
     )
     latency_metric: str | None = Field(
         default=None,
-        description="Latency histogram (seconds) to read p99 from; the reference server's "
-        "when unset.",
+        description="Latency histogram (seconds) to read p99 from; unset: the runtime's own "
+        "(runtime.kind Triton, RayServe, TorchServe, MLServer: its names and units), else the "
+        "reference server's. Naming it or requestsMetric reads both the reference server's way.",
         max_length=256,
     )
     requests_metric: str | None = Field(
         default=None,
-        description="Counter of requests with an outcome label; the reference server's when unset.",
+        description="Counter of requests with an outcome label; unset: as latencyMetric.",
         max_length=256,
     )
     ok_outcome: str = Field(

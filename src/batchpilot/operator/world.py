@@ -480,10 +480,15 @@ class KubeWorld:
         """The SLA breach Prometheus saw over the window, with load.source prometheus.
         A query that fails judges nothing: a monitoring outage is no reason to undo a
         configuration that runs."""
-        source = self._prometheus_source()
+        from batchpilot.capacity.prometheus import NoLatencyHistogram, PrometheusQueryError
+        from batchpilot.capacity.promql import MS_PER_UNIT
+
+        try:
+            source = self._prometheus_source()
+        except NoLatencyHistogram:  # the study itself refused it: nothing to judge by
+            return None
         if source is None:
             return None
-        from batchpilot.capacity.prometheus import PrometheusQueryError
 
         queries = source.queries(window_s)
         end = time.time()
@@ -496,7 +501,7 @@ class KubeWorld:
             log.warning("verify: no SLA verdict from Prometheus: %s", exc)
             return None
         return decisions.sla_breach(
-            p99_ms=values["p99"] * 1000.0,
+            p99_ms=values["p99"] * MS_PER_UNIT[source.metrics.latency_unit],
             ok_rps=values["ok_rps"],
             total_rps=values["total_rps"],
             sla=self._spec.sla.to_sla(),
@@ -670,10 +675,14 @@ class KubeWorld:
     async def _checked_prometheus_source(self) -> PrometheusStepSource | None:
         """The Prometheus source, its scrape interval checked against the step length
         before any load is sent."""
-        source = self._prometheus_source()
+        from batchpilot.capacity.prometheus import NoLatencyHistogram, PrometheusQueryError
+
+        try:
+            source = self._prometheus_source()
+        except NoLatencyHistogram as exc:
+            raise TargetProblem("NoLatencyHistogram", str(exc), stops_study=True) from None
         if source is None:
             return None
-        from batchpilot.capacity.prometheus import PrometheusQueryError
         from batchpilot.capacity.scrape import ScrapeWindowError
 
         try:
@@ -685,20 +694,6 @@ class KubeWorld:
         return source
 
     def _prometheus_source(self) -> PrometheusStepSource | None:
-        prometheus = self._spec.load.prometheus
-        if self._spec.load.source != "prometheus" or prometheus is None:
-            return None
-        from batchpilot.capacity.prometheus import PrometheusStepSource
+        from batchpilot.operator.promsource import prometheus_source
 
-        # unset metric names keep the source's defaults: the reference server's metrics
-        options: dict[str, Any] = {
-            "ok_outcome": prometheus.ok_outcome,
-            "selector": prometheus.selector,
-        }
-        if prometheus.latency_metric:
-            options["latency_metric"] = prometheus.latency_metric
-        if prometheus.requests_metric:
-            options["requests_metric"] = prometheus.requests_metric
-        if prometheus.scrape_interval_seconds is not None:
-            options["scrape_interval_s"] = prometheus.scrape_interval_seconds
-        return PrometheusStepSource(prometheus.url, ca_pem=prometheus.ca_bundle, **options)
+        return prometheus_source(self._spec)
