@@ -289,7 +289,9 @@ class Elector:
         if kube is None or not self.is_leader():
             return
         self._renewed_at = None
+        self._leading.clear()  # stepping down on purpose: no warning from _update
         self._update()
+        log.info(f"{self.settings.identity} releases the lease {self._path}")
         try:
             view = await self._read(kube)
             if view is not None and view.holder == self.settings.identity:
