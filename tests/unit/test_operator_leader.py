@@ -3,6 +3,7 @@ loopback API server with optimistic concurrency, their clocks driven by the test
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 from typing import Any
@@ -245,5 +246,24 @@ async def test_an_unreachable_api_server_costs_the_leader_its_leadership() -> No
     try:
         assert await a.round() is None
         assert not a.is_leader()
+    finally:
+        await a.close()
+
+
+async def test_a_lead_run_out_on_the_clock_is_waited_for_not_spun_on(
+    api: tuple[LeaseServer, Connection],
+) -> None:
+    _, connection = api
+    clock = Clock()
+    a = elector("a", connection, clock)
+    try:
+        assert await a.round() == "create"
+        assert await a.wait_leader(0.0)
+        clock.t += 15  # past the step-down, before the elector's loop noticed
+        assert not a.is_leader()
+        # it waits for the lead to come back instead of returning at once
+        with pytest.raises(TimeoutError):
+            await asyncio.wait_for(a.wait_leader(60.0), 0.05)
+        await a.wait_lost()  # lost: returns at once
     finally:
         await a.close()

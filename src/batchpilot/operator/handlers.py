@@ -311,6 +311,7 @@ async def study(
             # another replica may move the study on: a later leadership starts from
             # the status the API server holds then, not from this one's memory
             runner, runner_generation = None, None
+            memo["runners"].pop(key, None)
             await leadership.wait_leader(float(memo["poll_s"]))
             continue
         generation = int(body.metadata.get("generation") or 1)

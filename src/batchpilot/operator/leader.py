@@ -201,12 +201,16 @@ class Elector:
         return leads(self._renewed_at, self._clock(), self.settings)
 
     async def wait_leader(self, timeout_s: float) -> bool:
+        # the events follow the clock first: a set event whose lead just ran out would
+        # return at once, and a caller looping on it would never let the loop run
+        self._update()
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(timeout_s):
                 await self._leading.wait()
         return self.is_leader()
 
     async def wait_lost(self) -> None:
+        self._update()
         await self._following.wait()
 
     def _client(self) -> Kube | None:
