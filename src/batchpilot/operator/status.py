@@ -14,7 +14,13 @@ from pydantic.alias_generators import to_camel
 from batchpilot.operator.spec import MAX_TRIALS_LIMIT
 
 Phase = Literal["Pending", "Baseline", "Tuning", "Confirming", "Converged", "Failed", "RolledBack"]
-TrialState = Literal["Running", "Complete", "Pruned", "Infeasible", "Failed"]
+TrialState = Literal["Running", "Complete", "Pruned", "Infeasible", "Failed", "Interrupted"]
+# The reason of an Interrupted trial: cut short by an operator restart or a change of
+# leader, it is retried next and never counts toward tuning.maxFailures.
+INTERRUPTED_REASON = (
+    "interrupted: the operator restarted or lost leadership mid-trial; retried, "
+    "not counted as a failure"
+)
 TrialSource = Literal["baseline", "warm-start", "sampler", "refine"]
 
 # Trials kept in full. A study has at most MAX_TRIALS_LIMIT trials plus retried failures,
@@ -56,7 +62,11 @@ class TrialEntry(_Status):
     number: int = Field(description="Trial number in the study, from 0 (the baseline).")
     params: dict[str, float | int] = Field(description="Values tried, by parameter name.")
     source: TrialSource = Field(description="baseline, warm-start, sampler or refine.")
-    state: TrialState = Field(description="Running, Complete, Pruned, Infeasible or Failed.")
+    state: TrialState = Field(
+        description="Running, Complete, Pruned, Infeasible, Failed, or Interrupted (cut "
+        "short by an operator restart or a change of leader: retried next, not counted "
+        "toward tuning.maxFailures)."
+    )
     effective_rps: float | None = Field(default=None, description="Effective throughput, req/s.")
     p99_ms: float | None = Field(default=None, description="p99 at the effective rate, ms.")
     error_rate: float | None = Field(default=None, description="Error rate at the effective rate.")
@@ -81,6 +91,7 @@ class TrialsSummary(_Status):
     count: int = Field(default=0, description="Trials summarised.")
     complete: int = Field(default=0, description="Of which complete.")
     failed: int = Field(default=0, description="Of which failed.")
+    interrupted: int = Field(default=0, description="Of which interrupted (and retried).")
     last_number: int | None = Field(default=None, description="Highest trial number summarised.")
 
 

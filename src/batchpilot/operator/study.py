@@ -28,6 +28,7 @@ from batchpilot.operator.spec import (
     duration_seconds,
 )
 from batchpilot.operator.status import (
+    INTERRUPTED_REASON,
     Confirmation,
     InferenceServiceStatus,
     Result,
@@ -37,7 +38,7 @@ from batchpilot.operator.status import (
 from batchpilot.operator.world import TargetProblem, World
 from batchpilot.tuner.interfaces import TargetError
 from batchpilot.tuner.space import ParameterSpec, SearchSpace
-from batchpilot.tuner.study import TrialRecord, Tuner
+from batchpilot.tuner.study import INTERRUPTED, TrialRecord, Tuner
 from batchpilot.tuner.verdict import Estimate
 
 log = logging.getLogger(__name__)
@@ -84,11 +85,21 @@ def search_space(spec: InferenceServiceSpec) -> SearchSpace:
 
 
 def to_record(entry: TrialEntry) -> TrialRecord:
-    return TrialRecord.model_validate(entry.model_dump())
+    """The tuner's view: an Interrupted trial is its Failed "interrupted", which it
+    retries before asking anything new and leaves out of its budget."""
+    data = entry.model_dump()
+    if entry.state == "Interrupted":
+        data.update(state="Failed", reason=INTERRUPTED)
+    return TrialRecord.model_validate(data)
 
 
 def to_entry(record: TrialRecord) -> TrialEntry:
-    return TrialEntry.model_validate(record.model_dump())
+    """The status's view: a trial the tuner marked interrupted is shown as Interrupted,
+    so neither a person nor tuning.maxFailures takes it for a failed configuration."""
+    data = record.model_dump()
+    if record.state == "Failed" and record.reason == INTERRUPTED:
+        data.update(state="Interrupted", reason=INTERRUPTED_REASON)
+    return TrialEntry.model_validate(data)
 
 
 class StudyRunner:
