@@ -26,7 +26,7 @@ from typing import Annotated
 
 import aiohttp
 from aiohttp import web
-from pydantic import Field, ValidationError
+from pydantic import ConfigDict, Field, ValidationError
 
 from batchpilot.loadgen.result import LoadResult, merge_results
 from batchpilot.loadgen.workers import DONE_GRACE_S, ShareSpec, WorkerError, run_share
@@ -53,6 +53,10 @@ ShareSender = Callable[[ShareSpec], Awaitable[LoadResult]]
 
 class ShareRequest(Frozen):
     """What the operator sends a worker for one step."""
+
+    model_config = ConfigDict(
+        frozen=True, extra="forbid", validate_by_name=True, validate_by_alias=True
+    )
 
     spec: ShareSpec
     start_at: Annotated[float, Field(alias="startAt")]
@@ -121,7 +125,8 @@ async def serve_worker(
     """Serve `worker_app` on host:port until `stop` is set or, with `max_idle_s`, until
     no share has run for that long (a worker its operator forgot ends by itself)."""
     activity = Activity()
-    runner = web.AppRunner(worker_app(token, activity))
+    # the operator gone (a step abandoned) cancels the share, so the worker is free again
+    runner = web.AppRunner(worker_app(token, activity), handler_cancellation=True)
     await runner.setup()
     try:
         await web.TCPSite(runner, host, port).start()
