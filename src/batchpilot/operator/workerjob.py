@@ -108,7 +108,12 @@ def job_manifest(
         "name": "load-worker",
         "image": image,
         "imagePullPolicy": "IfNotPresent",
-        "args": ["load-worker", f"--port={port}", f"--max-idle={IDLE_EXIT_S}"],
+        "args": [
+            "load-worker",
+            "--host=0.0.0.0",
+            f"--port={port}",
+            f"--max-idle={IDLE_EXIT_S}",
+        ],
         "env": [
             {
                 "name": TOKEN_ENV,
