@@ -226,8 +226,10 @@ class LoadWorkers:
         if workers <= 1:
             self.figures = None
             return None
-        await self._fleet.ensure(workers)
+        # said before the fleet is ready: a trial that fails waiting for it was meant
+        # for these workers
         self.figures = FleetFigures(self._fleet.name, workers, self._ceiling_rps)
+        await self._fleet.ensure(workers)
         fleet = self._fleet
 
         async def send(spec: ShareSpec) -> LoadResult:
