@@ -122,6 +122,7 @@ class WorkerFleet:
         )
         await self._kube.create(jobs_path(ns), job)
         self._token, self._workers = token, workers
+        log.info("%s/%s: load-worker Job of %d workers started", ns, self.name, workers)
 
     async def _create(self, path: str, body: JSON) -> None:
         """Create, or replace an object of that name left behind (owned by us: same name

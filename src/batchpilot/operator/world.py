@@ -678,7 +678,10 @@ class KubeWorld:
     async def remove_load_workers(self) -> None:
         """Delete the study's load-worker Job, Secret and ServiceAccount (none: a no-op)."""
         if self.load_workers is not None:
-            await self.load_workers.remove()
+            try:
+                await self.load_workers.remove()
+            except workerfleet.FleetError as exc:
+                raise TargetProblem(exc.reason, exc.message) from None
 
     async def _checked_prometheus_source(self) -> PrometheusStepSource | None:
         """The Prometheus source, its scrape interval checked against the step length
