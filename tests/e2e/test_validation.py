@@ -253,6 +253,11 @@ CEL_CASES = [
         cel_key="load.maxRps (the load budget per pod",
     ),
     Case(
+        "load-worker toleration Exists with a value",
+        _set("load.workers", {"max": 2, "tolerations": [{"operator": "Exists", "value": "x"}]}),
+        cel_key="operator Exists takes no value",
+    ),
+    Case(
         "Env extra without variable",
         _extra({"name": "max_num_seqs", "min": 1, "max": 3}),
         cel_key="needs env",
@@ -311,6 +316,11 @@ BOUND_CASES = [
         "tuning.verifySeconds",
         86401,
         "spec.tuning.verifySeconds in body should be less than or equal to 86400",
+    ),
+    (
+        "load.workers.max",
+        65,
+        "spec.load.workers.max in body should be less than or equal to 64",
     ),
 ]
 

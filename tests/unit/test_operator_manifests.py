@@ -138,6 +138,9 @@ def test_cluster_role_grants_exactly_what_the_operator_calls() -> None:
         ("ray.io", "rayservices", "patch"),
         ("", "pods", "list"),
         ("", "events", "create"),
+        # load workers: their Job, ServiceAccount and token Secret (never read back)
+        *{("batch", "jobs", v) for v in ("get", "create", "delete")},
+        *{("", r, v) for r in ("secrets", "serviceaccounts") for v in ("create", "delete")},
         ("apiextensions.k8s.io", "customresourcedefinitions", "list"),
         ("apiextensions.k8s.io", "customresourcedefinitions", "watch"),
     }

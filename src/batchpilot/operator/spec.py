@@ -641,6 +641,108 @@ class ArrivalSpec(BaseModel):
         return Poisson()
 
 
+# Most load-worker pods one study may run (load.workers.max).
+MAX_WORKER_PODS = 64
+QUANTITY_PATTERN = r"^[0-9]+(\.[0-9]+)?(m|k|Ki|Mi|Gi|Ti|M|G|T)?$"
+
+
+class WorkerResourceList(BaseModel):
+    """CPU and memory of one load-worker pod, as Kubernetes quantities."""
+
+    model_config = _model_config()
+
+    cpu: str | None = Field(
+        default=None, description="CPU, e.g. '1' or '500m'.", pattern=QUANTITY_PATTERN
+    )
+    memory: str | None = Field(
+        default=None, description="Memory, e.g. '256Mi'.", pattern=QUANTITY_PATTERN
+    )
+
+
+class WorkerResources(BaseModel):
+    """Requests and limits of every load-worker pod."""
+
+    model_config = _model_config()
+
+    requests: WorkerResourceList = Field(
+        default_factory=lambda: WorkerResourceList(cpu="1", memory="256Mi"),
+        description="What a worker is scheduled with [cpu 1, memory 256Mi].",
+        json_schema_extra={"default": {"cpu": "1", "memory": "256Mi"}},
+    )
+    limits: WorkerResourceList | None = Field(
+        default=None, description="Upper bounds; unset: none."
+    )
+
+
+class WorkerToleration(BaseModel):
+    """A toleration of the load-worker pods (the Kubernetes fields)."""
+
+    model_config = _model_config(
+        cel(
+            "!has(self.operator) || self.operator != 'Exists' || !has(self.value)",
+            "load.workers.tolerations: operator Exists takes no value",
+        ),
+    )
+
+    key: str | None = Field(
+        default=None, description="Taint key; unset with Exists: every taint.", max_length=316
+    )
+    operator: Literal["Exists", "Equal"] | None = Field(
+        default=None, description="Equal (default) or Exists."
+    )
+    value: str | None = Field(default=None, description="Taint value (Equal).", max_length=63)
+    effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = Field(
+        default=None, description="Taint effect; unset: every effect."
+    )
+    toleration_seconds: int | None = Field(
+        default=None, description="NoExecute: how long the pod stays after the taint.", ge=0
+    )
+
+    @model_validator(mode="after")
+    def _exists_has_no_value(self) -> Self:
+        if self.operator == "Exists" and self.value is not None:
+            raise ValueError("load.workers.tolerations: operator Exists takes no value")
+        return self
+
+
+class WorkersSpec(BaseModel):
+    """Load-worker pods: a step's schedule split over an Indexed Job when one client
+    cannot drive the rates the search reaches (docs/load-workers.md)."""
+
+    model_config = _model_config()
+
+    max: int = Field(
+        default=1,
+        description="Most worker pods a step is split over. 1: the operator sends the "
+        "load itself and no Job is created.",
+        ge=1,
+        le=MAX_WORKER_PODS,
+    )
+    image: str | None = Field(
+        default=None,
+        description="Image of the worker pods; unset: the operator's own image.",
+        min_length=1,
+        max_length=512,
+    )
+    resources: WorkerResources = Field(
+        default_factory=WorkerResources,
+        description="Requests and limits of each worker pod.",
+        json_schema_extra={"default": {"requests": {"cpu": "1", "memory": "256Mi"}}},
+    )
+    node_selector: dict[str, str] | None = Field(
+        default=None, description="Node labels the worker pods must be placed on."
+    )
+    tolerations: list[WorkerToleration] | None = Field(
+        default=None, description="Taints the worker pods tolerate.", max_length=32
+    )
+    ttl_seconds_after_finished: int = Field(
+        default=300,
+        description="Seconds a finished worker Job is kept before Kubernetes deletes it.",
+        ge=0,
+        le=86400,
+    )
+
+
 class LoadSpec(BaseModel):
     """How a trial is measured."""
 
@@ -713,6 +815,17 @@ class LoadSpec(BaseModel):
         "strategy InPlace, where the load lands on production beside live traffic.",
         gt=0.0,
         le=1_000_000.0,
+    )
+    workers: WorkersSpec = Field(
+        default_factory=WorkersSpec,
+        description="Load-worker pods that send the load when one client is not enough.",
+        json_schema_extra={
+            "default": {
+                "max": 1,
+                "ttlSecondsAfterFinished": 300,
+                "resources": {"requests": {"cpu": "1", "memory": "256Mi"}},
+            }
+        },
     )
     max_overload_seconds: float | None = Field(
         default=None,

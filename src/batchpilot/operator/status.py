@@ -181,6 +181,18 @@ class PersistAdvice(_Status):
     snippet: str = Field(description="The exact text to commit.")
 
 
+class LoadWorkersEntry(_Status):
+    """The load workers that sent one trial's steps."""
+
+    trial: int = Field(description="Trial number.")
+    workers: int = Field(description="Worker pods the steps were split over (1: the operator).")
+    ceiling_rps: float | None = Field(
+        default=None,
+        description="One worker's measured ceiling, req/s (its rate at the client CPU bound).",
+    )
+    job: str | None = Field(default=None, description="The worker Job, when pods sent it.")
+
+
 class InferenceServiceStatus(_Status):
     """What the operator has found so far."""
 
@@ -237,6 +249,12 @@ class InferenceServiceStatus(_Status):
         default=None,
         description="What the req/s figures cover: per-pod (one pod measured) or fleet "
         "(measuredPods pods together).",
+    )
+    load_workers: list[LoadWorkersEntry] = Field(
+        default_factory=list,
+        description="Per trial with load.workers.max above 1: how many load workers sent "
+        "its steps and their ceiling, oldest first.",
+        max_length=TRIALS_KEPT,
     )
     persist: PersistAdvice | None = Field(
         default=None,

@@ -18,7 +18,7 @@ from datetime import UTC, datetime
 from typing import Literal
 
 from batchpilot.models import BatchingConfig, CapacityResult
-from batchpilot.operator import adopt, decisions, kstatus, metrics, schedule, specdiff
+from batchpilot.operator import adopt, decisions, kstatus, metrics, schedule, specdiff, workerfleet
 from batchpilot.operator import runtimes as operator_runtimes
 from batchpilot.operator.kube import KubeError
 from batchpilot.operator.spec import (
@@ -29,6 +29,7 @@ from batchpilot.operator.spec import (
 )
 from batchpilot.operator.status import (
     INTERRUPTED_REASON,
+    TRIALS_KEPT,
     Confirmation,
     InferenceServiceStatus,
     Result,
@@ -332,6 +333,15 @@ class StudyRunner:
         metrics.TRIAL_SECONDS.observe(duration)
         metrics.TRIALS.labels(self.namespace, self.name, record.state).inc()
         await self._record(tuner, record)
+        await self._note_load_workers(number)
+
+    async def _note_load_workers(self, trial: int) -> None:
+        """Say in status which load workers sent the trial (with load.workers.max > 1)."""
+        noted = workerfleet.trial_entry(getattr(self._world, "load_workers", None), trial)
+        if noted is None:
+            return
+        kept = [*self.status.load_workers, noted][-TRIALS_KEPT:]
+        await self._save(load_workers=kept)
 
     async def _run_trial(
         self, tuner: Tuner, number: int, config: BatchingConfig, params: dict[str, float | int]
@@ -605,7 +615,13 @@ class StudyRunner:
         await self._save(phase="Failed", message=message)
         self._event("Warning", "StudyFailed", message)
 
+    async def _remove_load_workers(self) -> None:
+        remove = getattr(self._world, "remove_load_workers", None)
+        if remove is not None:
+            await remove()
+
     async def _remove_canary(self) -> None:
+        await self._remove_load_workers()
         if self.status.canary is not None:
             name = self.status.canary
             await self._world.remove_canary(name)
@@ -618,6 +634,8 @@ class StudyRunner:
         delete_canary, restore = decisions.needs_cleanup(self.status, self.spec.tuning.strategy)
         if delete_canary:
             await self._remove_canary()
+        else:
+            await self._remove_load_workers()
         if restore and self.status.original is not None:
             await self._world.restore(self.status.original)
             await self._save(restored=True)

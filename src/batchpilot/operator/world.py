@@ -19,7 +19,7 @@ import aiohttp
 from batchpilot.loadgen.protocols import REFERENCE_PATH, speaking
 from batchpilot.models import BatchingConfig, CapacityResult
 from batchpilot.operator import canary as canaries
-from batchpilot.operator import decisions, neighbours
+from batchpilot.operator import decisions, neighbours, workerfleet
 from batchpilot.operator import runtimes as operator_runtimes
 from batchpilot.operator.kube import (
     JSON,
@@ -137,6 +137,8 @@ class KubeWorld:
         # or the pod template)
         self._runtime = operator_runtimes.live_adapter(spec)
         self._field_manager = field_manager(str(owner["metadata"]["name"]))
+        # load-worker pods, when load.workers.max allows more than the operator itself
+        self.load_workers = workerfleet.for_spec(kube, spec, namespace, owner)
 
     # --- reading ----------------------------------------------------------------------
 
@@ -651,7 +653,14 @@ class KubeWorld:
 
         load = self._spec.load
         in_place = self._spec.tuning.strategy == "InPlace"
-        return await measure_capacity(
+        max_rps = decisions.load_ceiling(load.max_rps, len(urls))
+        sender = None
+        if self.load_workers is not None:
+            try:
+                sender = await self.load_workers.sender(None if load.max_rps is None else max_rps)
+            except workerfleet.FleetError as exc:
+                raise TargetProblem(exc.reason, exc.message) from None
+        result = await measure_capacity(
             urls,
             # a runtime's protocol, in force around the call, brings its own path
             path=load.endpoint.path or REFERENCE_PATH,
@@ -666,11 +675,23 @@ class KubeWorld:
             seed=self._spec.tuning.seed if seed is None else seed,
             source=source,
             arrival=load.arrival.process_model(),
-            max_rps=decisions.load_ceiling(load.max_rps, len(urls)),
+            max_rps=max_rps,
             max_overload_s=load.max_overload_seconds,
             # on production a breach is not provoked a second time to confirm it
             confirm_failures=not in_place,
+            sender=sender,
         )
+        if self.load_workers is not None:
+            self.load_workers.observe(result.steps, result.effective_rps)
+        return result
+
+    async def remove_load_workers(self) -> None:
+        """Delete the study's load-worker Job, Secret and ServiceAccount (none: a no-op)."""
+        if self.load_workers is not None:
+            try:
+                await self.load_workers.remove()
+            except workerfleet.FleetError as exc:
+                raise TargetProblem(exc.reason, exc.message) from None
 
     async def _checked_prometheus_source(self) -> PrometheusStepSource | None:
         """The Prometheus source, its scrape interval checked against the step length
