@@ -6,10 +6,10 @@ from __future__ import annotations
 import random
 
 import pytest
+from hdrh.histogram import HdrHistogram
 
 from batchpilot.loadgen.arrivals import MMPP, as_arrival, schedule
 from batchpilot.loadgen.generator import share_of_schedule
-from batchpilot.loadgen.histogram import LatencyHistogram
 from batchpilot.loadgen.protocols import template_protocol
 from batchpilot.loadgen.result import OK, TIMEOUT, LoadResult, merge_results, summarise
 from batchpilot.loadgen.workers import (
@@ -51,32 +51,55 @@ def _summarise(target_rps: float, offsets: list[float], sizes: list[int], ks: ra
     )
 
 
-def _percentiles(encoded: str) -> list[float]:
-    histogram = LatencyHistogram.decode(encoded)
-    return [histogram.count] + [histogram.percentile_ms(q) for q in (1, 50, 90, 99, 99.9, 100)]
+def _contents(encoded: str) -> list[tuple[int, int]]:
+    """A histogram compared in full: every recorded value (µs bucket) with its count."""
+    hdr = HdrHistogram.decode(encoded.encode("ascii"))
+    return [
+        (v.value_iterated_to, v.count_at_value_iterated_to) for v in hdr.get_recorded_iterator()
+    ]
 
 
-@pytest.mark.parametrize("workers", range(1, 17))
-def test_split_then_merge_equals_the_one_worker_schedule(workers: int) -> None:
-    seed = random.Random(workers).randrange(1_000_000)
-    arrival = as_arrival("poisson") if workers % 2 else MMPP()
-    offsets = schedule(RATE, DURATION_S, arrival, seed)
+# Two schedules per worker count, each from its own seed, rate and arrival process
+# (Poisson, bursty MMPP and constant in turn): request counts that N divides and ones
+# it does not.
+CASES = [
+    (workers, random.Random(workers * 1000 + draw).randrange(1_000_000), (workers + draw) % 3)
+    for workers in range(1, 17)
+    for draw in range(2)
+]
+
+
+@pytest.mark.parametrize(("workers", "seed", "kind"), CASES)
+def test_split_then_merge_equals_the_one_worker_schedule(
+    workers: int, seed: int, kind: int
+) -> None:
+    rate = RATE * random.Random(seed).uniform(0.5, 1.5)
+    arrival = (as_arrival("poisson"), MMPP(), as_arrival("constant"))[kind]
+    offsets = schedule(rate, DURATION_S, arrival, seed)
     sizes = MIX.sampler(seed).draw(len(offsets))
 
     shares = [share_of_schedule(offsets, MIX.sampler(seed), i, workers) for i in range(workers)]
     # every request exactly once, with the time and size it has in the single schedule
     sent = sorted((k, o, s) for o_, s_, ks in shares for k, o, s in zip(ks, o_, s_, strict=True))
     assert sent == [(k, offsets[k], sizes[k]) for k in range(len(offsets))]
+    # and each share is its slice of the schedule: requests i, i + N, ...
+    for i, (_, _, positions) in enumerate(shares):
+        assert list(positions) == list(range(i, len(offsets), workers))
 
-    whole = _summarise(RATE, offsets, sizes, range(len(offsets)))
-    merged = merge_results([_summarise(RATE / workers, o, s, ks) for o, s, ks in shares])
-    assert _percentiles(merged.histogram) == _percentiles(whole.histogram)
-    assert _percentiles(merged.sla_histogram) == _percentiles(whole.sla_histogram)
+    whole = _summarise(rate, offsets, sizes, range(len(offsets)))
+    merged = merge_results([_summarise(rate / workers, o, s, ks) for o, s, ks in shares])
+    assert _contents(merged.histogram) == _contents(whole.histogram)
+    assert _contents(merged.sla_histogram) == _contents(whole.sla_histogram)
+    assert merged.latency == whole.latency
     assert (merged.requests, merged.ok, merged.errors) == (whole.requests, whole.ok, whole.errors)
     assert merged.sla_p99_ms == whole.sla_p99_ms
     assert merged.target_rps == pytest.approx(whole.target_rps)
     assert merged.offered_rps == pytest.approx(whole.offered_rps)
     assert merged.achieved_rps == pytest.approx(whole.achieved_rps)
+    assert (merged.ok_first_done_s, merged.ok_last_done_s) == (
+        whole.ok_first_done_s,
+        whole.ok_last_done_s,
+    )
     assert merged.warmup_s == whole.warmup_s
     assert [(t.t_s, t.scheduled, t.ok, t.errors) for t in merged.timeline] == [
         (t.t_s, t.scheduled, t.ok, t.errors) for t in whole.timeline
