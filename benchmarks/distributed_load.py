@@ -16,10 +16,12 @@ extra worker processes take from it: a figure about the machine, not about the m
 On 2 cores the point is agreement, not speed-up: the rate is one that a single worker
 sustains.
 
-Besides the figures, each worker count's CPU per request (client CPU seconds / request,
-all workers) gives the per-core ceiling one worker process reaches on this machine, and
-the first run's encoded sizes (HDR histograms, timeline, the whole result) are what one
-worker reports per step.
+Besides the figures: each worker count's CPU per request (client CPU seconds / request,
+all workers); one worker's CPU per request at 2,000 req/s against a stub that answers
+at once, which gives the per-core ceiling of one worker process on this machine; the
+first run's encoded sizes (HDR histograms, timeline, the whole result), what one worker
+reports per step; and the encoded size of a wide latency histogram of 2k, 100k and 1M
+samples (docs/load-scaling.md uses these).
 
     python benchmarks/distributed_load.py [--json] [--quick] [--rate 500] [--repeats 5]
 """
@@ -33,17 +35,26 @@ import os
 import signal
 import statistics
 import sys
+import time
 from typing import Any
 
+import numpy as np
 from rich.console import Console
 from rich.table import Table
 
+from batchpilot.loadgen.arrivals import as_arrival
+from batchpilot.loadgen.histogram import TOP_MS, LatencyHistogram, merge_encoded
 from batchpilot.loadgen.result import LoadResult
 from batchpilot.loadgen.stub_server import StubServerProcess
-from batchpilot.loadgen.workers import run_load_workers
+from batchpilot.loadgen.workers import ShareSpec, run_load_workers
 from batchpilot.models import CLIENT_MAX_CPU, RequestMix
 
 WORKER_COUNTS = (1, 2, 4)
+CEILING_RATE = 2000.0  # one worker against a stub with no delay, for its CPU per request
+# samples per step for the histogram sizes: a 1 s step at 2k, a 10 s step at 10k and
+# at 100k req/s
+HISTOGRAM_SAMPLES = (2_000, 100_000, 1_000_000)
+MERGE_REPEATS = 20
 DELAY_MS = 10.0
 SEED = 13
 MIX = RequestMix.default()
@@ -112,7 +123,7 @@ async def measure(rate: float, duration_s: float, warmup_s: float, repeats: int)
                 if workers == 1 and not sizes:
                     sizes = payload_sizes(result)
     single_p99 = statistics.median(r["p99_ms"] for r in runs[1])
-    rows = []
+    rows: list[dict[str, Any]] = []
     for workers in WORKER_COUNTS:
         mine = runs[workers]
         median = {k: statistics.median(r[k] for r in mine) for k in mine[0]}
@@ -139,7 +150,6 @@ async def measure(rate: float, duration_s: float, warmup_s: float, repeats: int)
                 "runs": mine,
             }
         )
-    one_cpu_us = rows[0]["client_cpu_us_per_request"]
     return {
         "server": f"stub, fixed {DELAY_MS:g} ms delay, unlimited concurrency",
         "rate_rps": rate,
@@ -150,13 +160,79 @@ async def measure(rate: float, duration_s: float, warmup_s: float, repeats: int)
         "seed": SEED,
         "cpus": os.cpu_count(),
         "rows": rows,
-        # CPU a request costs one worker process here, and what that makes one worker's
-        # ceiling at the client-health CPU limit (a worker at or above it makes its step
-        # invalid).
-        "one_worker_cpu_us_per_request": one_cpu_us,
-        "one_worker_ceiling_rps": round(CLIENT_MAX_CPU * 1e6 / one_cpu_us) if one_cpu_us else None,
+        # CPU a request costs one worker process at this rate (the ceiling below is
+        # measured at a higher one, where fixed costs weigh less)
+        "one_worker_cpu_us_per_request": rows[0]["client_cpu_us_per_request"],
         "worker_result_sizes": sizes,
     }
+
+
+async def ceiling(duration_s: float, repeats: int) -> dict[str, Any]:
+    """CPU a request costs one worker process at a rate well above the figures' rate
+    (fixed costs spread thinner), against an endpoint that answers at once; medians."""
+    costs: list[float] = []
+    achieved: list[float] = []
+    async with StubServerProcess(queue_limit=100_000) as stub:
+        for repeat in range(repeats):
+            result = await run_load_workers(
+                stub.url, workers=1, rate=CEILING_RATE, duration_s=duration_s, mix=MIX,
+                arrival="constant", timeout_s=5.0, seed=SEED + 2 + repeat,
+            )  # fmt: skip
+            sent = sum(s.scheduled for s in result.timeline)
+            costs.append(result.client.cpu * result.elapsed_s / sent * 1e6)
+            achieved.append(result.achieved_rps)
+    cpu_us = statistics.median(costs)
+    return {
+        "rate_rps": CEILING_RATE,
+        "achieved_rps": round(statistics.median(achieved), 1),
+        "cpu_us_per_request": round(cpu_us, 1),
+        "cpu_us_spread": round(spread(costs), 3),
+        "one_core_rps": round(1e6 / cpu_us),
+        # a worker at or above the client CPU limit makes its step invalid
+        "at_client_limit_rps": round(CLIENT_MAX_CPU * 1e6 / cpu_us),
+        "at_60pct_rps": round(0.6 * 1e6 / cpu_us),
+    }
+
+
+def histogram_sizes() -> list[dict[str, Any]]:
+    """Encoded sizes of a step's latency histogram (what a worker sends back) for more
+    and more samples, latencies log-normal around 20 ms (a wide spread: many buckets),
+    and of its SLA histogram with 0.1 % non-OK requests at the top."""
+    rows = []
+    generator = np.random.default_rng(SEED)
+    for samples in HISTOGRAM_SAMPLES:
+        latencies_us = np.rint(generator.lognormal(np.log(20_000.0), 0.6, samples))
+        values, counts = np.unique(latencies_us, return_counts=True)
+        histogram = LatencyHistogram()
+        for value, count in zip(values.tolist(), counts.tolist(), strict=True):
+            histogram.record_ms(value / 1000.0, count)
+        encoded = histogram.encode()
+        # the operator's work per worker and step: decode a histogram and add it (CPU
+        # time, which a busy machine stretches less than wall time)
+        cpu0 = time.process_time()
+        merge_encoded([encoded] * MERGE_REPEATS)
+        merge_ms = (time.process_time() - cpu0) / MERGE_REPEATS * 1000.0
+        histogram.record_ms(TOP_MS, max(1, samples // 1000))
+        rows.append(
+            {
+                "samples": samples,
+                "distinct_us_values": len(values),
+                "histogram_b": len(encoded),
+                "sla_histogram_b": len(histogram.encode()),
+                "merge_cpu_ms": round(merge_ms, 2),
+            }
+        )
+    return rows
+
+
+def share_spec_size(rate: float, duration_s: float) -> int:
+    """Bytes of the spec one worker is sent per step (the reference protocol: no bodies
+    to forward), as JSON."""
+    spec = ShareSpec(
+        urls=["http://10.0.0.7:8080"], rate=rate, duration_s=duration_s, mix=MIX,
+        arrival=as_arrival("poisson"), timeout_s=5.0, seed=SEED, warmup_s=1.0, index=3, of=4,
+    )  # fmt: skip
+    return len(spec.model_dump_json())
 
 
 async def main(args: argparse.Namespace) -> dict[str, Any]:
@@ -164,6 +240,9 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
     repeats = args.repeats or (2 if args.quick else 5)
     report: dict[str, Any] = {"loadavg_before": os.getloadavg()}
     report.update(await measure(args.rate, duration_s, 1.0, repeats))
+    report["one_worker_ceiling"] = await ceiling(duration_s, 3 if not args.quick else 1)
+    report["histogram_sizes"] = histogram_sizes()
+    report["share_spec_b"] = share_spec_size(args.rate, duration_s)
     report["loadavg_after"] = os.getloadavg()
     return report
 
@@ -184,10 +263,12 @@ def show(report: dict[str, Any]) -> None:
     console = Console()
     console.print(table)
     console.print(
-        f"one worker: {report['one_worker_cpu_us_per_request']:g} µs CPU a request, ceiling "
-        f"{report['one_worker_ceiling_rps']} req/s at the client CPU limit; one worker's "
-        f"result per step: {report['worker_result_sizes']}"
+        f"one worker: {report['one_worker_cpu_us_per_request']:g} µs CPU a request; its "
+        f"result per step: {report['worker_result_sizes']}; spec {report['share_spec_b']} B"
     )
+    console.print(f"one worker at {CEILING_RATE:g} req/s: {report['one_worker_ceiling']}")
+    for row in report["histogram_sizes"]:
+        console.print(f"encoded histogram: {row}")
 
 
 def positive_rate(text: str) -> float:
