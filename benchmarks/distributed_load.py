@@ -190,7 +190,8 @@ async def ceiling(duration_s: float, repeats: int) -> dict[str, Any]:
         "one_core_rps": round(1e6 / cpu_us),
         # a worker at or above the client CPU limit makes its step invalid
         "at_client_limit_rps": round(CLIENT_MAX_CPU * 1e6 / cpu_us),
-        "at_60pct_rps": round(0.6 * 1e6 / cpu_us),
+        # the operator's sizing target: 60 % of that ceiling (docs/load-workers.md)
+        "at_60pct_of_ceiling_rps": round(0.6 * CLIENT_MAX_CPU * 1e6 / cpu_us),
     }
 
 
