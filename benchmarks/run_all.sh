@@ -14,6 +14,7 @@ run() {
 }
 run server_efficiency $py benchmarks/server_efficiency.py --json
 run capacity_spread $py benchmarks/capacity_spread.py --json --runs 3
+run distributed_load $py benchmarks/distributed_load.py --json
 run loadgen_accuracy $py benchmarks/loadgen_accuracy.py --json
 # against Perf Analyzer and a local Triton: says "skipped" without scripts/perf-analyzer and scripts/runtimes triton
 run loadgen_accuracy_triton $py benchmarks/loadgen_accuracy.py --target triton --json
