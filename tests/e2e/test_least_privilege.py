@@ -170,14 +170,23 @@ def test_namespaced_install_tunes_with_a_role_only(
         for a in deployment["spec"]["template"]["spec"]["containers"][0]["args"]
         if not a.startswith(("--liveness", "--metrics-port"))
     ]
-    assert args == ["operator", f"--namespace={namespace}"]
+    election = ["--leader-election", "--lease-duration=15", "--renew-period=5"]
+    assert args == ["operator", f"--namespace={namespace}", *election]
     kubeconfig = service_account_kubeconfig(
         kubectl, operator_namespace, name, cluster.workdir / f"{operator_namespace}.kubeconfig"
     )
     operator = OperatorProcess(
         kubeconfig,
         cluster.workdir / f"operator-{operator_namespace}.log",
-        [*args[1:], "--liveness", "", "--metrics-port", "0"],
+        # the pod's POD_NAMESPACE: the Lease lives beside the operator, where its Role is
+        [
+            *args[1:],
+            f"--lease-namespace={operator_namespace}",
+            "--liveness",
+            "",
+            "--metrics-port",
+            "0",
+        ],
     )
     deploy_server(cluster, namespace)
     operator.start()
