@@ -37,6 +37,7 @@ from batchpilot.operator.status import (
 
 # backoff_delay lives with the retry helper; handlers and tests know it by this name too.
 from batchpilot.retry import backoff_delay as backoff_delay
+from batchpilot.tuner.study import retried
 from batchpilot.tuner.verdict import (
     Estimate,
     Verdict,
@@ -215,10 +216,11 @@ def trial_of(trials: Iterable[TrialEntry], params: Mapping[str, float | int]) ->
 
 
 def consecutive_failures(trials: Sequence[TrialEntry]) -> int:
-    """Failed trials at the end of the history; a Running one ends no streak."""
+    """Failed trials at the end of the history; a Running one ends no streak, nor does
+    one that is retried because something outside disturbed it (tuner `retried`)."""
     count = 0
     for trial in reversed(trials):
-        if trial.state == "Running":
+        if trial.state == "Running" or (trial.state == "Failed" and retried(trial.reason)):
             continue
         if trial.state != "Failed":
             break

@@ -20,7 +20,16 @@ from batchpilot.operator.spec import InferenceServiceSpec
 
 # tuning fields (Python names) that a study adopts without starting over
 ADOPTED_TUNING_FIELDS = frozenset(
-    {"write_back", "max_trials", "patience", "max_failures", "trial_deadline_seconds", "window"}
+    {
+        "write_back",
+        "max_trials",
+        "patience",
+        "max_failures",
+        "trial_deadline_seconds",
+        "window",
+        "write_back_deadline_seconds",
+        "restore_deadline_seconds",
+    }
 )
 
 

@@ -227,6 +227,13 @@ class InferenceServiceStatus(_Status):
         description="What the req/s figures cover: per-pod (one pod measured) or fleet "
         "(measuredPods pods together).",
     )
+    started_with: str | None = Field(
+        default=None,
+        description="What cleanup needs of the spec the study started with (target, "
+        "runtime, apply, strategy), as JSON: after an edit or a restart the canary and the "
+        "original configuration are undone where the study made them.",
+        max_length=8192,
+    )
     persist: PersistAdvice | None = Field(
         default=None,
         description="For a runtime written back live: the snippet that keeps the "
