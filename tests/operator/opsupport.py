@@ -128,14 +128,19 @@ class FakeWorld:
         )
 
     async def write_back(self, params: Params) -> None:
+        if self.cluster.write_back_hangs:
+            await asyncio.Event().wait()  # a rollout that never ends
         self.cluster.target = dict(params)
         self.cluster.written_back.append(dict(params))
 
     async def restore(self, original: OriginalConfig) -> None:
         if self.cluster.restore_problem is not None:
             raise self.cluster.restore_problem
+        if self.cluster.restore_hangs:
+            await asyncio.Event().wait()
         self.cluster.target = dict(original.params)
         self.cluster.restored += 1
+        self.cluster.restored_targets.append(self.spec.target.name)
 
     async def verify(self, seconds: float) -> None:
         self.cluster.verified.append(seconds)
@@ -202,6 +207,10 @@ class FakeCluster:
         # the scheduler's message for every measured pod: none fits
         self.unschedulable: str | None = None
         self.restore_problem: TargetProblem | None = None
+        self.restored_targets: list[str] = []  # the target of every restore, in order
+        # a write-back or restore that never finishes (a rollout stuck for good)
+        self.write_back_hangs = False
+        self.restore_hangs = False
         # whether the target crash-loops on a configuration once it is written back
         self.crashes: Callable[[Params], bool] = lambda params: False
         self.verified: list[float] = []  # the verify windows asked for

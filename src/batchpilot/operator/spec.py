@@ -807,7 +807,7 @@ class TuningSpec(BaseModel):
         description="Longest the write-back (the apply and its rollout, or the live apply "
         "on every pod) may take; past it the write-back is rolled back and the step ends "
         "in a condition (reason WriteBackTimedOut) instead of waiting on.",
-        ge=10,
+        ge=1,
         le=86400,
     )
     restore_deadline_seconds: int = Field(
@@ -815,7 +815,7 @@ class TuningSpec(BaseModel):
         description="Longest putting the original configuration back may take (on failure, "
         "rollback, a spec change or deletion); past it the step ends in a condition (reason "
         "RestoreTimedOut) and is retried, and deletion goes ahead saying what it left.",
-        ge=10,
+        ge=1,
         le=86400,
     )
     seed: int = Field(default=0, description="Seed of the sampler and the load generator.", ge=0)
