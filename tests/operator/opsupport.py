@@ -102,6 +102,14 @@ class FakeWorld:
         seed: int | None = None,
     ) -> CapacityResult:
         params = self.cluster.applied[-1]
+        self.cluster.measures += 1
+        if self.cluster.measures in self.cluster.disturbed:
+            raise TargetProblem(
+                "ScaledDuringTrial",
+                "Deployment resnet went from 1 to 2 replicas during the trial (changed by "
+                "HorizontalPodAutoscaler resnet-hpa); measured again",
+                invalid=True,
+            )
         self.cluster.seeds.append(seed)
         rps = self.cluster.score(params)
         sla = self.spec.sla.to_sla()
@@ -207,6 +215,9 @@ class FakeCluster:
         # the scheduler's message for every measured pod: none fits
         self.unschedulable: str | None = None
         self.restore_problem: TargetProblem | None = None
+        self.measures = 0
+        # the measurements (1-based, in order) an autoscaler disturbs
+        self.disturbed: set[int] = set()
         self.restored_targets: list[str] = []  # the target of every restore, in order
         # a write-back or restore that never finishes (a rollout stuck for good)
         self.write_back_hangs = False

@@ -173,3 +173,31 @@ async def test_a_restore_that_never_finishes_ends_in_a_condition_not_a_hang(
         )
     message = condition(kmock, "TargetReady")["message"]
     assert "tuning.restoreDeadlineSeconds" in message
+
+
+async def test_trials_and_rounds_an_autoscaler_disturbed_are_measured_again(
+    kmock: kmock.KubernetesEmulator, operator: Operator, cluster: FakeCluster
+) -> None:
+    # the second measurement (a trial) and the sixth (a confirmation round)
+    cluster.disturbed = {2, 6}
+    kmock.objects[ISVC, NAMESPACE, "resnet"] = isvc(
+        tuning={"strategy": "InPlace", "maxTrials": 4, "maxFailures": 1}
+    )
+    async with operator():
+        await eventually(lambda: phase_is(kmock, "Converged"), what="converged")
+    status = status_of(kmock)
+    trials = status["trials"]
+    invalid = [t for t in trials if t["reason"].startswith("invalid: ScaledDuringTrial")]
+    assert len(invalid) == 1
+    assert "HorizontalPodAutoscaler resnet-hpa" in invalid[0]["reason"]
+    # measured again next, and neither a failure (maxFailures 1 would end the study)
+    # nor one of the maxTrials
+    retry = trials[invalid[0]["number"] + 1]
+    assert retry["params"] == invalid[0]["params"]
+    assert retry["state"] == "Complete"
+    assert len([t for t in trials if t is not invalid[0]]) == 4
+    # no confirmation round scored 0 for the disturbance
+    measurements = status["confirmation"]["measurements"]
+    assert measurements
+    assert all(m["effectiveRps"] > 0 for m in measurements)
+    assert "ScaledDuringTrial" in reasons_of(kmock)

@@ -37,6 +37,9 @@ from batchpilot.tuner.verdict import Estimate
 
 log = logging.getLogger(__name__)
 
+# a confirmation measurement disturbed by an autoscaler is taken again at most this
+# often in a row; past it the round scores 0 like any failure (the fleet never held still)
+MAX_DISTURBED_ROUNDS = 3
 # problems of a write-back that a restore cannot cure: retried as the step, not rolled back
 NOT_ROLLED_BACK = frozenset({"TargetNotFound", "ContainerNotFound", "ApplyFailed"})
 
@@ -116,6 +119,8 @@ class StudyRunner:
         self._prepared = False
         # a problem that ends the study once its trial is recorded
         self._stopping: TargetProblem | None = None
+        # confirmation measurements in a row that an autoscaler disturbed
+        self._disturbed_rounds = 0
 
     # --- bookkeeping ------------------------------------------------------------------
 
@@ -464,10 +469,17 @@ class StudyRunner:
                 why = f"{exc.reason}: {exc.message}"
                 if exc.stops_study:
                     self._stopping = exc
+                if exc.invalid and self._disturbed_rounds < MAX_DISTURBED_ROUNDS:
+                    # an autoscaler changed the fleet under it: the round is measured
+                    # again, a few times at most, before it scores 0 like a failure
+                    self._disturbed_rounds += 1
+                    self._event("Normal", exc.reason, f"{exc.message} (confirmation round)")
+                    return
             except TimeoutError:
                 why = f"deadline of {deadline} s passed"
             except (OSError, TargetError, ValueError) as exc:
                 why = str(exc)
+        self._disturbed_rounds = 0
         measured = RoundMeasurement(
             round=round_index, params=params, effective_rps=round(rps, 1), reason=why[:500]
         )
