@@ -14,6 +14,7 @@ SUBCOMMANDS: dict[str, str] = {
     "tune": "batchpilot.tuner.cli:tune",
     "simulate": "batchpilot.simulator.cli:simulate",
     "loadtest": "batchpilot.loadgen.cli:loadtest",
+    "load-worker": "batchpilot.loadgen.worker_cli:load_worker",
     "capacity": "batchpilot.capacity.cli:capacity",
 }
 

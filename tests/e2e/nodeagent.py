@@ -8,6 +8,7 @@ cluster is tiny, and a single loop has no races between events."""
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import json
 import logging
@@ -329,16 +330,22 @@ class NodeAgent:
     def _admit(self, pod: Pod) -> RunningPod | None:
         meta, spec = pod["metadata"], pod["spec"]
         containers = spec.get("containers") or []
+        ip = ""
         try:
             if len(containers) != 1:
                 raise Refused("the e2e node agent runs pods with exactly one container")
             container = containers[0]
             argv = project_argv(container, sys.executable)
             ip = self._pool.allocate(list(container_ports(container).values()))
-            env = container_env(container, pod, ip)
+            env = container_env(
+                container, pod, ip, lambda secret, key: self._secret(meta, secret, key)
+            )
             probe = readiness_probe(container)
             scrape = scrape_target(pod, ip)
         except Refused as refusal:
+            # the pod is admitted again on the next pass: its address must not leak
+            if ip:
+                self._pool.release(ip)
             self._post_refusal(pod, str(refusal))
             return None
         argv = bind_to_pod([expand(a, env) for a in argv], ip)
@@ -369,6 +376,17 @@ class NodeAgent:
             self._pods[running.uid] = running
         self._launch(running)
         return running
+
+    def _secret(self, meta: dict[str, Any], name: str, key: str) -> str:
+        """A secretKeyRef's value, as the kubelet reads it when it starts the container."""
+        try:
+            secret = self._api.get(f"/api/v1/namespaces/{meta['namespace']}/secrets/{name}")
+        except ApiError as error:
+            raise Refused(f"secret {name}: {error}") from None
+        data = secret.get("data") or {}
+        if key not in data:
+            raise Refused(f"secret {name} has no key {key!r}")
+        return base64.b64decode(data[key]).decode()
 
     def _launch(self, pod: RunningPod) -> None:
         # Spawned from the agent's own long-lived thread: the parent-death signal then

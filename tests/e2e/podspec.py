@@ -4,7 +4,7 @@ environment and address, and the pod status that describes it. No I/O here."""
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import PurePosixPath
 from typing import Any
@@ -27,8 +27,17 @@ FIELD_REFS = (
 HOST_IP = "127.0.0.1"
 
 
+# `metadata.labels['key']` and `metadata.annotations['key']` (the Job controller gives
+# an Indexed Job's pods JOB_COMPLETION_INDEX from a label)
+_MAP_REF = re.compile(r"^metadata\.(labels|annotations)\['([^']+)'\]$")
+
+
 def field_value(pod: Pod, path: str, pod_ip: str) -> str:
-    """The value of a downward-API fieldRef (one of FIELD_REFS)."""
+    """The value of a downward-API fieldRef (one of FIELD_REFS, or a label or
+    annotation)."""
+    mapped = _MAP_REF.match(path)
+    if mapped is not None:
+        return str((pod["metadata"].get(mapped.group(1)) or {}).get(mapped.group(2), ""))
     if path == "status.podIP":
         return pod_ip
     if path == "status.hostIP":
@@ -92,17 +101,27 @@ def bind_to_pod(argv: Sequence[str], pod_ip: str) -> list[str]:
     return out
 
 
-def container_env(container: Mapping[str, Any], pod: Pod, pod_ip: str) -> dict[str, str]:
-    """The container's environment as the kubelet would build it from `env`."""
+def container_env(
+    container: Mapping[str, Any],
+    pod: Pod,
+    pod_ip: str,
+    secret_value: Callable[[str, str], str] | None = None,
+) -> dict[str, str]:
+    """The container's environment as the kubelet would build it from `env`;
+    `secret_value(secret, key)` reads a secretKeyRef from the pod's namespace."""
     env: dict[str, str] = {}
     for item in container.get("env") or []:
         name = item["name"]
         if "value" in item or "valueFrom" not in item:
             env[name] = expand(str(item.get("value", "")), env)
             continue
+        secret_ref = (item["valueFrom"] or {}).get("secretKeyRef")
+        if secret_ref is not None and secret_value is not None:
+            env[name] = secret_value(str(secret_ref["name"]), str(secret_ref["key"]))
+            continue
         field_ref = (item["valueFrom"] or {}).get("fieldRef")
         path = field_ref.get("fieldPath") if field_ref else None
-        if path not in FIELD_REFS:
+        if path not in FIELD_REFS and not (path and _MAP_REF.match(path)):
             raise Refused(
                 f"env {name}: the e2e node agent supports value and fieldRef "
                 f"({', '.join(FIELD_REFS)}), not {item['valueFrom']!r}"

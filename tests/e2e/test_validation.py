@@ -253,9 +253,39 @@ CEL_CASES = [
         cel_key="load.maxRps (the load budget per pod",
     ),
     Case(
+        "load-worker toleration Exists with a value",
+        _set("load.workers", {"max": 2, "tolerations": [{"operator": "Exists", "value": "x"}]}),
+        cel_key="operator Exists takes no value",
+    ),
+    Case(
         "Env extra without variable",
         _extra({"name": "max_num_seqs", "min": 1, "max": 3}),
         cel_key="needs env",
+    ),
+]
+
+# tuning.window, tuning.retune and its window (the scheduling rules)
+CEL_CASES += [
+    Case(
+        "window start of four fields",
+        _set("tuning.window", {"start": "0 2 * *", "durationMinutes": 60}),
+        cel_key="tuning.window.start is a 5-field cron",
+    ),
+    Case(
+        "window shorter than a trial",
+        _set("tuning.window", {"start": "0 2 * * *", "durationMinutes": 10}),
+        cel_key="durationMinutes must cover tuning.trialDeadlineSeconds",
+    ),
+    Case("retune Sometimes", _set("tuning.retune", "Sometimes"), cel_key="retune is Never"),
+    Case(
+        "retuneWindow in days",
+        _set("tuning.retuneWindow", "2d"),
+        cel_key="tuning.retuneWindow is a number",
+    ),
+    Case(
+        "OnSLABreach without Prometheus",
+        _set("tuning.retune", "OnSLABreach"),
+        cel_key="OnSLABreach needs load.source prometheus",
     ),
 ]
 
@@ -286,6 +316,11 @@ BOUND_CASES = [
         "tuning.verifySeconds",
         86401,
         "spec.tuning.verifySeconds in body should be less than or equal to 86400",
+    ),
+    (
+        "load.workers.max",
+        65,
+        "spec.load.workers.max in body should be less than or equal to 64",
     ),
 ]
 

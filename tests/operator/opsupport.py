@@ -297,7 +297,7 @@ def kubeconfig(
     return path
 
 
-Operator = Callable[[], contextlib.AbstractAsyncContextManager[None]]
+Operator = Callable[..., contextlib.AbstractAsyncContextManager[None]]
 
 
 @pytest.fixture
@@ -305,13 +305,15 @@ def operator(kubeconfig: Path, cluster: FakeCluster) -> Operator:
     """Starts Kopf in this event loop; stopping it is what a restart looks like."""
 
     @contextlib.asynccontextmanager
-    async def run() -> AsyncIterator[None]:
+    async def run(**extra: Any) -> AsyncIterator[None]:
+        """`extra` goes into the memo (e.g. `leadership`, the replica's election)."""
         stop = asyncio.Event()
         memo = kopf.Memo(
             world_factory=cluster.factory(),
             slots=Slots(),
             poll_s=0.05,
             backoff_cap_s=0.2,
+            **extra,
         )
         task = asyncio.create_task(
             kopf.operator(clusterwide=True, standalone=True, memo=memo, stop_flag=stop)

@@ -26,6 +26,7 @@ from opsupport import (
     score,
 )
 
+from batchpilot.operator.status import INTERRUPTED_REASON
 from batchpilot.operator.world import TargetProblem
 
 pytestmark = [
@@ -96,7 +97,7 @@ async def test_creation_runs_baseline_then_trials_and_writes_back(
     assert messages[0].startswith("Trial 0: batch=32 wait=50ms → 500 req/s, p99 270 ms ≤ 300 ms")
 
 
-async def test_restart_mid_trial_fails_and_retries_it_without_gaps(
+async def test_restart_mid_trial_interrupts_and_retries_it_without_gaps(
     kmock: kmock.KubernetesEmulator, operator: Operator, cluster: FakeCluster
 ) -> None:
     kmock.objects[ISVC, NAMESPACE, "resnet"] = isvc()
@@ -113,7 +114,7 @@ async def test_restart_mid_trial_fails_and_retries_it_without_gaps(
     # daemon during its shutdown, which marks it as interrupted)
     assert (interrupted["state"], interrupted["reason"]) in {
         ("Running", ""),
-        ("Failed", "interrupted"),
+        ("Interrupted", INTERRUPTED_REASON),
     }
 
     cluster.hold_after = None
@@ -122,12 +123,12 @@ async def test_restart_mid_trial_fails_and_retries_it_without_gaps(
     trials = status_of(kmock)["trials"]
     assert [t["number"] for t in trials] == list(range(len(trials)))  # no gaps, no twins
     assert trials[2]["params"] == interrupted["params"]
-    assert (trials[2]["state"], trials[2]["reason"]) == ("Failed", "interrupted")
-    for failed, retry in itertools.pairwise(trials):
-        if failed["state"] == "Failed":
-            assert failed["reason"] == "interrupted"
-            assert retry["params"] == failed["params"]  # retried next, never lost
-    counted = [t for t in trials if t["state"] != "Failed"]
+    assert (trials[2]["state"], trials[2]["reason"]) == ("Interrupted", INTERRUPTED_REASON)
+    assert not any(t["state"] == "Failed" for t in trials)  # a restart is no failure
+    for cut, retry in itertools.pairwise(trials):
+        if cut["state"] == "Interrupted":
+            assert retry["params"] == cut["params"]  # retried next, never lost
+    counted = [t for t in trials if t["state"] != "Interrupted"]
     assert len(counted) == 4  # maxTrials measured; interrupted ones are not counted
     assert all(t["state"] == "Complete" for t in counted)
 

@@ -496,3 +496,99 @@ async def test_runtime_apply_waits_out_a_failing_pod_then_names_it(
     assert caught.value.reason == "AdminUnreachable"
     assert "refused" in caught.value.message
     assert "127.0.0.1" in caught.value.message
+
+
+@pytest.fixture
+async def runtime_prometheus() -> AsyncIterator[tuple[str, dict[str, float], list[str]]]:
+    """A loopback stand-in for Prometheus's instant-query API that answers p99 for
+    histogram_quantile(0.99 ...), the same rate for either counter, and keeps every
+    query it was asked."""
+    answers: dict[str, float] = {}
+    seen: list[str] = []
+
+    async def query(request: web.Request) -> web.Response:
+        promql = request.query["query"]
+        seen.append(promql)
+        value = answers.get("p99" if "0.99" in promql else "rps")
+        result = [] if value is None else [{"metric": {}, "value": [0, str(value)]}]
+        return web.json_response(
+            {"status": "success", "data": {"resultType": "vector", "result": result}}
+        )
+
+    app = web.Application()
+    app.router.add_get("/api/v1/query", query)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    yield f"http://127.0.0.1:{port}", answers, seen
+    await runner.cleanup()
+
+
+@pytest.mark.parametrize(
+    ("runtime", "method", "p99", "histogram"),
+    [
+        # MLServer's histogram counts seconds, Ray Serve's milliseconds: both 450 ms
+        ({"kind": "MLServer", "model": "iris"}, "Env", 0.45, "rest_server_request_duration"),
+        ({"kind": "RayServe", "model": "shop"}, "Live", 450.0, "ray_serve_http_request_latency"),
+    ],
+)
+async def test_verify_reads_a_runtimes_own_metrics_in_its_units(
+    kmock: kmock.KubernetesEmulator,
+    kube: Kube,
+    runtime_prometheus: tuple[str, dict[str, float], list[str]],
+    runtime: dict[str, Any],
+    method: str,
+    p99: float,
+    histogram: str,
+) -> None:
+    url, answers, seen = runtime_prometheus
+    kmock.objects[DEPLOYMENTS, NS, "resnet"] = target()
+    kmock.objects["v1/pods", NS, "resnet-1"] = ready_pod()
+    spec = parse_spec(
+        {
+            "target": {"name": "resnet", "container": "server"},
+            "runtime": runtime,
+            "apply": {"method": method},
+            "sla": {"p99LatencyMs": 300, "maxErrorRate": 0.01},
+            "load": {
+                "endpoint": {"port": 8080},
+                "source": "prometheus",
+                "prometheus": {"url": url, "scrapeIntervalSeconds": 1},
+            },
+        }
+    )
+    answers.update({"p99": p99, "rps": 50.0})
+    with pytest.raises(TargetProblem) as caught:
+        await world(kube, spec).verify(0.2)
+    assert caught.value.reason == "SLABreached"
+    assert "p99 450 ms > 300 ms at 50 req/s" in caught.value.message
+    assert seen
+    assert all("batchpilot_" not in q for q in seen)
+    assert any(histogram in q for q in seen)
+
+
+async def test_a_runtime_without_a_latency_histogram_stops_the_study_saying_why(
+    kube: Kube, runtime_prometheus: tuple[str, dict[str, float], list[str]]
+) -> None:
+    url, _, seen = runtime_prometheus
+    spec = parse_spec(
+        {
+            "target": {"name": "resnet", "container": "server"},
+            "runtime": {"kind": "Triton", "model": "resnet"},
+            "apply": {"method": "Live"},
+            "sla": {"p99LatencyMs": 300},
+            "load": {
+                "endpoint": {"port": 8000},
+                "source": "prometheus",
+                "prometheus": {"url": url, "scrapeIntervalSeconds": 1},
+            },
+        }
+    )
+    with pytest.raises(TargetProblem) as caught:
+        await world(kube, spec)._checked_prometheus_source(["resnet-1"])
+    assert caught.value.reason == "NoLatencyHistogram"
+    assert caught.value.stops_study
+    assert "exports no latency histogram" in caught.value.message
+    assert not seen

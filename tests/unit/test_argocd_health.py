@@ -91,3 +91,9 @@ def test_the_health_check_reads_the_operator_statuses() -> None:
     )  # fmt: skip
     rolled_back = converged.model_copy(update={"conditions": degraded})
     assert health(resource(rolled_back)) == ("Degraded", "crash loop")
+    paused = decisions.set_condition(
+        [], type="Suspended", status="True", reason="Suspended", message="suspended",
+        generation=2, now=NOW,
+    )  # fmt: skip
+    suspended = running.model_copy(update={"conditions": paused, "suspended": True})
+    assert health(resource(suspended)) == ("Suspended", "suspended")

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from click.testing import CliRunner
 
 from batchpilot.cli import main
+from batchpilot.operator.cli import election_settings
 
 
 @pytest.mark.parametrize(
@@ -13,6 +16,21 @@ from batchpilot.cli import main
     [
         (["-n", "Bad_Namespace"], "--namespace 'Bad_Namespace' is not a namespace name"),
         (["--liveness", "healthz"], "--liveness 'healthz' is not a URL"),
+        (
+            ["--leader-election", "--lease-namespace", "ops", "--lease-duration", "6"],
+            "must be at most a third of the lease duration (6 s)",
+        ),
+        (
+            ["--leader-election", "--lease-namespace", "ops", "--renew-period", "0.05"],
+            "the renew period must be at least 0.2 s",
+        ),
+        (
+            ["--leader-election", "--lease-namespace", "ops", "--lease-duration", "0"],
+            "the lease duration must be 1 to 300 s",
+        ),
+        (["--leader-election", "--lease-namespace", "Ops"], "'Ops' is not a namespace name"),
+        (["--leader-election", "--lease-namespace", "o", "--lease-name", "A"], "'A' is not"),
+        (["--leader-election", "--lease-namespace", "ops", "--peering"], "use one"),
     ],
 )
 def test_bad_options_are_one_line_on_stderr(args: list[str], expected: str) -> None:
@@ -46,3 +64,31 @@ def test_operator_is_registered() -> None:
         "--standalone",
     ):
         assert option in result.output
+
+
+def test_leader_election_needs_a_namespace_for_its_lease(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delenv("POD_NAMESPACE", raising=False)
+    monkeypatch.setattr(
+        "batchpilot.operator.cli.SERVICE_ACCOUNT_NAMESPACE", Path("/nonexistent/namespace")
+    )
+    result = CliRunner().invoke(main, ["operator", "--leader-election"])
+    assert result.exit_code == 2
+    assert "needs the namespace of its Lease" in result.stderr
+
+
+def test_election_settings_take_the_pod_namespace(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("POD_NAMESPACE", "batchpilot-system")
+    settings = election_settings(True, True, "bp", "", 10, 2.0)
+    assert settings is not None
+    assert (settings.namespace, settings.name, settings.duration_s, settings.renew_s) == (
+        "batchpilot-system",
+        "bp",
+        10,
+        2.0,
+    )
+    other = election_settings(True, True, "bp", "", 10, 2.0)
+    assert other is not None
+    assert other.identity != settings.identity
+    assert election_settings(False, True, "bp", "", 10, 2.0) is None

@@ -70,8 +70,8 @@ class TestPlan:
     def test_runs_trials_until_max_trials_measured(self) -> None:
         three = [trial(i) for i in range(3)]
         assert decisions.plan(spec(), status(*three), 1).kind == "trial"
-        failed = trial(3, "Failed", reason="interrupted")
-        assert decisions.plan(spec(), status(*three, failed), 1).kind == "trial"
+        interrupted = trial(3, "Interrupted", reason="interrupted: restarted")
+        assert decisions.plan(spec(), status(*three, interrupted), 1).kind == "trial"
         assert decisions.plan(spec(), status(*three, trial(3, "Pruned")), 1).kind == "finish"
 
     def test_fails_after_max_failures_in_a_row(self) -> None:
@@ -92,6 +92,21 @@ class TestPlan:
         ]
         plan = decisions.plan(spec(maxTrials=100, maxFailures=50), status(*history), 1)
         assert plan.kind == "finish"
+
+
+def test_interrupted_trials_never_count_toward_max_failures() -> None:
+    # failures around interruptions: the streak is the failures only
+    trials = [
+        trial(0),
+        trial(1, "Failed", reason="x"),
+        trial(2, "Interrupted"),
+        trial(3, "Failed", reason="x"),
+        trial(4, "Interrupted"),
+    ]
+    assert decisions.consecutive_failures(trials) == 2
+    assert decisions.plan(spec(maxFailures=3), status(*trials), 1).kind == "trial"
+    restarts = [trial(0)] + [trial(i, "Interrupted") for i in range(1, 8)]
+    assert decisions.plan(spec(maxFailures=2, maxTrials=10), status(*restarts), 1).kind == "trial"
 
 
 def test_consecutive_failures_ignore_a_running_trial() -> None:
@@ -691,3 +706,21 @@ def test_sla_breach_of_production_traffic() -> None:
     nan = float("nan")
     assert decisions.sla_breach(p99_ms=nan, ok_rps=nan, total_rps=nan, sla=sla) is None
     assert decisions.sla_breach(p99_ms=900, ok_rps=0, total_rps=0, sla=sla) is None
+
+
+def test_an_interrupted_trial_is_shown_as_such_and_retried_by_the_tuner() -> None:
+    from batchpilot.operator.status import INTERRUPTED_REASON
+    from batchpilot.operator.study import search_space, to_entry, to_record
+    from batchpilot.tuner.study import Tuner
+
+    running = trial(1, "Running", source="warm-start")
+    tuner = Tuner(search_space(spec()), history=[to_record(trial(0)), to_record(running)])
+    entries = [to_entry(r) for r in tuner.records()]
+    assert (entries[1].state, entries[1].reason) == ("Interrupted", INTERRUPTED_REASON)
+    # the status's Interrupted goes back to the tuner as its own "interrupted", so a
+    # rebuilt tuner retries that configuration next and leaves it out of its budget
+    rebuilt = Tuner(search_space(spec()), history=[to_record(e) for e in entries])
+    number, _, params = rebuilt.ask()
+    assert number == 2
+    assert params == dict(running.params)
+    assert rebuilt.measured_count() == 2  # the baseline and the retry asked now

@@ -54,6 +54,7 @@ def named(docs: list[dict[str, Any]], kind: str, name: str) -> dict[str, Any]:
 
 
 OPERATOR_ROLE = "batchpilot-operator"
+ELECTION_ROLE = "batchpilot-operator-leader-election"
 
 
 def test_default_installs_crd_rbac_and_operator() -> None:
@@ -66,6 +67,8 @@ def test_default_installs_crd_rbac_and_operator() -> None:
         "CustomResourceDefinition",
         "Deployment",
         "Namespace",
+        "Role",
+        "RoleBinding",
         "ServiceAccount",
         "ValidatingAdmissionPolicy",
         "ValidatingAdmissionPolicyBinding",
@@ -137,10 +140,46 @@ def test_cluster_role_grants_exactly_what_the_operator_calls() -> None:
         ("ray.io", "rayservices", "patch"),
         ("", "pods", "list"),
         ("", "events", "create"),
+        # load workers: their Job, ServiceAccount and token Secret (never read back)
+        *{("batch", "jobs", v) for v in ("get", "create", "delete")},
+        *{("", r, v) for r in ("secrets", "serviceaccounts") for v in ("create", "delete")},
         ("apiextensions.k8s.io", "customresourcedefinitions", "list"),
         ("apiextensions.k8s.io", "customresourcedefinitions", "watch"),
     }
     assert all("*" not in str(rule) for rule in role["rules"])
+
+
+def test_replicas_elect_a_leader_with_exactly_the_lease_rights_it_needs() -> None:
+    docs = render("default")
+    namespace = one(docs, "Namespace")["metadata"]["name"]
+    deployment = one(docs, "Deployment")
+    assert deployment["spec"]["replicas"] == 2
+    args = container_of(deployment)["args"]
+    assert "--leader-election" in args
+    env = {e["name"]: e for e in container_of(deployment)["env"]}
+    assert env["POD_NAMESPACE"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.namespace"
+    role = named(docs, "Role", ELECTION_ROLE)
+    assert role["metadata"]["namespace"] == namespace  # the Lease lives beside the operator
+    assert _grants(role["rules"]) == {
+        ("coordination.k8s.io", "leases", "create"),
+        ("coordination.k8s.io", "leases", "get"),
+        ("coordination.k8s.io", "leases", "update"),
+    }
+    # read and renew only the election's own Lease
+    from batchpilot.operator.leader import DEFAULT_LEASE_NAME
+
+    named_rules = [r for r in role["rules"] if set(r["verbs"]) & {"get", "update"}]
+    assert all(r.get("resourceNames") == [DEFAULT_LEASE_NAME] for r in named_rules)
+    binding = named(docs, "RoleBinding", ELECTION_ROLE)
+    assert binding["metadata"]["namespace"] == namespace
+    account = one(docs, "ServiceAccount")["metadata"]
+    assert binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": account["name"], "namespace": account["namespace"]}
+    ]
+    # the namespaced install keeps the election
+    namespaced = render("namespaced")
+    assert named(namespaced, "Role", ELECTION_ROLE)["metadata"]["namespace"] == namespace
+    assert "--leader-election" in container_of(one(namespaced, "Deployment"))["args"]
 
 
 def test_samples_ask_for_a_gpu_and_the_overlay_drops_it() -> None:
@@ -216,8 +255,8 @@ def test_namespaced_overlay_swaps_the_cluster_role_for_roles() -> None:
     kinds = [d["kind"] for d in docs]
     assert "ClusterRoleBinding" in kinds
     assert all(d["metadata"]["name"] != OPERATOR_ROLE for d in docs if d["kind"] == "ClusterRole")
-    role = one(docs, "Role")
-    binding = one(docs, "RoleBinding")
+    role = named(docs, "Role", OPERATOR_ROLE)
+    binding = named(docs, "RoleBinding", OPERATOR_ROLE)
     watched = role["metadata"]["namespace"]
     account = one(docs, "ServiceAccount")
     assert binding["metadata"]["namespace"] == watched

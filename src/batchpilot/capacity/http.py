@@ -15,9 +15,17 @@ from batchpilot.capacity.steps import step_from_load
 from batchpilot.loadgen.arrivals import ArrivalKind, as_arrival
 from batchpilot.loadgen.endpoints import check_reachable, normalise_urls
 from batchpilot.loadgen.generator import run_load
+from batchpilot.loadgen.protocols import in_force
 from batchpilot.loadgen.result import LoadResult
+from batchpilot.loadgen.serve_worker import ShareSender
 from batchpilot.loadgen.warmup import closed_loop_rate
-from batchpilot.loadgen.workers import check_workers, run_load_workers
+from batchpilot.loadgen.workers import (
+    ShareSpec,
+    WorkerError,
+    check_workers,
+    forwarded_protocol,
+    run_load_workers,
+)
 from batchpilot.models import (
     DEFAULT_MIN_REQUESTS,
     SLA,
@@ -110,11 +118,15 @@ async def measure_step(
     path: str = "/v1/predict",
     min_requests: int = 0,
     workers: int = 1,
+    sender: ShareSender | None = None,
 ) -> tuple[StepResult, LoadResult]:
     """One window at `rate`: the step decision and the client's full measurement, sent
-    by one generator process or split over `workers` of them."""
+    by one generator process, split over `workers` of them, or handed to `sender`
+    (remote load workers; its WorkerError passes through)."""
     start_unix = time.time()
-    if workers == 1:
+    if sender is not None:
+        load = await sender(share_spec(urls, rate, duration_s, mix, arrival, timeout_s, seed, path))
+    elif workers == 1:
         load = await run_load(
             urls, rate=rate, duration_s=duration_s, mix=mix, arrival=arrival,
             timeout_s=timeout_s, seed=seed, path=path, warmup_s=step_warmup_s(duration_s),
@@ -129,6 +141,44 @@ async def measure_step(
         return step_from_load(load, sla, min_requests=min_requests), load
     step = await source.step_result(load=load, start_unix=start_unix, end_unix=end_unix, sla=sla)
     return step, load
+
+
+def share_spec(
+    urls: Sequence[str],
+    rate: float,
+    duration_s: float,
+    mix: RequestMix,
+    arrival: ArrivalKind | str,
+    timeout_s: float,
+    seed: int,
+    path: str,
+) -> ShareSpec:
+    """The whole schedule of one step, as remote workers rebuild it, with the request
+    protocol in force carried along (a CA bundle is a file of this machine: not sent)."""
+    spec = ShareSpec(
+        urls=list(urls), rate=rate, duration_s=duration_s, mix=mix, arrival=as_arrival(arrival),
+        timeout_s=timeout_s, seed=seed, path=path, warmup_s=step_warmup_s(duration_s),
+    )  # fmt: skip
+    protocol = in_force()
+    if protocol is None:
+        return spec
+    return spec.model_copy(update={**forwarded_protocol(protocol, spec), "ca_file": None})
+
+
+def worker_failed_step(rate: float, duration_s: float, why: str) -> StepResult:
+    """The step of a window whose remote workers did not all deliver: invalid."""
+    return StepResult(
+        offered_rps=rate,
+        achieved_rps=0.0,
+        p50_ms=0.0,
+        p99_ms=0.0,
+        error_rate=0.0,
+        requests=0,
+        passed=False,
+        reason=f"invalid, load worker failed: {why}"[:500],
+        duration_s=duration_s,
+        valid=False,
+    )
 
 
 async def measure_capacity(
@@ -153,6 +203,7 @@ async def measure_capacity(
     confirm_failures: bool = True,
     workers: int = 1,
     max_overload_s: float | None = None,
+    sender: ShareSender | None = None,
 ) -> CapacityResult:
     """Warm up, then search for the effective throughput (see search_capacity).
     `on_step` sees every step as it completes (progress display, partial results).
@@ -166,6 +217,8 @@ async def measure_capacity(
     shared machine one noisy window otherwise decides the whole search.
     With `workers` above 1 each step is sent by that many generator processes sharing
     its one schedule (see run_load_workers); the warm-up stays in this process.
+    With `sender`, each step is handed to remote load workers instead (see
+    loadgen.serve_worker); one that fails to deliver makes that step invalid.
     `max_rps` caps every offered rate, the warm-up's included (a load budget).
     `max_overload_s` bounds the time the steps that failed (ran above the SLA) take
     together: a step starts only while the time left covers its whole window, so the
@@ -211,20 +264,29 @@ async def measure_capacity(
         return step_window_s(rate, step_duration_s, min_requests)
 
     async def measure(rate: float) -> StepResult:
-        step, load = await measure_step(
-            bases,
-            rate=rate,
-            sla=sla,
-            mix=mix,
-            duration_s=window(rate),
-            timeout_s=timeout,
-            seed=next(step_seeds),
-            arrival=process,
-            source=source,
-            path=path,
-            min_requests=min_requests,
-            workers=workers,
-        )
+        try:
+            step, load = await measure_step(
+                bases,
+                rate=rate,
+                sla=sla,
+                mix=mix,
+                duration_s=window(rate),
+                timeout_s=timeout,
+                seed=next(step_seeds),
+                arrival=process,
+                source=source,
+                path=path,
+                min_requests=min_requests,
+                workers=workers,
+                sender=sender,
+            )
+        except WorkerError as exc:
+            if sender is None:
+                raise
+            # a remote share not sent, or not reported in time: never a pass
+            step = worker_failed_step(rate, window(rate), str(exc))
+            overload.record(step, window(rate))
+            return step
         if on_step is not None:
             on_step(step, load)
         overload.record(step, window(rate))

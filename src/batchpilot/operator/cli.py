@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import os
 import re
+import secrets
+import socket
+from pathlib import Path
 from typing import ClassVar
 
 import click
 
 from batchpilot.clitools import OneLineErrors, fail
+from batchpilot.operator import leader
 
 NAMESPACE_PATTERN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 URL_PATTERN = re.compile(r"^https?://[^/\s]+(/\S*)?$")
@@ -22,6 +27,50 @@ def check_options(namespaces: tuple[str, ...], liveness: str) -> None:
             )
     if liveness and not URL_PATTERN.match(liveness):
         raise fail(f"--liveness {liveness!r} is not a URL like http://0.0.0.0:8080/healthz")
+
+
+# where a pod finds its own namespace without the downward API
+SERVICE_ACCOUNT_NAMESPACE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
+
+
+def election_settings(
+    enabled: bool,
+    standalone: bool,
+    lease_name: str,
+    lease_namespace: str,
+    duration_s: int,
+    renew_s: float,
+) -> leader.ElectionSettings | None:
+    """The leader election the options ask for, or None without --leader-election."""
+    if not enabled:
+        return None
+    if not standalone:
+        raise fail("--leader-election and --peering are two ways to pick one replica: use one")
+    problem = leader.check_timing(duration_s, renew_s)
+    if problem is not None:
+        raise fail(f"--lease-duration/--renew-period: {problem}")
+    if not NAMESPACE_PATTERN.match(lease_name) or len(lease_name) > 253:
+        raise fail(
+            f"--lease-name {lease_name!r} is not an object name (lowercase letters, digits and '-')"
+        )
+    namespace = lease_namespace or os.environ.get("POD_NAMESPACE", "")
+    if not namespace and SERVICE_ACCOUNT_NAMESPACE.is_file():
+        namespace = SERVICE_ACCOUNT_NAMESPACE.read_text().strip()
+    if not namespace:
+        raise fail(
+            "--leader-election needs the namespace of its Lease: pass --lease-namespace "
+            "or set POD_NAMESPACE (in a pod, the service account's namespace is used)"
+        )
+    check_options((namespace,), "")
+    # the pod name tells a person which replica leads; the suffix tells restarts apart
+    identity = f"{socket.gethostname()}-{secrets.token_hex(4)}"
+    return leader.ElectionSettings(
+        namespace=namespace,
+        identity=identity,
+        name=lease_name,
+        duration_s=duration_s,
+        renew_s=renew_s,
+    )
 
 
 class OperatorCommand(OneLineErrors):
@@ -65,6 +114,38 @@ class OperatorCommand(OneLineErrors):
     help="Trials measured at once by this process; more than 1 lets load generators "
     "share CPU and skews their figures.",
 )
+@click.option(
+    "--leader-election",
+    is_flag=True,
+    help="Run as one of several replicas: only the holder of a coordination.k8s.io "
+    "Lease measures, patches workloads and writes status; the others stand by.",
+)
+@click.option(
+    "--lease-name",
+    default=leader.DEFAULT_LEASE_NAME,
+    show_default=True,
+    help="Name of the election's Lease.",
+)
+@click.option(
+    "--lease-namespace",
+    default="",
+    help="Namespace of the Lease (default: $POD_NAMESPACE, else the pod's service "
+    "account namespace).",
+)
+@click.option(
+    "--lease-duration",
+    type=int,
+    default=leader.DEFAULT_DURATION_S,
+    show_default=True,
+    help="Seconds a Lease not renewed stays with its holder: how long a failover waits.",
+)
+@click.option(
+    "--renew-period",
+    type=float,
+    default=leader.DEFAULT_RENEW_S,
+    show_default=True,
+    help="Seconds between renewals by the leader (at most a third of --lease-duration).",
+)
 def operator(
     namespaces: tuple[str, ...],
     all_namespaces: bool,
@@ -72,10 +153,18 @@ def operator(
     metrics_port: int,
     standalone: bool,
     max_concurrent_trials: int,
+    leader_election: bool,
+    lease_name: str,
+    lease_namespace: str,
+    lease_duration: int,
+    renew_period: float,
 ) -> None:
     """Run the BatchPilot operator: watch InferenceService resources and tune the
     dynamic batching of the workloads they point at."""
     check_options(namespaces, liveness)
+    election = election_settings(
+        leader_election, standalone, lease_name, lease_namespace, lease_duration, renew_period
+    )
     import kopf  # imported here so `batchpilot --help` stays fast
 
     import batchpilot.operator.handlers  # noqa: F401  (registers the handlers)
@@ -94,5 +183,5 @@ def operator(
         clusterwide=all_namespaces or not namespaces,
         namespaces=() if all_namespaces else namespaces,
         liveness_endpoint=liveness or None,
-        memo=kopf.Memo(max_concurrent_trials=max_concurrent_trials),
+        memo=kopf.Memo(max_concurrent_trials=max_concurrent_trials, election=election),
     )

@@ -216,11 +216,15 @@ def trial_of(trials: Iterable[TrialEntry], params: Mapping[str, float | int]) ->
 
 
 def consecutive_failures(trials: Sequence[TrialEntry]) -> int:
-    """Failed trials at the end of the history; a Running one ends no streak, nor does
-    one that is retried because something outside disturbed it (tuner `retried`)."""
+    """Failed trials at the end of the history; a Running or Interrupted one (cut short
+    by a restart or a change of leader, not by its configuration) ends no streak and
+    adds nothing to it, nor does a Failed one that is asked again because something
+    outside disturbed it (tuner `retried`: an autoscaler)."""
     count = 0
     for trial in reversed(trials):
-        if trial.state == "Running" or (trial.state == "Failed" and retried(trial.reason)):
+        if trial.state in ("Running", "Interrupted") or (
+            trial.state == "Failed" and retried(trial.reason)
+        ):
             continue
         if trial.state != "Failed":
             break
@@ -245,7 +249,7 @@ def trials_since_improvement(trials: Sequence[TrialEntry]) -> int:
 
 def phase_for(trials: Sequence[TrialEntry]) -> Literal["Baseline", "Tuning"]:
     """Baseline until the first trial has a result, Tuning afterwards."""
-    if any(t.source == "baseline" and t.state != "Running" for t in trials):
+    if any(t.source == "baseline" and t.state not in ("Running", "Interrupted") for t in trials):
         return "Tuning"
     if any(t.source == "baseline" for t in trials):
         return "Baseline"
@@ -349,6 +353,7 @@ def bound_trials(
         count=base.count + len(old),
         complete=base.complete + sum(1 for t in old if t.state in FINISHED_STATES),
         failed=base.failed + sum(1 for t in old if t.state == "Failed"),
+        interrupted=base.interrupted + sum(1 for t in old if t.state == "Interrupted"),
         last_number=max(t.number for t in old),
     )
     return list(kept), folded
@@ -379,7 +384,9 @@ def best_trial(trials: Iterable[TrialEntry]) -> TrialEntry | None:
 
 
 def baseline_trial(trials: Iterable[TrialEntry]) -> TrialEntry | None:
-    finished = [t for t in trials if t.source == "baseline" and t.state != "Running"]
+    finished = [
+        t for t in trials if t.source == "baseline" and t.state not in ("Running", "Interrupted")
+    ]
     return finished[-1] if finished else None
 
 
@@ -408,6 +415,8 @@ def trial_message(trial: TrialEntry, sla: SLA) -> str:
         return f"{head} → no rate met the SLA ({trial.reason or f'p99 ≤ {sla.p99_ms:g} ms'})"
     if trial.state == "Failed":
         return f"{head} → failed: {trial.reason or 'unknown error'}"
+    if trial.state == "Interrupted":
+        return f"{head} → {trial.reason}"
     return f"{head} → running"
 
 

@@ -4,7 +4,8 @@ does `batchpilot operator`.
 
 Shared objects live in Kopf's memo, so a test (or the CLI) can pass its own:
 `slots` (the measurement semaphore), `world_factory` (builds the World of a resource),
-`poll_s` and `backoff_cap_s`.
+`poll_s` and `backoff_cap_s`; `election` (leader.ElectionSettings) runs the replica in a
+leader election, and only the leader measures, patches workloads and writes status.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from batchpilot.operator import decisions, kstatus, metrics, specdiff
 from batchpilot.operator.crd import GROUP, PLURAL, VERSION
 from batchpilot.operator.events import EventLimiter
 from batchpilot.operator.kube import Connection, Kube, KubeError, isvc_path
+from batchpilot.operator.leader import ElectionSettings, Elector, Leadership, Standalone
 from batchpilot.operator.parentworld import ParentWorld
 from batchpilot.operator.spec import InferenceServiceSpec, explain_validation_error, parse_spec
 from batchpilot.operator.status import InferenceServiceStatus
@@ -40,6 +42,10 @@ log = logging.getLogger(__name__)
 WorldFactory = Callable[[Kube, InferenceServiceSpec, str, Mapping[str, Any], ProblemSink], World]
 
 
+class NotLeader(RuntimeError):
+    """This replica lost the election: what it was doing is left to the new leader."""
+
+
 class _Credentials:
     """The connection Kopf logged in with, reused by the operator's own API client."""
 
@@ -47,6 +53,8 @@ class _Credentials:
 
 
 CREDENTIALS = _Credentials()
+# where Kubernetes mounts a pod's service account token (Kopf reads it from there too)
+SERVICE_ACCOUNT_TOKEN = "/var/run/secrets/kubernetes.io/serviceaccount/token"
 # target problems that make restoring pointless rather than worth retrying
 GONE = frozenset({"TargetNotFound", "ContainerNotFound"})
 
@@ -64,7 +72,12 @@ def kube_world(
 
 @kopf.on.login()
 def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
-    info = kopf.login_with_service_account(**kwargs) or kopf.login_with_kubeconfig(**kwargs)
+    info = kopf.login_with_service_account(**kwargs)
+    if info is not None:
+        # the kubelet rotates this token: the operator's client re-reads it
+        CREDENTIALS.connection = Connection.from_kopf(info, token_path=SERVICE_ACCOUNT_TOKEN)
+        return info
+    info = kopf.login_with_kubeconfig(**kwargs)
     if info is not None:
         CREDENTIALS.connection = Connection.from_kopf(info)
     return info
@@ -94,10 +107,30 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) 
     # Kopf gives every resource a shallow copy of the memo: objects created later are
     # shared through this dict, not through new memo keys
     memo.setdefault("clients", {})
+    if "leadership" not in memo:
+        election = memo.get("election")
+        if isinstance(election, ElectionSettings):
+            elector = Elector(election, lambda: CREDENTIALS.connection)
+            memo["leadership"] = elector
+            memo["election_task"] = asyncio.create_task(elector.run())
+        else:
+            memo["leadership"] = Standalone()
 
 
 @kopf.on.cleanup()
 async def close(memo: kopf.Memo, **_: Any) -> None:
+    task = memo.get("election_task")
+    if isinstance(task, asyncio.Task):
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        elector = memo["leadership"]
+        if isinstance(elector, Elector):
+            # handed over now, not after the lease duration: the standby goes on at once
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(elector.settings.renew_s * 2):
+                    await elector.release()
+            await elector.close()
     kube = memo["clients"].pop("kube", None)
     if isinstance(kube, Kube):
         await kube.close()
@@ -136,6 +169,7 @@ def _runner(
 ) -> StudyRunner:
     namespace, name = str(body.metadata.namespace), str(body.metadata.name)
     kube = _kube(memo)
+    leadership: Leadership = memo["leadership"]
     owner = {
         "apiVersion": body.get("apiVersion", f"{GROUP}/{VERSION}"),
         "kind": body.get("kind", "InferenceService"),
@@ -143,13 +177,16 @@ def _runner(
     }
 
     async def write_status(new: InferenceServiceStatus) -> None:
+        if not leadership.is_leader():
+            raise NotLeader(f"{namespace}/{name}: not the leader, status left to the leader")
         await kube.merge_patch(
             isvc_path(namespace, name, status=True),
             {"status": new.model_dump(mode="json", by_alias=True)},
         )
 
     def event(type: EventType, reason: str, message: str) -> None:
-        _post(memo, body, type, reason, message)
+        if leadership.is_leader():
+            _post(memo, body, type, reason, message)
 
     holder: list[StudyRunner] = []
 
@@ -186,6 +223,24 @@ def _status_of(body: kopf.Body) -> InferenceServiceStatus:
         return InferenceServiceStatus()
 
 
+async def _fresh_status(memo: kopf.Memo, body: kopf.Body) -> InferenceServiceStatus:
+    """The status as the API server has it now. A replica that just became the leader
+    must not resume from a watch that may lag behind the last write of the one before."""
+    leadership: Leadership = memo["leadership"]
+    if isinstance(leadership, Standalone):
+        return _status_of(body)
+    namespace, name = str(body.metadata.namespace), str(body.metadata.name)
+    try:
+        current = await _kube(memo).get(isvc_path(namespace, name))
+    except KubeError as error:
+        log.warning(f"{namespace}/{name}: status not read ({error}); using the watched one")
+        return _status_of(body)
+    try:
+        return InferenceServiceStatus.model_validate(dict(current.get("status") or {}))
+    except ValidationError:
+        return InferenceServiceStatus()
+
+
 async def _report_invalid(
     memo: kopf.Memo,
     body: kopf.Body,
@@ -196,6 +251,8 @@ async def _report_invalid(
     """SpecValid=False, and the phase Failed unless a study is under way: that one keeps
     its phase, its `original` and its `canary`, so that a fixed spec or a deletion still
     undoes what it changed (`running`: the status of the study in memory)."""
+    if not memo["leadership"].is_leader():
+        return
     message = f"invalid spec: {explain_validation_error(error)}"
     previous = running if running is not None else _status_of(body)
     conditions = decisions.set_condition(
@@ -234,22 +291,26 @@ async def _until_stopped(
     stopped: kopf.DaemonStopped,
     changed: Callable[[], bool],
     poll_s: float,
+    leadership: Leadership,
 ) -> bool | None:
-    """The step's result, or None when the daemon was told to stop or the spec changed
-    first: the step is cancelled (a trial cut short is retried after a restart, or
-    dropped with the study a new spec replaces)."""
+    """The step's result, or None when the daemon was told to stop, the spec changed or
+    this replica lost the election first: the step is cancelled (a trial cut short is
+    retried by the next leader or after a restart, or dropped with the study a new spec
+    replaces)."""
     waiter = asyncio.ensure_future(stopped.wait())
+    lost = asyncio.ensure_future(leadership.wait_lost())
     try:
         while True:
             done, _ = await asyncio.wait(
-                {task, waiter}, timeout=poll_s, return_when=asyncio.FIRST_COMPLETED
+                {task, waiter, lost}, timeout=poll_s, return_when=asyncio.FIRST_COMPLETED
             )
             if task in done:
                 return task.result()
-            if waiter in done or changed():
+            if waiter in done or lost in done or changed():
                 break
     finally:
         waiter.cancel()
+        lost.cancel()
     task.cancel()
     with contextlib.suppress(asyncio.CancelledError):
         await task
@@ -261,11 +322,19 @@ async def study(
     body: kopf.Body, stopped: kopf.DaemonStopped, memo: kopf.Memo, logger: kopf.Logger, **_: Any
 ) -> None:
     key = (str(body.metadata.namespace), str(body.metadata.name))
+    leadership: Leadership = memo["leadership"]
     rng = random.Random()
     runner: StudyRunner | None = None
     runner_generation: int | None = None
     attempt = 0
     while not stopped:
+        if not leadership.is_leader():
+            # another replica may move the study on: a later leadership starts from
+            # the status the API server holds then, not from this one's memory
+            runner, runner_generation = None, None
+            memo["runners"].pop(key, None)
+            await leadership.wait_leader(float(memo["poll_s"]))
+            continue
         generation = int(body.metadata.get("generation") or 1)
         if runner_generation != generation:
             try:
@@ -277,7 +346,7 @@ async def study(
                     runner_generation = -generation  # reported once per generation
                 await stopped.wait(float(memo["poll_s"]))
                 continue
-            status = runner.status if runner is not None else _status_of(body)
+            status = runner.status if runner is not None else await _fresh_status(memo, body)
             if runner is not None and specdiff.restarts_study(runner.spec, spec):
                 # undone under the spec it ran with: the old target, the old strategy
                 async with _lock(memo, key):
@@ -302,7 +371,11 @@ async def study(
                     return True
 
             try:
-                busy = await _until_stopped(task, stopped, changed, float(memo["poll_s"]))
+                busy = await _until_stopped(
+                    task, stopped, changed, float(memo["poll_s"]), leadership
+                )
+            except NotLeader:
+                continue  # the loop's first check hands the study over
             except Exception as error:  # expected or not, the daemon must never crash-loop
                 delay = decisions.backoff_delay(
                     attempt, base=2.0, cap=float(memo["backoff_cap_s"]), rng=rng
@@ -330,6 +403,10 @@ async def finalize(body: kopf.Body, memo: kopf.Memo, logger: kopf.Logger, **_: A
     """Undo an unfinished study before the resource goes: delete the canary, restore
     the original configuration of an InPlace target."""
     key = (str(body.metadata.namespace), str(body.metadata.name))
+    leadership: Leadership = memo["leadership"]
+    if not await leadership.wait_leader(leadership.takeover_s):
+        # the leader cleans up; this replica only retries in case the leader dies
+        raise kopf.TemporaryError("another operator replica leads and cleans up", delay=10)
     async with _lock(memo, key):
         runner: StudyRunner | None = memo["runners"].pop(key, None)
         if runner is None:

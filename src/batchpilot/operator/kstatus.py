@@ -68,11 +68,17 @@ def with_kstatus(status: InferenceServiceStatus, now: datetime) -> InferenceServ
     conditions = list(status.conditions)
     phase, message = status.phase, status.message
     degraded = _find(conditions, "Degraded")
-    if phase == "Failed":
+    window = _find(conditions, "InWindow")
+    if status.suspended and phase not in ("Failed", "RolledBack"):
+        # paused on purpose: not done, not at work, and not waiting for a fix either
+        ready: tuple[ConditionStatus, str] = ("False", "Suspended")
+        reconciling: tuple[ConditionStatus, str] = ("False", "Suspended")
+        stalled: tuple[ConditionStatus, str] = ("False", "Suspended")
+    elif phase == "Failed":
         reason = _failure_reason(conditions)
-        ready: tuple[ConditionStatus, str] = ("False", reason)
-        reconciling: tuple[ConditionStatus, str] = ("False", reason)
-        stalled: tuple[ConditionStatus, str] = ("True", reason)
+        ready = ("False", reason)
+        reconciling = ("False", reason)
+        stalled = ("True", reason)
     elif phase == "RolledBack":
         # over, and not what was asked for: the target runs its original values again
         # until the user changes the spec (Flux reports it rather than waiting)
@@ -86,9 +92,12 @@ def with_kstatus(status: InferenceServiceStatus, now: datetime) -> InferenceServ
         reconciling = ("False", "Converged")
         stalled = ("False", "Converged")
     else:
-        ready = ("False", phase)
-        reconciling = ("True", phase)
-        stalled = ("False", phase)
+        # a study waiting for its maintenance window is still under way
+        waiting = window is not None and window.status == "False"
+        reason = window.reason if waiting and window is not None else phase
+        ready = ("False", reason)
+        reconciling = ("True", reason)
+        stalled = ("False", reason)
     conditions = _put(
         conditions, "Ready", *ready, message, generation, now, keep_reason=ready[0] == "True"
     )

@@ -9,6 +9,7 @@ from __future__ import annotations
 import base64
 import contextlib
 import json
+import os
 import random
 import ssl
 import tempfile
@@ -59,9 +60,11 @@ class Connection:
     private_key_path: str | None = None
     username: str | None = None
     password: str | None = None
+    # a token that the kubelet rotates (a service account's): re-read when it changes
+    token_path: str | None = None
 
     @classmethod
-    def from_kopf(cls, info: Any) -> Connection:
+    def from_kopf(cls, info: Any, *, token_path: str | None = None) -> Connection:
         def data(value: str | bytes | None) -> bytes | None:
             if value is None:
                 return None
@@ -84,6 +87,7 @@ class Connection:
             private_key_path=path(info.private_key_path),
             username=info.username,
             password=info.password,
+            token_path=token_path,
         )
 
     def ssl_context(self) -> ssl.SSLContext | bool:
@@ -138,8 +142,12 @@ class Kube:
         self._base = backoff_base_s
         self._cap = backoff_cap_s
         self._rng = rng or random.Random()
+        self._token = connection.token
+        self._token_stamp: tuple[int, int, int] | None = None
+        # the bearer token goes with each request (it may be re-read); basic auth here
+        basic = {} if connection.token else connection.headers()
         self._session = aiohttp.ClientSession(
-            headers=connection.headers(),
+            headers=basic,
             connector=aiohttp.TCPConnector(ssl=connection.ssl_context(), limit=16),
             timeout=self._timeout,
         )
@@ -161,18 +169,57 @@ class Kube:
             url += "?" + urlencode(params)
         data = None if body is None else json.dumps(body)
         headers = {"Content-Type": content_type} if data is not None else {}
-        return await retry(
-            lambda: self._once(method, url, path, data, headers),
-            attempts=self._attempts,
-            retryable=_retriable,
-            delay=lambda attempt: backoff_delay(
-                attempt, base=self._base, cap=self._cap, rng=self._rng
-            ),
-        )
+
+        async def attempts() -> JSON:
+            return await retry(
+                lambda: self._once(method, url, path, data, headers),
+                attempts=self._attempts,
+                retryable=_retriable,
+                delay=lambda attempt: backoff_delay(
+                    attempt, base=self._base, cap=self._cap, rng=self._rng
+                ),
+            )
+
+        try:
+            return await attempts()
+        except KubeError as error:
+            # a rotated token may be refused before its file's change was seen
+            if error.status != 401 or not self._reload_token(force=True):
+                raise
+        return await attempts()
+
+    def _reload_token(self, *, force: bool = False) -> bool:
+        """Re-read the token file when it changed (or, with `force`, anyway); True when
+        that gave a new token."""
+        path = self._connection.token_path
+        if path is None:
+            return False
+        try:
+            st = os.stat(path)  # follows the kubelet's symlink to the current token
+        except OSError:
+            return False
+        stamp = (st.st_mtime_ns, st.st_size, st.st_ino)
+        if stamp == self._token_stamp and not force:
+            return False
+        self._token_stamp = stamp
+        try:
+            with open(path, encoding="utf-8") as f:
+                token = f.read().strip()
+        except OSError:
+            return False
+        if not token or token == self._token:
+            return False
+        self._token = token
+        return True
+
+    def _auth(self) -> dict[str, str]:
+        self._reload_token()
+        return {"Authorization": f"Bearer {self._token}"} if self._token else {}
 
     async def _once(
         self, method: str, url: str, path: str, data: str | None, headers: Mapping[str, str]
     ) -> JSON:
+        headers = {**headers, **self._auth()}
         try:
             async with self._session.request(method, url, data=data, headers=headers) as r:
                 text = await r.text()

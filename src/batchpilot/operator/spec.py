@@ -517,13 +517,14 @@ class PrometheusSpec(BaseModel):
     )
     latency_metric: str | None = Field(
         default=None,
-        description="Latency histogram (seconds) to read p99 from; the reference server's "
-        "when unset.",
+        description="Latency histogram (seconds) to read p99 from; unset: the runtime's own "
+        "(runtime.kind Triton, RayServe, TorchServe, MLServer: its names and units), else the "
+        "reference server's. Naming it or requestsMetric reads both the reference server's way.",
         max_length=256,
     )
     requests_metric: str | None = Field(
         default=None,
-        description="Counter of requests with an outcome label; the reference server's when unset.",
+        description="Counter of requests with an outcome label; unset: as latencyMetric.",
         max_length=256,
     )
     ok_outcome: str = Field(
@@ -640,6 +641,108 @@ class ArrivalSpec(BaseModel):
         return Poisson()
 
 
+# Most load-worker pods one study may run (load.workers.max).
+MAX_WORKER_PODS = 64
+QUANTITY_PATTERN = r"^[0-9]+(\.[0-9]+)?(m|k|Ki|Mi|Gi|Ti|M|G|T)?$"
+
+
+class WorkerResourceList(BaseModel):
+    """CPU and memory of one load-worker pod, as Kubernetes quantities."""
+
+    model_config = _model_config()
+
+    cpu: str | None = Field(
+        default=None, description="CPU, e.g. '1' or '500m'.", pattern=QUANTITY_PATTERN
+    )
+    memory: str | None = Field(
+        default=None, description="Memory, e.g. '256Mi'.", pattern=QUANTITY_PATTERN
+    )
+
+
+class WorkerResources(BaseModel):
+    """Requests and limits of every load-worker pod."""
+
+    model_config = _model_config()
+
+    requests: WorkerResourceList = Field(
+        default_factory=lambda: WorkerResourceList(cpu="1", memory="256Mi"),
+        description="What a worker is scheduled with [cpu 1, memory 256Mi].",
+        json_schema_extra={"default": {"cpu": "1", "memory": "256Mi"}},
+    )
+    limits: WorkerResourceList | None = Field(
+        default=None, description="Upper bounds; unset: none."
+    )
+
+
+class WorkerToleration(BaseModel):
+    """A toleration of the load-worker pods (the Kubernetes fields)."""
+
+    model_config = _model_config(
+        cel(
+            "!has(self.operator) || self.operator != 'Exists' || !has(self.value)",
+            "load.workers.tolerations: operator Exists takes no value",
+        ),
+    )
+
+    key: str | None = Field(
+        default=None, description="Taint key; unset with Exists: every taint.", max_length=316
+    )
+    operator: Literal["Exists", "Equal"] | None = Field(
+        default=None, description="Equal (default) or Exists."
+    )
+    value: str | None = Field(default=None, description="Taint value (Equal).", max_length=63)
+    effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = Field(
+        default=None, description="Taint effect; unset: every effect."
+    )
+    toleration_seconds: int | None = Field(
+        default=None, description="NoExecute: how long the pod stays after the taint.", ge=0
+    )
+
+    @model_validator(mode="after")
+    def _exists_has_no_value(self) -> Self:
+        if self.operator == "Exists" and self.value is not None:
+            raise ValueError("load.workers.tolerations: operator Exists takes no value")
+        return self
+
+
+class WorkersSpec(BaseModel):
+    """Load-worker pods: a step's schedule split over an Indexed Job when one client
+    cannot drive the rates the search reaches (docs/load-workers.md)."""
+
+    model_config = _model_config()
+
+    max: int = Field(
+        default=1,
+        description="Most worker pods a step is split over. 1: the operator sends the "
+        "load itself and no Job is created.",
+        ge=1,
+        le=MAX_WORKER_PODS,
+    )
+    image: str | None = Field(
+        default=None,
+        description="Image of the worker pods; unset: the operator's own image.",
+        min_length=1,
+        max_length=512,
+    )
+    resources: WorkerResources = Field(
+        default_factory=WorkerResources,
+        description="Requests and limits of each worker pod.",
+        json_schema_extra={"default": {"requests": {"cpu": "1", "memory": "256Mi"}}},
+    )
+    node_selector: dict[str, str] | None = Field(
+        default=None, description="Node labels the worker pods must be placed on."
+    )
+    tolerations: list[WorkerToleration] | None = Field(
+        default=None, description="Taints the worker pods tolerate.", max_length=32
+    )
+    ttl_seconds_after_finished: int = Field(
+        default=300,
+        description="Seconds a finished worker Job is kept before Kubernetes deletes it.",
+        ge=0,
+        le=86400,
+    )
+
+
 class LoadSpec(BaseModel):
     """How a trial is measured."""
 
@@ -713,6 +816,17 @@ class LoadSpec(BaseModel):
         gt=0.0,
         le=1_000_000.0,
     )
+    workers: WorkersSpec = Field(
+        default_factory=WorkersSpec,
+        description="Load-worker pods that send the load when one client is not enough.",
+        json_schema_extra={
+            "default": {
+                "max": 1,
+                "ttlSecondsAfterFinished": 300,
+                "resources": {"requests": {"cpu": "1", "memory": "256Mi"}},
+            }
+        },
+    )
     max_overload_seconds: float | None = Field(
         default=None,
         description="Load budget: the longest time, s, that the steps of one trial may run "
@@ -734,6 +848,103 @@ class LoadSpec(BaseModel):
         )
 
 
+RETUNE_WINDOW_PATTERN = r"^[1-9][0-9]{0,4}[smh]$"
+_DURATION_UNITS = {"s": 1, "m": 60, "h": 3600}
+# the re-tune check reads Prometheus over this window: long enough to hold several
+# scrapes, short enough to be one range query
+MIN_RETUNE_WINDOW_S = 60
+MAX_RETUNE_WINDOW_S = 7 * 86400
+_RETUNE_WINDOW_MESSAGE = (
+    "tuning.retuneWindow is a number and a unit s, m or h (e.g. 10m), from 1m to 168h"
+)
+
+
+def duration_seconds(text: str) -> int:
+    """`10m` → 600; raises ValueError naming the allowed form."""
+    import re
+
+    if not re.fullmatch(RETUNE_WINDOW_PATTERN, text):
+        raise ValueError(f"{_RETUNE_WINDOW_MESSAGE}; got {text!r}")
+    seconds = int(text[:-1]) * _DURATION_UNITS[text[-1]]
+    if not MIN_RETUNE_WINDOW_S <= seconds <= MAX_RETUNE_WINDOW_S:
+        raise ValueError(f"{_RETUNE_WINDOW_MESSAGE}; got {text!r}")
+    return seconds
+
+
+def _check_cron(text: str, field: str) -> None:
+    from batchpilot.operator.cron import Cron, CronError
+
+    try:
+        Cron.parse(text)
+    except CronError as exc:
+        raise ValueError(f"{field}: {exc}") from None
+
+
+# a CEL check of the shape only (five fields); the operator parses the rest
+_CEL_CRON_SHAPE = r"^\\S+( +\\S+){4}$"
+MAX_WINDOW_MINUTES = 7 * 24 * 60
+
+
+class WindowSpec(BaseModel):
+    """A maintenance window: trials run only while one is open."""
+
+    model_config = _model_config(
+        cel(
+            f"self.start.matches('{_CEL_CRON_SHAPE}')",
+            "tuning.window.start is a 5-field cron expression: minute hour day-of-month "
+            "month day-of-week (e.g. '0 2 * * sat')",
+        ),
+    )
+
+    start: str = Field(
+        description="When a window opens: a 5-field cron expression (minute hour "
+        "day-of-month month day-of-week; *, ranges a-b, steps */n, lists, month and "
+        "weekday names), read on the clock of timeZone. E.g. '0 2 * * *': 02:00 daily.",
+        min_length=1,
+        max_length=128,
+    )
+    duration_minutes: int = Field(
+        description="How long a window stays open, minutes. Must cover "
+        "tuning.trialDeadlineSeconds: a trial starts only when the window still holds it.",
+        ge=1,
+        le=MAX_WINDOW_MINUTES,
+    )
+    time_zone: str = Field(
+        default="UTC",
+        description="IANA time zone of start, e.g. Europe/Berlin.",
+        min_length=1,
+        max_length=64,
+        pattern=r"^[A-Za-z0-9_+./-]+$",
+    )
+
+    @model_validator(mode="after")
+    def _usable(self) -> Self:
+        from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+        _check_cron(self.start, "tuning.window.start")
+        try:
+            ZoneInfo(self.time_zone)
+        except (ZoneInfoNotFoundError, ValueError):
+            raise ValueError(
+                f"tuning.window.timeZone: {self.time_zone!r} is not an IANA time zone "
+                "(e.g. UTC, Europe/Berlin, America/New_York)"
+            ) from None
+        return self
+
+
+_RETUNE_MESSAGE = (
+    "tuning.retune is Never, OnSLABreach, or a 5-field cron schedule (e.g. '0 3 * * sun')"
+)
+_WINDOW_DEADLINE_MESSAGE = (
+    "tuning.window.durationMinutes must cover tuning.trialDeadlineSeconds: a trial only "
+    "starts when the window can hold it"
+)
+_RETUNE_SOURCE_MESSAGE = (
+    "tuning.retune OnSLABreach needs load.source prometheus: the target's p99 over "
+    "tuning.retuneWindow is read from Prometheus"
+)
+
+
 # Adaptive confirmation's cap: 3 rounds, then up to this many while undecided.
 DEFAULT_MAX_CONFIRM_ROUNDS = 6
 _ROUNDS_MESSAGE = "tuning.maxConfirmRounds must be greater than or equal to tuning.confirmRounds"
@@ -744,6 +955,18 @@ class TuningSpec(BaseModel):
 
     model_config = _model_config(
         cel("self.maxConfirmRounds >= self.confirmRounds", _ROUNDS_MESSAGE),
+        cel(
+            "!has(self.window) || self.window.durationMinutes * 60 >= self.trialDeadlineSeconds",
+            _WINDOW_DEADLINE_MESSAGE,
+        ),
+        cel(
+            f"self.retune in ['Never', 'OnSLABreach'] || self.retune.matches('{_CEL_CRON_SHAPE}')",
+            _RETUNE_MESSAGE,
+        ),
+        cel(
+            "self.retuneWindow.matches('^[1-9][0-9]{0,4}[smh]$')",
+            _RETUNE_WINDOW_MESSAGE,
+        ),
     )
 
     strategy: Literal["Canary", "InPlace"] = Field(
@@ -852,10 +1075,47 @@ class TuningSpec(BaseModel):
         le=1000.0,
     )
 
+    window: WindowSpec | None = Field(
+        default=None,
+        description="Maintenance windows: trials (and confirmation rounds) start only "
+        "inside one, and only when it still holds trialDeadlineSeconds; outside, the study "
+        "waits (Reconciling, reason OutsideWindow) and sends no load. Unset: any time.",
+    )
+    retune: str = Field(
+        default="Never",
+        description="When a Converged study starts over: Never; OnSLABreach (needs "
+        "load.source prometheus: the target's p99 or error rate over retuneWindow, checked "
+        "once per window, breaks the SLA); or a 5-field cron schedule. The new study's "
+        "incumbent is the configuration the last one wrote back.",
+        min_length=5,
+        max_length=128,
+    )
+    retune_window: str = Field(
+        default="10m",
+        description="OnSLABreach: the window the target's p99 is read over, and the time "
+        "between two checks (a number and s, m or h; 1m to 168h).",
+        max_length=8,
+    )
+
     @model_validator(mode="after")
     def _rounds_ordered(self) -> TuningSpec:
         if self.max_confirm_rounds < self.confirm_rounds:
             raise ValueError(_ROUNDS_MESSAGE)
+        return self
+
+    @model_validator(mode="after")
+    def _schedules_usable(self) -> TuningSpec:
+        window = self.window
+        if window is not None and window.duration_minutes * 60 < self.trial_deadline_seconds:
+            raise ValueError(
+                f"{_WINDOW_DEADLINE_MESSAGE} ({window.duration_minutes} min < "
+                f"{self.trial_deadline_seconds} s)"
+            )
+        if self.retune not in ("Never", "OnSLABreach"):
+            if len(self.retune.split()) != 5:
+                raise ValueError(f"{_RETUNE_MESSAGE}; got {self.retune!r}")
+            _check_cron(self.retune, "tuning.retune")
+        duration_seconds(self.retune_window)
         return self
 
 
@@ -947,6 +1207,12 @@ class InferenceServiceSpec(BaseModel):
             f"!(self.runtime.kind in {_cel_list(PATHLESS_RUNTIMES)}))",
             _PATH_MESSAGE,
         ),
+        cel(
+            "!has(self.tuning) || !has(self.tuning.retune) || "
+            "self.tuning.retune != 'OnSLABreach' || "
+            "(has(self.load.source) && self.load.source == 'prometheus')",
+            _RETUNE_SOURCE_MESSAGE,
+        ),
     )
 
     target: TargetRef = Field(description="The workload to tune.")
@@ -968,6 +1234,19 @@ class InferenceServiceSpec(BaseModel):
         default_factory=lambda: TuningSpec.model_validate({}),
         description="How the study runs and what happens to its result.",
     )
+
+    suspend: bool = Field(
+        default=False,
+        description="Pause the study at its next safe point (between trials): the canary "
+        "is deleted and an InPlace target gets its original configuration back; no "
+        "re-tune starts. false resumes the study where it stopped.",
+    )
+
+    @model_validator(mode="after")
+    def _retune_needs_prometheus(self) -> InferenceServiceSpec:
+        if self.tuning.retune == "OnSLABreach" and self.load.source != "prometheus":
+            raise ValueError(_RETUNE_SOURCE_MESSAGE)
+        return self
 
     @model_validator(mode="after")
     def _runtime_fits_the_method(self) -> InferenceServiceSpec:

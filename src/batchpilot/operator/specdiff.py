@@ -29,14 +29,20 @@ ADOPTED_TUNING_FIELDS = frozenset(
         "window",
         "write_back_deadline_seconds",
         "restore_deadline_seconds",
+        "retune",
+        "retune_window",
     }
 )
+# top-level fields likewise: suspend pauses and resumes the same study
+ADOPTED_FIELDS = frozenset({"suspend"})
 
 
 def _study_part(spec: InferenceServiceSpec) -> dict[str, Any]:
     data = spec.model_dump(mode="json", by_alias=True)
     adopted = {to_camel(f) for f in ADOPTED_TUNING_FIELDS}
     data["tuning"] = {k: v for k, v in data["tuning"].items() if k not in adopted}
+    for name in ADOPTED_FIELDS:
+        data.pop(to_camel(name), None)
     return data
 
 

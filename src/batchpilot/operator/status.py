@@ -14,7 +14,13 @@ from pydantic.alias_generators import to_camel
 from batchpilot.operator.spec import MAX_TRIALS_LIMIT
 
 Phase = Literal["Pending", "Baseline", "Tuning", "Confirming", "Converged", "Failed", "RolledBack"]
-TrialState = Literal["Running", "Complete", "Pruned", "Infeasible", "Failed"]
+TrialState = Literal["Running", "Complete", "Pruned", "Infeasible", "Failed", "Interrupted"]
+# The reason of an Interrupted trial: cut short by an operator restart or a change of
+# leader, it is retried next and never counts toward tuning.maxFailures.
+INTERRUPTED_REASON = (
+    "interrupted: the operator restarted or lost leadership mid-trial; retried, "
+    "not counted as a failure"
+)
 TrialSource = Literal["baseline", "warm-start", "sampler", "refine"]
 
 # Trials kept in full. A study has at most MAX_TRIALS_LIMIT trials plus retried failures,
@@ -56,7 +62,11 @@ class TrialEntry(_Status):
     number: int = Field(description="Trial number in the study, from 0 (the baseline).")
     params: dict[str, float | int] = Field(description="Values tried, by parameter name.")
     source: TrialSource = Field(description="baseline, warm-start, sampler or refine.")
-    state: TrialState = Field(description="Running, Complete, Pruned, Infeasible or Failed.")
+    state: TrialState = Field(
+        description="Running, Complete, Pruned, Infeasible, Failed, or Interrupted (cut "
+        "short by an operator restart or a change of leader: retried next, not counted "
+        "toward tuning.maxFailures)."
+    )
     effective_rps: float | None = Field(default=None, description="Effective throughput, req/s.")
     p99_ms: float | None = Field(default=None, description="p99 at the effective rate, ms.")
     error_rate: float | None = Field(default=None, description="Error rate at the effective rate.")
@@ -81,6 +91,7 @@ class TrialsSummary(_Status):
     count: int = Field(default=0, description="Trials summarised.")
     complete: int = Field(default=0, description="Of which complete.")
     failed: int = Field(default=0, description="Of which failed.")
+    interrupted: int = Field(default=0, description="Of which interrupted (and retried).")
     last_number: int | None = Field(default=None, description="Highest trial number summarised.")
 
 
@@ -170,6 +181,18 @@ class PersistAdvice(_Status):
     snippet: str = Field(description="The exact text to commit.")
 
 
+class LoadWorkersEntry(_Status):
+    """The load workers that sent one trial's steps."""
+
+    trial: int = Field(description="Trial number.")
+    workers: int = Field(description="Worker pods the steps were split over (1: the operator).")
+    ceiling_rps: float | None = Field(
+        default=None,
+        description="One worker's measured ceiling, req/s (its rate at the client CPU bound).",
+    )
+    job: str | None = Field(default=None, description="The worker Job, when pods sent it.")
+
+
 class InferenceServiceStatus(_Status):
     """What the operator has found so far."""
 
@@ -234,8 +257,39 @@ class InferenceServiceStatus(_Status):
         "original configuration are undone where the study made them.",
         max_length=8192,
     )
+    load_workers: list[LoadWorkersEntry] = Field(
+        default_factory=list,
+        description="Per trial with load.workers.max above 1: how many load workers sent "
+        "its steps and their ceiling, oldest first.",
+        max_length=TRIALS_KEPT,
+    )
     persist: PersistAdvice | None = Field(
         default=None,
         description="For a runtime written back live: the snippet that keeps the "
         "configuration across pod restarts, to commit with the model's configuration.",
+    )
+    suspended: bool = Field(
+        default=False,
+        description="spec.suspend took effect: no trial runs, the canary is gone and an "
+        "InPlace target runs its original configuration until suspend is false again.",
+    )
+    waiting_until: datetime | None = Field(
+        default=None,
+        description="Outside the maintenance window: when the next one opens.",
+    )
+    retunes: int = Field(default=0, description="Studies started over by tuning.retune.")
+    last_retune_at: datetime | None = Field(
+        default=None, description="When the latest re-tune started a new study."
+    )
+    last_retune_reason: str = Field(default="", description="Why it did.")
+    next_retune_at: datetime | None = Field(
+        default=None,
+        description="A Converged study with tuning.retune: the next SLA check (OnSLABreach) "
+        "or schedule tick.",
+    )
+    retune_key: str | None = Field(
+        default=None, description="The tuning.retune setting nextRetuneAt was computed for."
+    )
+    previous_best: Result | None = Field(
+        default=None, description="The best of the study the latest re-tune replaced."
     )

@@ -18,11 +18,27 @@ from datetime import UTC, datetime
 from typing import Any, Literal
 
 from batchpilot.models import BatchingConfig, CapacityResult
-from batchpilot.operator import adopt, decisions, kstatus, metrics, scope, specdiff
+from batchpilot.operator import (
+    adopt,
+    decisions,
+    kstatus,
+    metrics,
+    schedule,
+    scope,
+    specdiff,
+    workerfleet,
+)
 from batchpilot.operator import runtimes as operator_runtimes
 from batchpilot.operator.kube import KubeError
-from batchpilot.operator.spec import InferenceServiceSpec, Params, batching_config
+from batchpilot.operator.spec import (
+    InferenceServiceSpec,
+    Params,
+    batching_config,
+    duration_seconds,
+)
 from batchpilot.operator.status import (
+    INTERRUPTED_REASON,
+    TRIALS_KEPT,
     Confirmation,
     InferenceServiceStatus,
     Result,
@@ -32,7 +48,7 @@ from batchpilot.operator.status import (
 from batchpilot.operator.world import TargetProblem, World
 from batchpilot.tuner.interfaces import TargetError
 from batchpilot.tuner.space import ParameterSpec, SearchSpace
-from batchpilot.tuner.study import INVALID, TrialRecord, Tuner
+from batchpilot.tuner.study import INTERRUPTED, INVALID, TrialRecord, Tuner
 from batchpilot.tuner.verdict import Estimate
 
 log = logging.getLogger(__name__)
@@ -84,11 +100,21 @@ def search_space(spec: InferenceServiceSpec) -> SearchSpace:
 
 
 def to_record(entry: TrialEntry) -> TrialRecord:
-    return TrialRecord.model_validate(entry.model_dump())
+    """The tuner's view: an Interrupted trial is its Failed "interrupted", which it
+    retries before asking anything new and leaves out of its budget."""
+    data = entry.model_dump()
+    if entry.state == "Interrupted":
+        data.update(state="Failed", reason=INTERRUPTED)
+    return TrialRecord.model_validate(data)
 
 
 def to_entry(record: TrialRecord) -> TrialEntry:
-    return TrialEntry.model_validate(record.model_dump())
+    """The status's view: a trial the tuner marked interrupted is shown as Interrupted,
+    so neither a person nor tuning.maxFailures takes it for a failed configuration."""
+    data = record.model_dump()
+    if record.state == "Failed" and record.reason == INTERRUPTED:
+        data.update(state="Interrupted", reason=INTERRUPTED_REASON)
+    return TrialEntry.model_validate(data)
 
 
 class StudyRunner:
@@ -216,6 +242,9 @@ class StudyRunner:
         """Do the next step; False when the study of this generation is over."""
         plan = decisions.plan(self.spec, self.status, generation)
         try:
+            held = await self._held(plan)
+            if held is not None:
+                return held
             if plan.kind == "idle":
                 return False
             if plan.kind == "new-study":
@@ -369,6 +398,15 @@ class StudyRunner:
         metrics.TRIAL_SECONDS.observe(duration)
         metrics.TRIALS.labels(self.namespace, self.name, record.state).inc()
         await self._record(tuner, record)
+        await self._note_load_workers(number)
+
+    async def _note_load_workers(self, trial: int) -> None:
+        """Say in status which load workers sent the trial (with load.workers.max > 1)."""
+        noted = workerfleet.trial_entry(getattr(self._world, "load_workers", None), trial)
+        if noted is None:
+            return
+        kept = [*self.status.load_workers, noted][-TRIALS_KEPT:]
+        await self._save(load_workers=kept)
 
     async def _run_trial(
         self, tuner: Tuner, number: int, config: BatchingConfig, params: dict[str, float | int]
@@ -653,7 +691,13 @@ class StudyRunner:
         await self._save(phase="Failed", message=message)
         self._event("Warning", "StudyFailed", message)
 
+    async def _remove_load_workers(self) -> None:
+        remove = getattr(self._world, "remove_load_workers", None)
+        if remove is not None:
+            await remove()
+
     async def _remove_canary(self) -> None:
+        await self._remove_load_workers()
         if self.status.canary is not None:
             name = self.status.canary
             await self._world.remove_canary(name)
@@ -681,6 +725,7 @@ class StudyRunner:
         the spec the study started with."""
         spec, world = self._started()
         delete_canary, restore = decisions.needs_cleanup(self.status, spec.tuning.strategy)
+        await self._remove_load_workers()
         if delete_canary and self.status.canary is not None:
             name = self.status.canary
             await world.remove_canary(name)
@@ -706,3 +751,143 @@ class StudyRunner:
         self._event("Warning", "CleanupFailed", message)
         with contextlib.suppress(KubeError):
             await self._save(message=message)
+
+    # --- suspend, maintenance windows, re-tuning ----------------------------------------
+
+    async def _held(self, plan: decisions.Plan) -> bool | None:
+        """What spec.suspend, tuning.window and tuning.retune make of the plan: None to
+        go on with it, else the step's result. Checked between steps only, so a trial
+        in flight finishes (or meets its deadline) before a pause takes effect."""
+        if plan.kind in ("new-study", "adopt-spec"):
+            return None
+        if self.spec.suspend:
+            if self.status.phase not in ("Failed", "RolledBack"):
+                await self._suspend()
+            return False
+        # a new study (a restarting edit) starts unsuspended but inherits the conditions
+        paused = any(c.type == "Suspended" and c.status == "True" for c in self.status.conditions)
+        if self.status.suspended or paused:
+            await self._resume()
+            return True
+        if plan.kind == "idle":
+            return await self._retune_step()
+        if plan.kind in ("trial", "confirm"):
+            return await self._window_gate()
+        return None
+
+    async def _undo_for_pause(self) -> str:
+        """Free what a paused study holds: the canary goes (and its GPUs with it), an
+        InPlace target runs its original configuration again. Says what was undone."""
+        delete_canary, restore = decisions.needs_cleanup(self.status, self.spec.tuning.strategy)
+        if delete_canary:
+            await self._remove_canary()
+        if restore and self.status.original is not None:
+            await self._timed(self._world.restore(self.status.original), "restore")
+            await self._save(restored=True)
+        self._prepared = False
+        undone = [
+            what
+            for what, done in (
+                ("the canary deleted", delete_canary),
+                ("the original configuration restored", restore),
+            )
+            if done
+        ]
+        return ", ".join(undone)
+
+    def _unpaused_restored(self) -> bool:
+        # a restore done for a pause is undone by the next trial: a later failure must
+        # restore again
+        return self.status.restored and self.status.phase not in decisions.ACTIVE_PHASES
+
+    async def _suspend(self) -> None:
+        if self.status.suspended:
+            return
+        undone = await self._undo_for_pause()
+        message = "suspended (spec.suspend)" + (f": {undone}" if undone else "")
+        self._condition("Suspended", "True", "Suspended", message)
+        await self._save(suspended=True, message=message)
+        self._event("Normal", "Suspended", message)
+
+    async def _resume(self) -> None:
+        message = "resumed (spec.suspend false): the study goes on from its status"
+        self._condition("Suspended", "False", "Resumed", message)
+        await self._save(suspended=False, restored=self._unpaused_restored(), message=message)
+        self._event("Normal", "Resumed", message)
+
+    async def _window_gate(self) -> bool | None:
+        gate = schedule.trial_gate(self.spec, self._clock())
+        current = next((c for c in self.status.conditions if c.type == "InWindow"), None)
+        waiting = current is not None and current.status == "False"
+        if gate.may_start:
+            if waiting:
+                self._condition("InWindow", "True", "InsideWindow", gate.message)
+                await self._save(
+                    waiting_until=None, restored=self._unpaused_restored(), message=gate.message
+                )
+                self._event("Normal", "WindowOpen", gate.message)
+            return None
+        if not waiting or self.status.waiting_until != gate.until:
+            # no canary holds its GPUs, and production does not run a trial's values,
+            # until the next window
+            undone = "" if waiting else await self._undo_for_pause()
+            message = gate.message + (f"; {undone}" if undone else "")
+            self._condition("InWindow", "False", "OutsideWindow", message)
+            await self._save(waiting_until=gate.until, message=message)
+            self._event("Normal", "OutsideWindow", message)
+        return False
+
+    async def _retune_step(self) -> bool:
+        now = self._clock()
+        step = schedule.retune_step(self.spec, self.status, now)
+        if step.action == "none":
+            return False
+        if step.action == "schedule":
+            await self._save(next_retune_at=step.at, retune_key=schedule.retune_key(self.spec))
+            return False
+        why = step.why
+        if step.action == "check":
+            window = self.spec.tuning.retune_window
+            breach = await self._production_breach(float(duration_seconds(window)))
+            if breach is None:
+                await self._save(next_retune_at=step.at)
+                return False
+            why = f"SLA breached over the last {window}: {breach}"
+        await self._retune(why, now)
+        return True
+
+    async def _production_breach(self, window_s: float) -> str | None:
+        """The SLA breach Prometheus saw on the target over the window; None when it
+        kept the SLA or nothing could be read (a monitoring outage is no reason to
+        re-tune: the next check is one window later)."""
+        if not isinstance(self._world, schedule.BreachReader):
+            return None
+        try:
+            return await self._world.production_breach(window_s)
+        except (OSError, TimeoutError, KubeError, TargetProblem) as exc:
+            log.warning("%s/%s: re-tune check read nothing: %s", self.namespace, self.name, exc)
+            return None
+
+    async def _retune(self, why: str, now: datetime) -> None:
+        """A new study for the same generation; the old one's best and the count of
+        re-tunes stay in status. The new baseline is what the target runs now: the
+        configuration the last study wrote back."""
+        previous = self.status
+        generation = previous.observed_generation
+        assert generation is not None  # a Converged study has one
+        count = previous.retunes + 1
+        message = f"re-tune {count}: {why}; a new study starts from the target's configuration"
+        self.status = decisions.new_study(previous, generation).model_copy(
+            update={
+                "study_fingerprint": specdiff.study_fingerprint(self.spec),
+                "retunes": count,
+                "last_retune_at": now,
+                "last_retune_reason": why,
+                "previous_best": previous.best,
+                "message": message,
+            }
+        )
+        self._prepared = False
+        self._condition("Ready", "False", "Retuning", message)
+        await self._save()
+        self._event("Normal", "Retune", message)

@@ -19,7 +19,7 @@ import aiohttp
 from batchpilot.loadgen.protocols import REFERENCE_PATH, speaking
 from batchpilot.models import BatchingConfig, CapacityResult
 from batchpilot.operator import canary as canaries
-from batchpilot.operator import decisions, neighbours, promscope, writers
+from batchpilot.operator import decisions, neighbours, promscope, workerfleet, writers
 from batchpilot.operator import runtimes as operator_runtimes
 from batchpilot.operator.kube import (
     JSON,
@@ -142,6 +142,8 @@ class KubeWorld:
         # or the pod template)
         self._runtime = operator_runtimes.live_adapter(spec)
         self._field_manager = field_manager(str(owner["metadata"]["name"]))
+        # load-worker pods, when load.workers.max allows more than the operator itself
+        self.load_workers = workerfleet.for_spec(kube, spec, namespace, owner)
         # HorizontalPodAutoscalers targeting the target, found when trials are prepared
         self.autoscalers: list[str] = []
         # the environment the latest trial applied (method Env), checked on the pods
@@ -519,19 +521,29 @@ class KubeWorld:
                 f"production traffic over {seconds:g} s after the write-back: {breach}",
             )
 
+    async def production_breach(self, window_s: float) -> str | None:
+        """How the target's traffic over the last `window_s` broke the SLA (re-tune
+        OnSLABreach); None when it kept it or there is no Prometheus verdict."""
+        return await self._production_breach(window_s)
+
     async def _production_breach(self, window_s: float) -> str | None:
         """The SLA breach Prometheus saw over the window, with load.source prometheus.
         A query that fails judges nothing: a monitoring outage is no reason to undo a
         configuration that runs."""
+        from batchpilot.capacity.prometheus import NoLatencyHistogram, PrometheusQueryError
+        from batchpilot.capacity.promql import MS_PER_UNIT
+
         if self._spec.load.source != "prometheus":
             return None
         pods = await self._pods(await self._target())
         if not pods:
             return None  # nothing runs to judge; the watch above saw to the pods
-        source = self._prometheus_source([str(p["metadata"]["name"]) for p in pods])
+        try:
+            source = self._prometheus_source([str(p["metadata"]["name"]) for p in pods])
+        except NoLatencyHistogram:  # the study itself refused it: nothing to judge by
+            return None
         if source is None:
             return None
-        from batchpilot.capacity.prometheus import PrometheusQueryError
 
         queries = source.queries(window_s)
         end = time.time()
@@ -544,7 +556,7 @@ class KubeWorld:
             log.warning("verify: no SLA verdict from Prometheus: %s", exc)
             return None
         return decisions.sla_breach(
-            p99_ms=values["p99"] * 1000.0,
+            p99_ms=values["p99"] * MS_PER_UNIT[source.metrics.latency_unit],
             ok_rps=values["ok_rps"],
             total_rps=values["total_rps"],
             sla=self._spec.sla.to_sla(),
@@ -707,7 +719,14 @@ class KubeWorld:
 
         load = self._spec.load
         in_place = self._spec.tuning.strategy == "InPlace"
-        return await measure_capacity(
+        max_rps = decisions.load_ceiling(load.max_rps, len(urls))
+        sender = None
+        if self.load_workers is not None:
+            try:
+                sender = await self.load_workers.sender(None if load.max_rps is None else max_rps)
+            except workerfleet.FleetError as exc:
+                raise TargetProblem(exc.reason, exc.message) from None
+        result = await measure_capacity(
             urls,
             # a runtime's protocol, in force around the call, brings its own path
             path=load.endpoint.path or REFERENCE_PATH,
@@ -722,11 +741,23 @@ class KubeWorld:
             seed=self._spec.tuning.seed if seed is None else seed,
             source=source,
             arrival=load.arrival.process_model(),
-            max_rps=decisions.load_ceiling(load.max_rps, len(urls)),
+            max_rps=max_rps,
             max_overload_s=load.max_overload_seconds,
             # on production a breach is not provoked a second time to confirm it
             confirm_failures=not in_place,
+            sender=sender,
         )
+        if self.load_workers is not None:
+            self.load_workers.observe(result.steps, result.effective_rps)
+        return result
+
+    async def remove_load_workers(self) -> None:
+        """Delete the study's load-worker Job, Secret and ServiceAccount (none: a no-op)."""
+        if self.load_workers is not None:
+            try:
+                await self.load_workers.remove()
+            except workerfleet.FleetError as exc:
+                raise TargetProblem(exc.reason, exc.message) from None
 
     async def _subtract_live_traffic(self, source: PrometheusStepSource, pods: int) -> None:
         """On production the measured pods serve live traffic beside the load: what they
@@ -764,10 +795,14 @@ class KubeWorld:
     async def _checked_prometheus_source(self, pod_names: list[str]) -> PrometheusStepSource | None:
         """The Prometheus source narrowed to the pods under load, its scrape interval
         checked against the step length before any load is sent."""
-        source = self._prometheus_source(pod_names)
+        from batchpilot.capacity.prometheus import NoLatencyHistogram, PrometheusQueryError
+
+        try:
+            source = self._prometheus_source(pod_names)
+        except NoLatencyHistogram as exc:
+            raise TargetProblem("NoLatencyHistogram", str(exc), stops_study=True) from None
         if source is None:
             return None
-        from batchpilot.capacity.prometheus import PrometheusQueryError
         from batchpilot.capacity.scrape import ScrapeWindowError
 
         try:
@@ -784,21 +819,10 @@ class KubeWorld:
         prometheus = self._spec.load.prometheus
         if self._spec.load.source != "prometheus" or prometheus is None:
             return None
-        from batchpilot.capacity.prometheus import PrometheusStepSource
+        from batchpilot.operator.promsource import prometheus_source
 
         try:
             selector = promscope.scoped_selector(prometheus.selector, pod_names)
         except ValueError as exc:
             raise TargetProblem("PrometheusScope", f"load.prometheus: {exc}") from None
-        # unset metric names keep the source's defaults: the reference server's metrics
-        options: dict[str, Any] = {
-            "ok_outcome": prometheus.ok_outcome,
-            "selector": selector,
-        }
-        if prometheus.latency_metric:
-            options["latency_metric"] = prometheus.latency_metric
-        if prometheus.requests_metric:
-            options["requests_metric"] = prometheus.requests_metric
-        if prometheus.scrape_interval_seconds is not None:
-            options["scrape_interval_s"] = prometheus.scrape_interval_seconds
-        return PrometheusStepSource(prometheus.url, ca_pem=prometheus.ca_bundle, **options)
+        return prometheus_source(self._spec, selector=selector)

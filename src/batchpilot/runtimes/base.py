@@ -109,6 +109,14 @@ class Metrics(Frozen):
     export_delay_s: Annotated[float, Field(ge=0.0)] = 0.0
 
 
+class ControlEndpoint(Frozen):
+    """The endpoint a runtime's control reaches besides the inference URL, which
+    `tune --url ... --control-url URL` moves when it is not at the runtime's default."""
+
+    what: str  # for people: "Triton's metrics endpoint (GET /metrics)"
+    default: str  # where it is looked for without --control-url
+
+
 class Persistence(Frozen):
     """How a winner survives a restart: where it is written and the exact text."""
 
@@ -193,6 +201,7 @@ class Runtime(ABC):
     how_applied: ClassVar[HowApplied]
     metrics: ClassVar[Metrics]
     default_model: ClassVar[str | None]  # the bundled model's name, None: no models
+    control_endpoint: ClassVar[ControlEndpoint]
 
     @abstractmethod
     def protocol(self, model: str | None = None) -> RequestProtocol:
@@ -200,11 +209,17 @@ class Runtime(ABC):
 
     @abstractmethod
     def control(
-        self, url: str, *, model: str | None = None, server: LocalServer | None = None
+        self,
+        url: str,
+        *,
+        model: str | None = None,
+        server: LocalServer | None = None,
+        control_url: str | None = None,
     ) -> RuntimeControl:
         """A control for the server at base URL `url` serving `model`. `server` is the
         local server BatchPilot started from `launcher` (it gives access to what lives on
-        this machine, such as a model repository); None for one running elsewhere."""
+        this machine, such as a model repository); None for one running elsewhere.
+        `control_url` is `control_endpoint` where it is not at its default."""
 
     @abstractmethod
     def launcher(

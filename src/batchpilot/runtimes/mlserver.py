@@ -43,6 +43,7 @@ from batchpilot.processes import (
     wait_ready,
 )
 from batchpilot.runtimes.base import (
+    ControlEndpoint,
     HowApplied,
     Knob,
     LaunchError,
@@ -198,11 +199,13 @@ class MLServerControl:
         *,
         model: str = MODEL,
         repository: ModelRepository | None = None,
+        control_url: str | None = None,
         timeout_s: float = 30.0,
         verify_attempts: int = 3,
     ) -> None:
-        self._client = ControlClient(url, timeout_s=timeout_s)
-        self.url = self._client.url
+        # the repository API; the read-back and verification go through inference (`url`)
+        self._client = ControlClient(control_url or url, timeout_s=timeout_s)
+        self.url = url.rstrip("/")
         self.model = model
         self.repository = repository
         self._timeout_s = timeout_s
@@ -476,15 +479,27 @@ class MLServerRuntime(Runtime):
         total_requests=f"rest_server_requests_total{{{INFER_PATH}}}",
     )
     default_model: ClassVar[str | None] = MODEL
+    # MLServer has no management port: its repository API shares the inference port
+    control_endpoint: ClassVar[ControlEndpoint] = ControlEndpoint(
+        what="MLServer's model repository API (/v2/repository/models/M/load)",
+        default="the inference URL itself",
+    )
 
     def protocol(self, model: str | None = None) -> RequestProtocol:
         return kserve_v2(model or MODEL, input_name=INPUT_NAME, features=FEATURES)
 
     def control(
-        self, url: str, *, model: str | None = None, server: LocalServer | None = None
+        self,
+        url: str,
+        *,
+        model: str | None = None,
+        server: LocalServer | None = None,
+        control_url: str | None = None,
     ) -> MLServerControl:
         repository = server.repository if isinstance(server, MLServerProcess) else None
-        return MLServerControl(url, model=model or MODEL, repository=repository)
+        return MLServerControl(
+            url, model=model or MODEL, repository=repository, control_url=control_url
+        )
 
     def launcher(
         self,

@@ -11,6 +11,7 @@ from batchpilot.extras import torch_missing
 from batchpilot.loadgen.protocols import REFERENCE, RequestProtocol
 from batchpilot.models import MAX_BATCH_SIZE_LIMIT, MAX_QUEUE_TIME_MS_LIMIT, BatchingConfig
 from batchpilot.runtimes.base import (
+    ControlEndpoint,
     HowApplied,
     Knob,
     LaunchError,
@@ -116,14 +117,23 @@ class ReferenceRuntime(Runtime):
         total_requests="batchpilot_requests_total",
     )
     default_model: ClassVar[str | None] = None
+    control_endpoint: ClassVar[ControlEndpoint] = ControlEndpoint(
+        what=f"the reference server's admin endpoint (base URL of {ADMIN_PATH})",
+        default="the inference URL itself",
+    )
 
     def protocol(self, model: str | None = None) -> RequestProtocol:
         return REFERENCE
 
     def control(
-        self, url: str, *, model: str | None = None, server: LocalServer | None = None
+        self,
+        url: str,
+        *,
+        model: str | None = None,
+        server: LocalServer | None = None,
+        control_url: str | None = None,
     ) -> ReferenceControl:
-        return ReferenceControl(url)
+        return ReferenceControl(control_url or url)
 
     def launcher(
         self,

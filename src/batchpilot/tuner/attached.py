@@ -22,28 +22,48 @@ log = logging.getLogger(__name__)
 @dataclass(frozen=True)
 class Attached:
     """A server BatchPilot did not start: its base URL, the model to tune (None: the
-    runtime's bundled one), and whether the recommended configuration stays live at the
-    end (else the configuration found running returns)."""
+    runtime's bundled one), whether the recommended configuration stays live at the
+    end (else the configuration found running returns), and the runtime's control
+    endpoint where it is not at its default (None: the default)."""
 
     url: str
     model: str | None = None
     keep_winner: bool = False
+    control_url: str | None = None
+
+
+def control_hint(runtime: Runtime, control_url: str | None) -> str:
+    """Where the control endpoint was looked for, and how to point at another."""
+    endpoint = runtime.control_endpoint
+    if control_url is not None:
+        return f"{endpoint.what} was looked for at --control-url {control_url}"
+    return (
+        f"{endpoint.what} was looked for at {endpoint.default}; --control-url URL "
+        "names another address"
+    )
 
 
 async def check_attached(
-    target: Target, runtime: Runtime, model: str | None, console: Console
+    target: Target,
+    runtime: Runtime,
+    model: str | None,
+    console: Console,
+    *,
+    control_url: str | None = None,
 ) -> BatchingConfig:
     """The configuration running now, once applied to itself. TargetError says what
     failed: reading it (the model is not served there, or not by this runtime) or
-    changing it (the control cannot reach what it needs)."""
+    changing it (the control cannot reach what it needs), and where the control
+    endpoint was looked for."""
     url = getattr(target, "url", "")
     served = f"model {model!r}" if model is not None else "its model"
+    hint = control_hint(runtime, control_url)
     try:
         baseline = await target.current()
     except TargetError as exc:
         raise TargetError(
             f"cannot read the batching configuration of {served} (is it served there, "
-            f"and by {runtime.title}?): {exc}"
+            f"and by {runtime.title}? {hint}): {exc}"
         ) from None
     console.print(
         f"Tuning the {runtime.title} running at {url} ({served}), found at "
@@ -55,7 +75,7 @@ async def check_attached(
     except TargetError as exc:
         raise TargetError(
             f"its configuration cannot be changed through the {runtime.name} control, so "
-            f"it cannot be tuned from here: {exc}"
+            f"it cannot be tuned from here ({hint}): {exc}"
         ) from None
     return baseline
 

@@ -201,6 +201,13 @@ def _storage(spec: str | None) -> str | BaseStorage | None:
     '\'job="triton",namespace="prod"\' [default: none].',
 )
 @click.option(
+    "--control-url",
+    default=None,
+    help="--url: the runtime's control endpoint where it is not at its default: Triton's "
+    "metrics port, Ray's dashboard, TorchServe's management API, MLServer's and the "
+    "reference server's control API [default: the runtime's own port on the --url host].",
+)
+@click.option(
     "--keep-winner",
     is_flag=True,
     help="--url: leave the recommended configuration live at the end instead of putting "
@@ -320,6 +327,7 @@ def tune(
     model: str | None,
     prometheus_url: str | None,
     prometheus_selector: str,
+    control_url: str | None,
     keep_winner: bool,
     cost_file: Path | None,
     profile_url: str | None,
@@ -376,6 +384,7 @@ def tune(
             ("--model", model is not None),
             ("--keep-winner", keep_winner),
             ("--prometheus", prometheus_url is not None),
+            ("--control-url", control_url is not None),
         )
         if given
     ]
@@ -459,7 +468,9 @@ def tune(
         from batchpilot.tuner.urlmode import attach_to, prometheus_source
 
         adapter = get_runtime(runtime)
-        attach = attach_to(attach_url, adapter, model=model, keep_winner=keep_winner)
+        attach = attach_to(
+            attach_url, adapter, model=model, keep_winner=keep_winner, control_url=control_url
+        )
         what = f"{what} at {attach.url}"
         if prometheus_url is not None:
             source = prometheus_source(

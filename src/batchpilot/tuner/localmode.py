@@ -184,9 +184,14 @@ async def tune_local(run: LocalRun, console: Console) -> TuneSummary:
         else:
             assert attach is not None  # no server started: one was given
             url = attach.url
-        target = runtime.control(url, model=model, server=server)
+        target = runtime.control(
+            url,
+            model=model,
+            server=server,
+            control_url=attach.control_url if attach is not None else None,
+        )
         baseline = (
-            await check_attached(target, runtime, model, console)
+            await check_attached(target, runtime, model, console, control_url=attach.control_url)
             if attach is not None
             else await target.current()
         )

@@ -30,9 +30,17 @@ class AttachError(click.ClickException):
     exit_code = 2
 
 
-def attach_to(url: str, runtime: Runtime, *, model: str | None, keep_winner: bool) -> Attached:
+def attach_to(
+    url: str,
+    runtime: Runtime,
+    *,
+    model: str | None,
+    keep_winner: bool,
+    control_url: str | None = None,
+) -> Attached:
     """The server to tune at `url`: its base URL (a full endpoint URL of the runtime's
-    protocol is cut back to the base) once something answers HTTP there."""
+    protocol is cut back to the base) once something answers HTTP there, and at
+    `control_url` too when its control endpoint is given."""
     try:
         (base,) = normalise_urls(url)
     except ValueError as exc:
@@ -47,7 +55,25 @@ def attach_to(url: str, runtime: Runtime, *, model: str | None, keep_winner: boo
             f"--url {url}: nothing answers there ({exc}); give the base URL of a running "
             f"{runtime.title}"
         ) from None
-    return Attached(url=base, model=model, keep_winner=keep_winner)
+    control = None if control_url is None else control_at(control_url, runtime)
+    return Attached(url=base, model=model, keep_winner=keep_winner, control_url=control)
+
+
+def control_at(url: str, runtime: Runtime) -> str:
+    """The runtime's control endpoint given by --control-url, once something answers
+    HTTP there."""
+    what = runtime.control_endpoint.what
+    try:
+        (base,) = normalise_urls(url)
+    except ValueError as exc:
+        raise AttachError(f"--control-url {url}: {exc}; give the address of {what}") from None
+    try:
+        asyncio.run(check_reachable([base], timeout_s=REACH_TIMEOUT_S))
+    except UnreachableError as exc:
+        raise AttachError(
+            f"--control-url {url}: nothing answers there ({exc}); give the address of {what}"
+        ) from None
+    return base
 
 
 def prometheus_source(

@@ -14,6 +14,7 @@ from urllib.parse import urlsplit
 from batchpilot.loadgen.protocols import JSON_HEADERS, RequestProtocol
 from batchpilot.models import MAX_BATCH_SIZE_LIMIT, MAX_QUEUE_TIME_MS_LIMIT, BatchingConfig
 from batchpilot.runtimes.base import (
+    ControlEndpoint,
     HowApplied,
     Knob,
     LaunchError,
@@ -93,6 +94,10 @@ class RayServeRuntime(Runtime):
     metrics: ClassVar[Metrics] = app_metrics(APP_NAME)
     # APP or APP/DEPLOYMENT
     default_model: ClassVar[str | None] = f"{APP_NAME}/{DEPLOYMENT}"
+    control_endpoint: ClassVar[ControlEndpoint] = ControlEndpoint(
+        what="Ray's dashboard (the Serve REST API, /api/serve/applications/)",
+        default=f"port {DEFAULT_DASHBOARD_PORT} on the host of the inference URL",
+    )
 
     def protocol(self, model: str | None = None) -> RequestProtocol:
         """The bundled app's JSON at its route prefix; the model names a deployment, not
@@ -109,10 +114,12 @@ class RayServeRuntime(Runtime):
         *,
         model: str | None = None,
         server: LocalServer | None = None,
+        control_url: str | None = None,
         dashboard_url: str | None = None,
     ) -> RayServeControl:
-        """`dashboard_url` (the Serve REST API) defaults to the local cluster's, else
-        port 8265 on the URL's host."""
+        """`dashboard_url` (the Serve REST API; `control_url` is the same) defaults to
+        the local cluster's, else port 8265 on the URL's host."""
+        dashboard_url = dashboard_url or control_url
         if dashboard_url is None:
             if isinstance(server, RayServeProcess):
                 dashboard_url = server.dashboard_url

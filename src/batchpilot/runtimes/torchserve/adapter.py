@@ -12,6 +12,7 @@ from urllib.parse import urlsplit, urlunsplit
 from batchpilot.loadgen.protocols import JSON_HEADERS, RequestProtocol
 from batchpilot.models import BatchingConfig
 from batchpilot.runtimes.base import (
+    ControlEndpoint,
     HowApplied,
     Knob,
     LaunchError,
@@ -53,6 +54,10 @@ class TorchServeRuntime(Runtime):
         total_requests='{__name__=~"Requests(2|4|5)XX"}',
     )
     default_model: ClassVar[str | None] = MODEL
+    control_endpoint: ClassVar[ControlEndpoint] = ControlEndpoint(
+        what="TorchServe's management API (management_address)",
+        default="the inference URL's port + 1 on its host (TorchServe's 8080 and 8081)",
+    )
 
     def protocol(self, model: str | None = None) -> RequestProtocol:
         return RequestProtocol(
@@ -60,13 +65,23 @@ class TorchServeRuntime(Runtime):
         )
 
     def control(
-        self, url: str, *, model: str | None = None, server: LocalServer | None = None
+        self,
+        url: str,
+        *,
+        model: str | None = None,
+        server: LocalServer | None = None,
+        control_url: str | None = None,
     ) -> TorchServeControl:
         if isinstance(server, TorchServeProcess):
             return TorchServeControl(
-                url, management=server.management_url, model=model or MODEL, store=server.store
+                url,
+                management=control_url or server.management_url,
+                model=model or MODEL,
+                store=server.store,
             )
-        return TorchServeControl(url, management=management_url(url), model=model or MODEL)
+        return TorchServeControl(
+            url, management=control_url or management_url(url), model=model or MODEL
+        )
 
     def launcher(
         self,

@@ -19,6 +19,7 @@ from batchpilot.capacity.promql import with_matchers
 from batchpilot.loadgen.protocols import JSON_HEADERS, RequestProtocol, v2_path
 from batchpilot.models import MAX_BATCH_SIZE_LIMIT, MAX_QUEUE_TIME_MS_LIMIT, BatchingConfig
 from batchpilot.runtimes.base import (
+    ControlEndpoint,
     HowApplied,
     Knob,
     LaunchError,
@@ -94,6 +95,12 @@ def triton_protocol(model: str, input_name: str = INPUT_NAME) -> RequestProtocol
         return row_body(size, input_name)
 
     return RequestProtocol("v2", v2_path(model), body, JSON_HEADERS)
+
+
+def metrics_endpoint(url: str) -> str:
+    """Triton's metrics URL from a base URL; one that already names a path is kept."""
+    trimmed = url.rstrip("/")
+    return trimmed if urlsplit(trimmed).path else f"{trimmed}/metrics"
 
 
 def to_batching(values: NativeValues) -> TritonBatching:
@@ -231,6 +238,11 @@ class TritonRuntime(Runtime):
         latency_summary="nv_inference_request_summary_us",
     )
     default_model: ClassVar[str | None] = MODEL_NAME
+    # model control is on the inference port; the verification reads the metrics port
+    control_endpoint: ClassVar[ControlEndpoint] = ControlEndpoint(
+        what="Triton's metrics endpoint (http://HOST:PORT, /metrics is added)",
+        default=f"port {DEFAULT_METRICS_PORT} on the host of the inference URL",
+    )
 
     def metrics_for(self, model: str | None = None) -> Metrics:
         """Triton labels every series with `model`."""
@@ -253,10 +265,13 @@ class TritonRuntime(Runtime):
         *,
         model: str | None = None,
         server: LocalServer | None = None,
+        control_url: str | None = None,
         metrics_url: str | None = None,
     ) -> TritonRuntimeControl:
-        """`metrics_url` defaults to the local server's, else port 8002 on the URL's
-        host."""
+        """`metrics_url` (or `control_url`, its base) defaults to the local server's,
+        else port 8002 on the URL's host."""
+        if metrics_url is None and control_url is not None:
+            metrics_url = metrics_endpoint(control_url)
         if metrics_url is None:
             if isinstance(server, TritonProcess):
                 metrics_url = server.metrics_url

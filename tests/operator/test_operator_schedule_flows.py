@@ -1,0 +1,307 @@
+"""Maintenance windows, suspend and re-tuning through Kopf and KMock, on an injected
+clock: outside the window no trial starts; suspend restores an InPlace target and says
+Suspended; resume goes on with the same study; a breached SLA starts a new study."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import kmock
+import pytest
+from opsupport import (
+    ISVC,
+    NAMESPACE,
+    ORIGINAL,
+    FakeCluster,
+    FakeWorld,
+    GenerateNameEmulator,
+    Operator,
+    eventually,
+    isvc,
+)
+
+from batchpilot.operator import handlers
+from batchpilot.operator.spec import InferenceServiceSpec
+from batchpilot.operator.world import ProblemSink
+
+pytestmark = [
+    pytest.mark.operator,
+    pytest.mark.timeout(60),
+    pytest.mark.kmock(cls=GenerateNameEmulator),
+]
+
+ISVC_URL = f"/apis/batchpilot.dev/v1alpha1/namespaces/{NAMESPACE}/inferenceservices"
+PROMETHEUS_LOAD = {
+    "endpoint": {"port": 8080, "path": "/v1/predict"},
+    "maxRps": 1000,
+    "source": "prometheus",
+    "prometheus": {"url": "http://prometheus:9090"},
+}
+
+
+class Clock:
+    """The operator's wall clock, moved by the test."""
+
+    def __init__(self, now: datetime) -> None:
+        self.now = now
+
+    def __call__(self) -> datetime:
+        return self.now
+
+
+@pytest.fixture
+def clock(monkeypatch: pytest.MonkeyPatch) -> Clock:
+    fake = Clock(datetime(2026, 12, 1, 12, 0, tzinfo=UTC))
+    monkeypatch.setattr(handlers, "utcnow", fake)
+    return fake
+
+
+class BreachWorld(FakeWorld):
+    """A FakeWorld whose production traffic breaks the SLA when the test says so."""
+
+    def __init__(self, spec: InferenceServiceSpec, cluster: FakeCluster, probe: Probe) -> None:
+        super().__init__(spec, cluster)
+        self.probe = probe
+
+    async def production_breach(self, window_s: float) -> str | None:
+        self.probe.windows.append(window_s)
+        return self.probe.breach
+
+
+class Probe:
+    def __init__(self, cluster: FakeCluster) -> None:
+        self.breach: str | None = None
+        self.windows: list[float] = []
+        self.cluster = cluster
+
+    def install(self) -> None:
+        def make(
+            kube: Any,
+            spec: InferenceServiceSpec,
+            namespace: str,
+            owner: Mapping[str, Any],
+            on_problem: ProblemSink,
+        ) -> FakeWorld:
+            return BreachWorld(spec, self.cluster, self)
+
+        self.cluster.factory = lambda: make  # type: ignore[method-assign]
+
+
+def status_of(k: kmock.KubernetesEmulator) -> dict[str, Any]:
+    try:
+        return dict(k.objects[ISVC, NAMESPACE, "resnet"].raw.get("status") or {})
+    except (KeyError, ValueError):
+        return {}
+
+
+def conditions(k: kmock.KubernetesEmulator) -> dict[str, dict[str, Any]]:
+    return {c["type"]: c for c in status_of(k).get("conditions", [])}
+
+
+def reasons_of(k: kmock.KubernetesEmulator) -> list[str]:
+    return [
+        str(r.data["reason"])
+        for r in k["post"]
+        if r.resource is not None and r.resource.plural == "events"
+    ]
+
+
+def phase_is(k: kmock.KubernetesEmulator, phase: str) -> bool:
+    return status_of(k).get("phase") == phase
+
+
+async def edit(k: kmock.KubernetesEmulator, generation: int, spec: Mapping[str, Any]) -> None:
+    response = await k.patch(
+        f"{ISVC_URL}/resnet",
+        json={"metadata": {"generation": generation}, "spec": dict(spec)},
+        headers={"Content-Type": "application/merge-patch+json"},
+    )
+    assert response.status == 200
+
+
+async def test_outside_the_window_no_trial_starts_until_it_opens(
+    kmock: kmock.KubernetesEmulator, operator: Operator, cluster: FakeCluster, clock: Clock
+) -> None:
+    window = {"start": "0 2 * * *", "durationMinutes": 120}
+    kmock.objects[ISVC, NAMESPACE, "resnet"] = isvc(
+        tuning={"maxTrials": 3, "finalists": 0, "window": window}
+    )
+    async with operator():
+        await eventually(
+            lambda: conditions(kmock).get("InWindow", {}).get("reason") == "OutsideWindow",
+            what="the study to wait for its window",
+        )
+        status = status_of(kmock)
+        assert status["waitingUntil"].startswith("2026-12-02T02:00:00")
+        assert "outside the maintenance window" in status["message"]
+        found = conditions(kmock)
+        assert (found["Reconciling"]["status"], found["Reconciling"]["reason"]) == (
+            "True",
+            "OutsideWindow",
+        )
+        assert found["Stalled"]["status"] == "False"
+        assert cluster.applied == []  # no configuration applied, no load sent
+        clock.now = datetime(2026, 12, 2, 2, 5, tzinfo=UTC)
+        await eventually(lambda: phase_is(kmock, "Converged"), what="trials inside the window")
+    assert len(cluster.applied) == 3
+    assert conditions(kmock)["InWindow"]["reason"] == "InsideWindow"
+    assert status_of(kmock).get("waitingUntil") is None
+    assert "OutsideWindow" in reasons_of(kmock)
+    assert "WindowOpen" in reasons_of(kmock)
+
+
+async def test_suspend_restores_an_in_place_target_and_resume_goes_on(
+    kmock: kmock.KubernetesEmulator, operator: Operator, cluster: FakeCluster, clock: Clock
+) -> None:
+    tuning = {"strategy": "InPlace", "maxTrials": 4, "finalists": 0}
+    kmock.objects[ISVC, NAMESPACE, "resnet"] = isvc(tuning=tuning)
+    cluster.hold_after = 1  # trial 1 waits in apply, on the target
+    async with operator():
+        await eventually(lambda: len(cluster.applied) == 2, what="trial 1 applied")
+        await edit(kmock, 2, {"suspend": True})
+        # the trial in flight finishes: the pause comes between trials
+        cluster.hold_after = None
+        cluster.gate.set()
+        await eventually(lambda: status_of(kmock).get("suspended") is True, what="suspension")
+        assert cluster.target == ORIGINAL
+        assert cluster.restored == 1
+        # the edit may reach the daemon after the held trial ended and the next began:
+        # either way the pause comes between trials, and none starts while suspended
+        applied = len(cluster.applied)
+        assert applied in (2, 3)
+        await asyncio.sleep(0.5)  # ten polls of the daemon
+        assert len(cluster.applied) == applied
+        found = conditions(kmock)
+        assert (found["Ready"]["status"], found["Ready"]["reason"]) == ("False", "Suspended")
+        assert (found["Stalled"]["status"], found["Reconciling"]["status"]) == ("False", "False")
+        assert found["Suspended"]["status"] == "True"
+        assert "Suspended" in reasons_of(kmock)
+        assert len(status_of(kmock)["trials"]) == applied
+        await edit(kmock, 3, {"suspend": False})
+        await eventually(lambda: phase_is(kmock, "Converged"), what="the resumed study")
+    status = status_of(kmock)
+    # the same study went on: 4 trials in all, the first two kept, no new study started
+    assert [t["number"] for t in status["trials"]] == [0, 1, 2, 3]
+    assert len(cluster.applied) == 4
+    assert status["suspended"] is False
+    assert "Resumed" in reasons_of(kmock)
+    assert reasons_of(kmock).count("StudyStarted") == 1
+
+
+async def test_suspend_deletes_the_canary(
+    kmock: kmock.KubernetesEmulator, operator: Operator, cluster: FakeCluster, clock: Clock
+) -> None:
+    kmock.objects[ISVC, NAMESPACE, "resnet"] = isvc(
+        tuning={"maxTrials": 4, "finalists": 0}, suspend=False
+    )
+    cluster.hold_after = 1
+    async with operator():
+        await eventually(lambda: len(cluster.applied) == 2, what="trial 1 applied")
+        assert cluster.canaries
+        await edit(kmock, 2, {"suspend": True})
+        cluster.hold_after = None
+        cluster.gate.set()
+        await eventually(lambda: status_of(kmock).get("suspended") is True, what="suspension")
+    assert cluster.canaries == set()
+    assert status_of(kmock).get("canary") is None
+    assert "CanaryDeleted" in reasons_of(kmock)
+
+
+async def test_a_breached_sla_starts_a_new_study_from_the_written_back_configuration(
+    kmock: kmock.KubernetesEmulator, operator: Operator, cluster: FakeCluster, clock: Clock
+) -> None:
+    probe = Probe(cluster)
+    probe.install()
+    kmock.objects[ISVC, NAMESPACE, "resnet"] = isvc(
+        load=PROMETHEUS_LOAD,
+        tuning={
+            "maxTrials": 3,
+            "finalists": 0,
+            "retune": "OnSLABreach",
+            "retuneWindow": "10m",
+            "verifySeconds": 0,
+        },
+    )
+    async with operator():
+        await eventually(
+            lambda: phase_is(kmock, "Converged") and bool(status_of(kmock).get("nextRetuneAt")),
+            what="the first study and its first check scheduled",
+        )
+        first = status_of(kmock)
+        written = cluster.written_back[-1]
+        assert first["nextRetuneAt"].startswith("2026-12-01T12:10:00")
+        # the SLA holds: checked once when due, then not again before the next window
+        clock.now += timedelta(minutes=10)
+        await eventually(lambda: len(probe.windows) == 1, what="the first SLA check")
+        await eventually(
+            lambda: status_of(kmock)["nextRetuneAt"].startswith("2026-12-01T12:20:00"),
+            what="the next check scheduled",
+        )
+        assert probe.windows == [600.0]
+        assert phase_is(kmock, "Converged")
+        probe.breach = "p99 450 ms > 300 ms at 800 req/s"
+        clock.now += timedelta(minutes=10)
+        await eventually(
+            lambda: status_of(kmock).get("retunes") == 1 and phase_is(kmock, "Converged"),
+            what="the re-tune's study",
+        )
+    status = status_of(kmock)
+    assert len(probe.windows) == 2
+    assert "SLA breached over the last 10m: p99 450 ms" in status["lastRetuneReason"]
+    assert status["lastRetuneAt"].startswith("2026-12-01T12:20:00")
+    assert status["previousBest"]["params"] == first["best"]["params"]
+    # the new study's baseline is what the first one wrote back
+    assert status["trials"][0]["source"] == "baseline"
+    assert status["trials"][0]["params"] == written
+    assert "Retune" in reasons_of(kmock)
+    assert reasons_of(kmock).count("StudyStarted") == 1
+
+
+async def test_an_in_place_target_is_restored_while_the_window_is_shut(
+    kmock: kmock.KubernetesEmulator, operator: Operator, cluster: FakeCluster, clock: Clock
+) -> None:
+    clock.now = datetime(2026, 12, 2, 2, 0, tzinfo=UTC)
+    window = {"start": "0 2 * * *", "durationMinutes": 120}
+    tuning = {"strategy": "InPlace", "maxTrials": 4, "finalists": 0, "window": window}
+    kmock.objects[ISVC, NAMESPACE, "resnet"] = isvc(tuning=tuning)
+    cluster.hold_after = 1  # trial 1 waits in apply, on the target
+    async with operator():
+        await eventually(lambda: len(cluster.applied) == 2, what="trial 1 applied")
+        # too late for another whole trial (deadline 900 s) before the 04:00 close
+        clock.now = datetime(2026, 12, 2, 3, 50, tzinfo=UTC)
+        cluster.hold_after = None
+        cluster.gate.set()
+        await eventually(
+            lambda: conditions(kmock).get("InWindow", {}).get("reason") == "OutsideWindow",
+            what="the wait for the next window",
+        )
+        assert cluster.target == ORIGINAL
+        assert cluster.restored == 1
+        assert len(cluster.applied) == 2
+        status = status_of(kmock)
+        assert status["waitingUntil"].startswith("2026-12-03T02:00:00")
+        assert "before a trial could finish" in status["message"]
+        assert "the original configuration restored" in status["message"]
+        clock.now = datetime(2026, 12, 3, 2, 0, tzinfo=UTC)
+        await eventually(lambda: phase_is(kmock, "Converged"), what="the next window's trials")
+    assert [t["number"] for t in status_of(kmock)["trials"]] == [0, 1, 2, 3]
+    assert cluster.written_back
+
+
+async def test_a_restarting_edit_while_suspended_lifts_the_pause_with_it(
+    kmock: kmock.KubernetesEmulator, operator: Operator, cluster: FakeCluster, clock: Clock
+) -> None:
+    kmock.objects[ISVC, NAMESPACE, "resnet"] = isvc(
+        tuning={"maxTrials": 3, "finalists": 0}, suspend=True
+    )
+    async with operator():
+        await eventually(lambda: status_of(kmock).get("suspended") is True, what="suspension")
+        assert cluster.applied == []
+        await edit(kmock, 2, {"suspend": False, "sla": {"p99LatencyMs": 250}})
+        await eventually(lambda: phase_is(kmock, "Converged"), what="the new study")
+    found = conditions(kmock)
+    assert (found["Suspended"]["status"], found["Suspended"]["reason"]) == ("False", "Resumed")
+    assert found["Ready"]["status"] == "True"
