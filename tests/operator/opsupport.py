@@ -102,6 +102,14 @@ class FakeWorld:
         seed: int | None = None,
     ) -> CapacityResult:
         params = self.cluster.applied[-1]
+        self.cluster.measures += 1
+        if self.cluster.measures in self.cluster.disturbed:
+            raise TargetProblem(
+                "ScaledDuringTrial",
+                "Deployment resnet went from 1 to 2 replicas during the trial (changed by "
+                "HorizontalPodAutoscaler resnet-hpa); measured again",
+                invalid=True,
+            )
         self.cluster.seeds.append(seed)
         rps = self.cluster.score(params)
         sla = self.spec.sla.to_sla()
@@ -128,14 +136,19 @@ class FakeWorld:
         )
 
     async def write_back(self, params: Params) -> None:
+        if self.cluster.write_back_hangs:
+            await asyncio.Event().wait()  # a rollout that never ends
         self.cluster.target = dict(params)
         self.cluster.written_back.append(dict(params))
 
     async def restore(self, original: OriginalConfig) -> None:
         if self.cluster.restore_problem is not None:
             raise self.cluster.restore_problem
+        if self.cluster.restore_hangs:
+            await asyncio.Event().wait()
         self.cluster.target = dict(original.params)
         self.cluster.restored += 1
+        self.cluster.restored_targets.append(self.spec.target.name)
 
     async def verify(self, seconds: float) -> None:
         self.cluster.verified.append(seconds)
@@ -202,6 +215,13 @@ class FakeCluster:
         # the scheduler's message for every measured pod: none fits
         self.unschedulable: str | None = None
         self.restore_problem: TargetProblem | None = None
+        self.measures = 0
+        # the measurements (1-based, in order) an autoscaler disturbs
+        self.disturbed: set[int] = set()
+        self.restored_targets: list[str] = []  # the target of every restore, in order
+        # a write-back or restore that never finishes (a rollout stuck for good)
+        self.write_back_hangs = False
+        self.restore_hangs = False
         # whether the target crash-loops on a configuration once it is written back
         self.crashes: Callable[[Params], bool] = lambda params: False
         self.verified: list[float] = []  # the verify windows asked for

@@ -587,7 +587,7 @@ async def test_a_runtime_without_a_latency_histogram_stops_the_study_saying_why(
         }
     )
     with pytest.raises(TargetProblem) as caught:
-        await world(kube, spec)._checked_prometheus_source()
+        await world(kube, spec)._checked_prometheus_source(["resnet-1"])
     assert caught.value.reason == "NoLatencyHistogram"
     assert caught.value.stops_study
     assert "exports no latency histogram" in caught.value.message

@@ -132,6 +132,8 @@ def test_cluster_role_grants_exactly_what_the_operator_calls() -> None:
         ("policy", "poddisruptionbudgets", "list"),
         ("monitoring.coreos.com", "podmonitors", "list"),
         ("monitoring.coreos.com", "servicemonitors", "list"),
+        # the autoscalers of the target (writers.find_autoscalers)
+        ("autoscaling", "horizontalpodautoscalers", "list"),
         ("serving.kserve.io", "inferenceservices", "get"),
         ("serving.kserve.io", "inferenceservices", "patch"),
         ("ray.io", "rayservices", "get"),

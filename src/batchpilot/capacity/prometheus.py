@@ -97,6 +97,9 @@ class PrometheusStepSource:
         with_matchers(metrics.total_requests, self._selector)
         self._settle_s = settle_s
         self._timeout_s = query_timeout_s
+        # live traffic the series carry besides the load (a production target): set by
+        # `set_background`, taken off the goodput before it is held against the offer
+        self.background_ok_rps = 0.0
 
     @classmethod
     def for_runtime(
@@ -154,6 +157,23 @@ class PrometheusStepSource:
             "total_rps": f"sum(rate({total}[{window}]))",
         }
 
+    async def live_ok_rps(self, window_s: float) -> float:
+        """The successful requests per second the series served over the `window_s`
+        seconds up to now: before any load is sent, what live traffic alone brings.
+        0.0 when Prometheus holds none."""
+        queries = self.queries(window_s)
+        value = await self.query_scalar(queries["ok_rps"], at_unix=time.time())
+        return value if math.isfinite(value) and value > 0 else 0.0
+
+    def set_background(self, ok_rps: float) -> None:
+        """Live traffic of `ok_rps` flows through the series beside the offered load: a
+        step's goodput is judged against its offer without it (the load must still be
+        served in full), while the step reports everything served, live traffic
+        included, as the pods' throughput."""
+        if not (math.isfinite(ok_rps) and ok_rps >= 0):
+            raise ValueError(f"background rate must be ≥ 0 req/s, got {ok_rps:g}")
+        self.background_ok_rps = ok_rps
+
     async def check_step(self, step_s: float) -> float:
         """Refuse (ScrapeWindowError) steps of `step_s` seconds if they are shorter than
         four scrape intervals, reading the interval from Prometheus unless configured.
@@ -207,7 +227,7 @@ class PrometheusStepSource:
                 p99_ms=p99_ms,
                 error_rate=error_rate,
                 offered_rps=load.offered_rps,
-                achieved_rps=ok_rps,
+                achieved_rps=max(0.0, ok_rps - self.background_ok_rps),
                 sla=sla,
             )
         return StepResult(

@@ -37,6 +37,7 @@ from batchpilot.operator.status import (
 
 # backoff_delay lives with the retry helper; handlers and tests know it by this name too.
 from batchpilot.retry import backoff_delay as backoff_delay
+from batchpilot.tuner.study import retried
 from batchpilot.tuner.verdict import (
     Estimate,
     Verdict,
@@ -217,10 +218,13 @@ def trial_of(trials: Iterable[TrialEntry], params: Mapping[str, float | int]) ->
 def consecutive_failures(trials: Sequence[TrialEntry]) -> int:
     """Failed trials at the end of the history; a Running or Interrupted one (cut short
     by a restart or a change of leader, not by its configuration) ends no streak and
-    adds nothing to it."""
+    adds nothing to it, nor does a Failed one that is asked again because something
+    outside disturbed it (tuner `retried`: an autoscaler)."""
     count = 0
     for trial in reversed(trials):
-        if trial.state in ("Running", "Interrupted"):
+        if trial.state in ("Running", "Interrupted") or (
+            trial.state == "Failed" and retried(trial.reason)
+        ):
             continue
         if trial.state != "Failed":
             break

@@ -193,7 +193,11 @@ def _runner(
     async def on_problem(problem: decisions.PodProblem) -> None:
         await holder[0].report_pod_problem(problem)
 
-    world: World = memo["world_factory"](kube, spec, namespace, owner, on_problem)
+    def world_for(other: InferenceServiceSpec) -> World:
+        made: World = memo["world_factory"](kube, other, namespace, owner, on_problem)
+        return made
+
+    world: World = world_for(spec)
     runner = StudyRunner(
         namespace=namespace,
         name=name,
@@ -204,6 +208,7 @@ def _runner(
         event=event,
         slots=memo["slots"],
         clock=utcnow,
+        world_for=world_for,
     )
     holder.append(runner)
     memo["runners"][namespace, name] = runner
@@ -237,12 +242,19 @@ async def _fresh_status(memo: kopf.Memo, body: kopf.Body) -> InferenceServiceSta
 
 
 async def _report_invalid(
-    memo: kopf.Memo, body: kopf.Body, generation: int, error: ValidationError
+    memo: kopf.Memo,
+    body: kopf.Body,
+    generation: int,
+    error: ValidationError,
+    running: InferenceServiceStatus | None = None,
 ) -> None:
+    """SpecValid=False, and the phase Failed unless a study is under way: that one keeps
+    its phase, its `original` and its `canary`, so that a fixed spec or a deletion still
+    undoes what it changed (`running`: the status of the study in memory)."""
     if not memo["leadership"].is_leader():
         return
     message = f"invalid spec: {explain_validation_error(error)}"
-    previous = _status_of(body)
+    previous = running if running is not None else _status_of(body)
     conditions = decisions.set_condition(
         previous.conditions,
         type="SpecValid",
@@ -252,9 +264,18 @@ async def _report_invalid(
         generation=generation,
         now=utcnow(),
     )
+    started = previous.canary is not None or previous.original is not None
+    # a study that changed something is kept for its cleanup; nothing else is
+    base = previous if started else InferenceServiceStatus()
+    phase = previous.phase if started and previous.phase in decisions.ACTIVE_PHASES else "Failed"
     status = kstatus.with_kstatus(
-        InferenceServiceStatus(
-            phase="Failed", observed_generation=generation, message=message, conditions=conditions
+        base.model_copy(
+            update={
+                "phase": phase,
+                "observed_generation": generation,
+                "message": message,
+                "conditions": conditions,
+            }
         ),
         utcnow(),
     )
@@ -320,7 +341,8 @@ async def study(
                 spec = parse_spec(body.get("spec"))
             except ValidationError as error:
                 if runner_generation != -generation:
-                    await _report_invalid(memo, body, generation, error)
+                    running = runner.status if runner is not None else None
+                    await _report_invalid(memo, body, generation, error, running)
                     runner_generation = -generation  # reported once per generation
                 await stopped.wait(float(memo["poll_s"]))
                 continue
@@ -328,8 +350,10 @@ async def study(
             if runner is not None and specdiff.restarts_study(runner.spec, spec):
                 # undone under the spec it ran with: the old target, the old strategy
                 async with _lock(memo, key):
-                    with contextlib.suppress(RecoverableError, Exception):
+                    try:
                         await runner.stop_early("the spec changed")
+                    except Exception as error:  # the next study's start tries it again
+                        await runner.cleanup_failed("the spec changed", error)
                 status = runner.status
             runner = _runner(memo, body, spec, status)
             runner_generation = generation

@@ -12,7 +12,9 @@ from batchpilot.operator.runtimes import adapter
 from batchpilot.operator.spec import InferenceServiceSpec
 
 
-def prometheus_source(spec: InferenceServiceSpec) -> PrometheusStepSource | None:
+def prometheus_source(
+    spec: InferenceServiceSpec, *, selector: str | None = None
+) -> PrometheusStepSource | None:
     """The step source of `spec`, None unless load.source is prometheus.
 
     A target of a runtime with an adapter (Triton, RayServe, TorchServe, MLServer) is
@@ -20,10 +22,13 @@ def prometheus_source(spec: InferenceServiceSpec) -> PrometheusStepSource | None
     metrics itself (latencyMetric, requestsMetric) those win, read as the reference
     server's are (a histogram in seconds, a counter with an outcome label). Raises
     NoLatencyHistogram (a ValueError) for a runtime that exports no latency histogram
-    (Triton 2.51, TorchServe), saying so."""
+    (Triton 2.51, TorchServe), saying so. `selector` replaces load.prometheus.selector
+    (the operator narrows it to the measured pods)."""
     prometheus = spec.load.prometheus
     if spec.load.source != "prometheus" or prometheus is None:
         return None
+    if selector is None:
+        selector = prometheus.selector
     runtime = adapter(spec)
     named = bool(prometheus.latency_metric or prometheus.requests_metric)
     if runtime is not None and spec.runtime.kind != "Reference" and not named:
@@ -31,14 +36,14 @@ def prometheus_source(spec: InferenceServiceSpec) -> PrometheusStepSource | None
             prometheus.url,
             runtime,
             model=spec.runtime.model,
-            selector=prometheus.selector,
+            selector=selector,
             scrape_interval_s=prometheus.scrape_interval_seconds,
             ca_pem=prometheus.ca_bundle,
         )
     # unset metric names keep the source's defaults: the reference server's metrics
     options: dict[str, Any] = {
         "ok_outcome": prometheus.ok_outcome,
-        "selector": prometheus.selector,
+        "selector": selector,
     }
     if prometheus.latency_metric:
         options["latency_metric"] = prometheus.latency_metric

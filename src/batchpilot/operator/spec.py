@@ -1025,6 +1025,22 @@ class TuningSpec(BaseModel):
         ge=0,
         le=86400,
     )
+    write_back_deadline_seconds: int = Field(
+        default=900,
+        description="Longest the write-back (the apply and its rollout, or the live apply "
+        "on every pod) may take; past it the write-back is rolled back and the step ends "
+        "in a condition (reason WriteBackTimedOut) instead of waiting on.",
+        ge=1,
+        le=86400,
+    )
+    restore_deadline_seconds: int = Field(
+        default=900,
+        description="Longest putting the original configuration back may take (on failure, "
+        "rollback, a spec change or deletion); past it the step ends in a condition (reason "
+        "RestoreTimedOut) and is retried, and deletion goes ahead saying what it left.",
+        ge=1,
+        le=86400,
+    )
     seed: int = Field(default=0, description="Seed of the sampler and the load generator.", ge=0)
     finalists: int = Field(
         default=3,

@@ -27,6 +27,8 @@ ADOPTED_TUNING_FIELDS = frozenset(
         "max_failures",
         "trial_deadline_seconds",
         "window",
+        "write_back_deadline_seconds",
+        "restore_deadline_seconds",
         "retune",
         "retune_window",
     }

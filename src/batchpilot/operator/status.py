@@ -250,6 +250,13 @@ class InferenceServiceStatus(_Status):
         description="What the req/s figures cover: per-pod (one pod measured) or fleet "
         "(measuredPods pods together).",
     )
+    started_with: str | None = Field(
+        default=None,
+        description="What cleanup needs of the spec the study started with (target, "
+        "runtime, apply, strategy), as JSON: after an edit or a restart the canary and the "
+        "original configuration are undone where the study made them.",
+        max_length=8192,
+    )
     load_workers: list[LoadWorkersEntry] = Field(
         default_factory=list,
         description="Per trial with load.workers.max above 1: how many load workers sent "

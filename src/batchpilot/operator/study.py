@@ -12,13 +12,22 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Literal
+from typing import Any, Literal
 
 from batchpilot.models import BatchingConfig, CapacityResult
-from batchpilot.operator import adopt, decisions, kstatus, metrics, schedule, specdiff, workerfleet
+from batchpilot.operator import (
+    adopt,
+    decisions,
+    kstatus,
+    metrics,
+    schedule,
+    scope,
+    specdiff,
+    workerfleet,
+)
 from batchpilot.operator import runtimes as operator_runtimes
 from batchpilot.operator.kube import KubeError
 from batchpilot.operator.spec import (
@@ -39,11 +48,14 @@ from batchpilot.operator.status import (
 from batchpilot.operator.world import TargetProblem, World
 from batchpilot.tuner.interfaces import TargetError
 from batchpilot.tuner.space import ParameterSpec, SearchSpace
-from batchpilot.tuner.study import INTERRUPTED, TrialRecord, Tuner
+from batchpilot.tuner.study import INTERRUPTED, INVALID, TrialRecord, Tuner
 from batchpilot.tuner.verdict import Estimate
 
 log = logging.getLogger(__name__)
 
+# a confirmation measurement disturbed by an autoscaler is taken again at most this
+# often in a row; past it the round scores 0 like any failure (the fleet never held still)
+MAX_DISTURBED_ROUNDS = 3
 # problems of a write-back that a restore cannot cure: retried as the step, not rolled back
 NOT_ROLLED_BACK = frozenset({"TargetNotFound", "ContainerNotFound", "ApplyFailed"})
 
@@ -51,6 +63,8 @@ EventType = Literal["Normal", "Warning"]
 EventSink = Callable[[EventType, str, str], None]
 StatusWriter = Callable[[InferenceServiceStatus], Awaitable[None]]
 Clock = Callable[[], datetime]
+# the World of another spec: the one a study started with, for its cleanup
+WorldFor = Callable[[InferenceServiceSpec], World]
 
 
 def utcnow() -> datetime:
@@ -116,6 +130,7 @@ class StudyRunner:
         event: EventSink,
         slots: Slots,
         clock: Clock = utcnow,
+        world_for: WorldFor | None = None,
     ) -> None:
         self.namespace = namespace
         self.name = name
@@ -126,9 +141,12 @@ class StudyRunner:
         self._event = event
         self._slots = slots
         self._clock = clock
+        self._world_for = world_for
         self._prepared = False
         # a problem that ends the study once its trial is recorded
         self._stopping: TargetProblem | None = None
+        # confirmation measurements in a row that an autoscaler disturbed
+        self._disturbed_rounds = 0
 
     # --- bookkeeping ------------------------------------------------------------------
 
@@ -139,6 +157,35 @@ class StudyRunner:
         status = kstatus.with_summary(status, self.spec, pods if isinstance(pods, int) else None)
         self.status = kstatus.with_kstatus(status, self._clock())
         await self._write(self.status)
+
+    async def _timed(
+        self, work: Coroutine[Any, Any, None], what: Literal["write-back", "restore"]
+    ) -> None:
+        """A write-back or restore bounded by its own deadline (tuning.
+        writeBackDeadlineSeconds, restoreDeadlineSeconds): past it, a TargetProblem that
+        the step turns into a condition, instead of a wait without end."""
+        tuning = self.spec.tuning
+        if what == "write-back":
+            limit, field_name, reason = (
+                tuning.write_back_deadline_seconds,
+                "tuning.writeBackDeadlineSeconds",
+                "WriteBackTimedOut",
+            )
+        else:
+            limit, field_name, reason = (
+                tuning.restore_deadline_seconds,
+                "tuning.restoreDeadlineSeconds",
+                "RestoreTimedOut",
+            )
+        try:
+            async with asyncio.timeout(limit):
+                await work
+        except TimeoutError:
+            raise TargetProblem(
+                reason,
+                f"the {what} on {self.spec.target.kind} {self.spec.target.name} did not "
+                f"finish within {limit} s ({field_name})",
+            ) from None
 
     def _condition(
         self, type: str, status: Literal["True", "False", "Unknown"], reason: str, message: str
@@ -227,7 +274,10 @@ class StudyRunner:
         if self.status.observed_generation is not None:
             await self.stop_early("a new spec generation replaces this study")
         self.status = decisions.new_study(self.status, generation).model_copy(
-            update={"study_fingerprint": specdiff.study_fingerprint(self.spec)}
+            update={
+                "study_fingerprint": specdiff.study_fingerprint(self.spec),
+                "started_with": scope.scope_of(self.spec),
+            }
         )
         self._prepared = False
         if any(c.type == "Degraded" for c in self.status.conditions):
@@ -254,13 +304,13 @@ class StudyRunner:
         if action == "apply":
             chosen = adopt.chosen_params(self.spec, self.status)
             assert chosen is not None  # write_back_action checked it
-            await self._world.write_back(chosen)
+            await self._timed(self._world.write_back(chosen), "write-back")
             shown = decisions.describe_params(chosen)
             await self._save(applied=True, restored=False)
             self._event("Normal", "Applied", f"wrote {shown} to {self.spec.target.name}")
             note += f"; writeBack Apply: wrote {shown}"
         elif action == "withhold" and self.status.original is not None:
-            await self._world.restore(self.status.original)
+            await self._timed(self._world.restore(self.status.original), "restore")
             await self._save(applied=False, restored=True)
             self._event("Normal", "Restored", "writeBack Recommend: original configuration back")
             note += "; writeBack Recommend: the original configuration is back on the target"
@@ -280,6 +330,21 @@ class StudyRunner:
             return
         canary = await self._world.prepare(self.status.canary)
         self._prepared = True
+        autoscalers = getattr(self._world, "autoscalers", None)
+        if autoscalers:
+            how = (
+                "an InPlace trial during which the replicas change is measured again"
+                if self.spec.tuning.strategy == "InPlace"
+                else "the canary is not scaled by it"
+            )
+            self._condition(
+                "Autoscaled",
+                "True",
+                "AutoscalerDetected",
+                f"HorizontalPodAutoscaler {', '.join(autoscalers)} scales "
+                f"{self.spec.target.name}: {how}",
+            )
+            await self._save()
         if canary != self.status.canary:
             await self._save(canary=canary)
             if canary is not None:
@@ -359,6 +424,10 @@ class StudyRunner:
                     config, must_beat=tuner.must_beat(), since=started
                 )
         except TargetProblem as exc:
+            if exc.invalid:
+                # no verdict on this configuration: asked again, not a failure
+                self._event("Normal", exc.reason, exc.message)
+                return tuner.tell_failed(number, f"{INVALID}{exc.reason}: {exc.message}")
             self._condition("TargetReady", "False", exc.reason, exc.message)
             self._event("Warning", exc.reason, exc.message)
             if exc.stops_study:
@@ -438,10 +507,17 @@ class StudyRunner:
                 why = f"{exc.reason}: {exc.message}"
                 if exc.stops_study:
                     self._stopping = exc
+                if exc.invalid and self._disturbed_rounds < MAX_DISTURBED_ROUNDS:
+                    # an autoscaler changed the fleet under it: the round is measured
+                    # again, a few times at most, before it scores 0 like a failure
+                    self._disturbed_rounds += 1
+                    self._event("Normal", exc.reason, f"{exc.message} (confirmation round)")
+                    return
             except TimeoutError:
                 why = f"deadline of {deadline} s passed"
             except (OSError, TargetError, ValueError) as exc:
                 why = str(exc)
+        self._disturbed_rounds = 0
         measured = RoundMeasurement(
             round=round_index, params=params, effective_rps=round(rps, 1), reason=why[:500]
         )
@@ -509,7 +585,7 @@ class StudyRunner:
             if rolling_back is not None:
                 raise TargetProblem("RollingBack", rolling_back.message)
             if not self.status.applied:
-                await self._world.write_back(params)
+                await self._timed(self._world.write_back(params), "write-back")
                 await self._save(applied=True)
                 self._event(
                     "Normal",
@@ -540,7 +616,7 @@ class StudyRunner:
             # said before the restore, so a restart in between finishes the rollback
             self._condition("Degraded", "True", "RollingBack", message)
             await self._save(message=message)
-        await self._world.restore(original)
+        await self._timed(self._world.restore(original), "restore")
         self._condition("Degraded", "True", "RolledBack", message)
         self._condition("Ready", "False", "RolledBack", message)
         self._condition("TargetReady", "True", "Restored", "original configuration restored")
@@ -555,7 +631,7 @@ class StudyRunner:
             and not self.status.restored
             and self.status.original is not None
         ):
-            await self._world.restore(self.status.original)
+            await self._timed(self._world.restore(self.status.original), "restore")
             await self._save(restored=True)
 
     async def _finish_confirmed(self, confirmation: Confirmation) -> None:
@@ -628,18 +704,53 @@ class StudyRunner:
             await self._save(canary=None)
             self._event("Normal", "CanaryDeleted", f"deleted canary {name}")
 
+    def _started(self) -> tuple[InferenceServiceSpec, World]:
+        """The spec the study started with (its target, runtime, apply method and
+        strategy) and a World for it: cleanup undoes what that study did, whatever the
+        spec says now."""
+        try:
+            started = scope.cleanup_spec(self.spec, self.status.started_with)
+        except scope.ScopeUnreadable as exc:
+            log.warning(
+                "%s/%s: %s; cleaning up under the current spec", self.namespace, self.name, exc
+            )
+            return self.spec, self._world
+        if started is self.spec or self._world_for is None:
+            return self.spec, self._world
+        return started, self._world_for(started)
+
     async def stop_early(self, why: str) -> None:
         """Undo what the study changed: the canary goes, an InPlace target gets its
-        original configuration back (failure, cancellation, deletion, new spec)."""
-        delete_canary, restore = decisions.needs_cleanup(self.status, self.spec.tuning.strategy)
-        if delete_canary:
-            await self._remove_canary()
-        else:
-            await self._remove_load_workers()
+        original configuration back (failure, cancellation, deletion, new spec), under
+        the spec the study started with."""
+        spec, world = self._started()
+        delete_canary, restore = decisions.needs_cleanup(self.status, spec.tuning.strategy)
+        await self._remove_load_workers()
+        if delete_canary and self.status.canary is not None:
+            name = self.status.canary
+            await world.remove_canary(name)
+            await self._save(canary=None)
+            self._event("Normal", "CanaryDeleted", f"deleted canary {name}")
         if restore and self.status.original is not None:
-            await self._world.restore(self.status.original)
+            await self._timed(world.restore(self.status.original), "restore")
             await self._save(restored=True)
             self._event("Normal", "Restored", f"original configuration restored: {why}")
+        if any(c.type == "CleanedUp" and c.status == "False" for c in self.status.conditions):
+            self._condition("CleanedUp", "True", "CleanedUp", f"cleaned up: {why}")
+            await self._save()
+
+    async def cleanup_failed(self, why: str, error: Exception) -> None:
+        """A cleanup that could not finish (it is tried again before the next study
+        starts): a condition and one event, and status keeps what is left to undo."""
+        reason = error.reason if isinstance(error, TargetProblem | RecoverableError) else "Error"
+        detail = (
+            error.message if isinstance(error, TargetProblem | RecoverableError) else str(error)
+        )
+        message = f"cleanup after {why} failed ({reason}: {detail}); retried before the next study"
+        self._condition("CleanedUp", "False", "CleanupFailed", message[:1024])
+        self._event("Warning", "CleanupFailed", message)
+        with contextlib.suppress(KubeError):
+            await self._save(message=message)
 
     # --- suspend, maintenance windows, re-tuning ----------------------------------------
 
@@ -671,7 +782,7 @@ class StudyRunner:
         if delete_canary:
             await self._remove_canary()
         if restore and self.status.original is not None:
-            await self._world.restore(self.status.original)
+            await self._timed(self._world.restore(self.status.original), "restore")
             await self._save(restored=True)
         self._prepared = False
         undone = [

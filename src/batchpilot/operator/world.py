@@ -19,7 +19,7 @@ import aiohttp
 from batchpilot.loadgen.protocols import REFERENCE_PATH, speaking
 from batchpilot.models import BatchingConfig, CapacityResult
 from batchpilot.operator import canary as canaries
-from batchpilot.operator import decisions, neighbours, workerfleet
+from batchpilot.operator import decisions, neighbours, promscope, workerfleet, writers
 from batchpilot.operator import runtimes as operator_runtimes
 from batchpilot.operator.kube import (
     JSON,
@@ -52,13 +52,18 @@ ProblemSink = Callable[[decisions.PodProblem], Awaitable[None]]
 class TargetProblem(TargetError):
     """The target cannot be used now; `reason` is CamelCase for conditions and events."""
 
-    def __init__(self, reason: str, message: str, *, stops_study: bool = False) -> None:
+    def __init__(
+        self, reason: str, message: str, *, stops_study: bool = False, invalid: bool = False
+    ) -> None:
         super().__init__(message)
         self.reason = reason
         self.message = message
         # retrying cannot help and the study holds what others wait for (the slot, a
         # canary's GPUs): the study fails instead of its next trial trying again
         self.stops_study = stops_study
+        # something outside disturbed the measurement (an autoscaler): no verdict on the
+        # configuration, whose trial is asked again without counting as a failure
+        self.invalid = invalid
 
 
 class World(Protocol):
@@ -139,6 +144,10 @@ class KubeWorld:
         self._field_manager = field_manager(str(owner["metadata"]["name"]))
         # load-worker pods, when load.workers.max allows more than the operator itself
         self.load_workers = workerfleet.for_spec(kube, spec, namespace, owner)
+        # HorizontalPodAutoscalers targeting the target, found when trials are prepared
+        self.autoscalers: list[str] = []
+        # the environment the latest trial applied (method Env), checked on the pods
+        self._trial_env: dict[str, str | None] | None = None
 
     # --- reading ----------------------------------------------------------------------
 
@@ -224,6 +233,7 @@ class KubeWorld:
 
     async def prepare(self, canary: str | None) -> str | None:
         await self._check_sole_tuner()
+        await self._find_autoscalers()
         if self._spec.tuning.strategy == "InPlace":
             return None
         workload = await self._target()
@@ -238,6 +248,26 @@ class KubeWorld:
             await self._create_canary(workload, name, recreated=False)
         self._canary = name
         return name
+
+    async def _find_autoscalers(self) -> None:
+        """Say which HorizontalPodAutoscalers target the workload: the trials' own load
+        may scale it out, so InPlace trials count the replicas (`measure`)."""
+        target = self._spec.target
+        found = await writers.find_autoscalers(
+            self._kube, self._namespace, target.kind, target.name
+        )
+        if found and found != self.autoscalers:
+            await self._post_event(
+                "AutoscalerDetected",
+                f"HorizontalPodAutoscaler {', '.join(found)} scales {target.kind} "
+                f"{target.name}: "
+                + (
+                    "an InPlace trial during which the replicas change is measured again"
+                    if self._spec.tuning.strategy == "InPlace"
+                    else "the canary is not scaled by it; the write-back is"
+                ),
+            )
+        self.autoscalers = found
 
     async def _owned_canary(self, name: str, *, refuse: bool = False) -> JSON | None:
         """The workload `name` when this InferenceService owns it; None when there is
@@ -333,8 +363,13 @@ class KubeWorld:
     async def apply(self, params: Params) -> None:
         workload = await self._measured(recreate=True)
         if self._spec.apply.method == "Env":
-            env = decisions.env_for_params(params, self._spec.env_names())
-            await self._apply_env(workload, dict(env), force=True)
+            env: dict[str, str | None] = dict(
+                decisions.env_for_params(params, self._spec.env_names())
+            )
+            self._trial_env = None
+            await self._apply_env(workload, env, force=True)
+            self._trial_env = env
+            await self._check_not_reverted(await self._measured())
         else:
             await self._wait_rollout(workload)
             await self._apply_live(await self._measured(), params)
@@ -356,6 +391,19 @@ class KubeWorld:
         # an apply that leaves out a variable the operator set releases it (removed if
         # it was unset before); variables that had a value get it back
         await self._apply_env(workload, dict(original.env), force=True)
+
+    async def _check_not_reverted(self, workload: Mapping[str, Any]) -> None:
+        """The ready pods run what the trial applied; a GitOps or parent controller that
+        put its own values back makes the trial fail here, before anything is measured
+        (or scored) under the trial's label."""
+        if self._trial_env is None:
+            return
+        reverted = writers.env_reverted(
+            await self._pods(workload), self._container(workload), self._trial_env
+        )
+        if reverted is not None:
+            name = workload["metadata"]["name"]
+            raise TargetProblem("ConfigReverted", f"{name}: {reverted}")
 
     async def _apply_env(
         self, workload: Mapping[str, Any], env: dict[str, str | None], *, force: bool
@@ -485,8 +533,13 @@ class KubeWorld:
         from batchpilot.capacity.prometheus import NoLatencyHistogram, PrometheusQueryError
         from batchpilot.capacity.promql import MS_PER_UNIT
 
+        if self._spec.load.source != "prometheus":
+            return None
+        pods = await self._pods(await self._target())
+        if not pods:
+            return None  # nothing runs to judge; the watch above saw to the pods
         try:
-            source = self._prometheus_source()
+            source = self._prometheus_source([str(p["metadata"]["name"]) for p in pods])
         except NoLatencyHistogram:  # the study itself refused it: nothing to judge by
             return None
         if source is None:
@@ -626,10 +679,23 @@ class KubeWorld:
         if not ips:
             raise TargetProblem("NoReadyPods", "no ready pods to measure")
         urls = [f"http://{ip}:{load.endpoint.port}" for ip in ips]
-        source = await self._checked_prometheus_source()
+        names = [str(p["metadata"]["name"]) for p in pods if decisions.ready_pod_ips([p])]
+        source = await self._checked_prometheus_source(names)
         self.measured_pods = len(ips)
-        with speaking(operator_runtimes.load_protocol(self._spec)):
-            result = await self._measure_capacity(urls, must_beat, seed, source)
+        in_place = self._spec.tuning.strategy == "InPlace"
+        replicas = writers.replicas_of(workload)
+        from batchpilot.capacity.prometheus import PrometheusQueryError
+
+        try:
+            if source is not None and in_place:
+                await self._subtract_live_traffic(source, len(ips))
+            with speaking(operator_runtimes.load_protocol(self._spec)):
+                result = await self._measure_capacity(urls, must_beat, seed, source)
+        except PrometheusQueryError as exc:
+            raise TargetProblem("PrometheusUnavailable", f"during the trial: {exc}") from None
+        if in_place:
+            await self._check_replicas(replicas)
+        await self._check_not_reverted(await self._measured())
         # a pod that restarted mid-measurement (crash, OOM kill, eviction) makes the
         # figures say nothing about this configuration: the trial fails and is not scored
         after = await self._pods(workload)
@@ -693,13 +759,46 @@ class KubeWorld:
             except workerfleet.FleetError as exc:
                 raise TargetProblem(exc.reason, exc.message) from None
 
-    async def _checked_prometheus_source(self) -> PrometheusStepSource | None:
-        """The Prometheus source, its scrape interval checked against the step length
-        before any load is sent."""
+    async def _subtract_live_traffic(self, source: PrometheusStepSource, pods: int) -> None:
+        """On production the measured pods serve live traffic beside the load: what they
+        served over the step's length before the load starts is taken off each step's
+        goodput before it is held against the offer. The steps still report all they
+        served (live plus load) as the pods' throughput."""
+        live = await source.live_ok_rps(self._spec.load.step_seconds)
+        source.set_background(live)
+        if live > 0:
+            await self._post_event(
+                "LiveTraffic",
+                f"production serves {live / max(pods, 1):.1f} req/s per pod on the "
+                f"{pods} measured pods ({live:.1f} req/s together): taken off each "
+                "step's goodput before it is held against the offered load",
+            )
+
+    async def _check_replicas(self, before: int) -> None:
+        """An InPlace trial during which the target's replicas changed measured a fleet
+        that was not one size: invalid (asked again), naming the autoscaler."""
+        after = writers.replicas_of(await self._measured())
+        if after == before:
+            return
+        target = self._spec.target
+        found = await writers.find_autoscalers(
+            self._kube, self._namespace, target.kind, target.name
+        )
+        by = f"HorizontalPodAutoscaler {', '.join(found)}" if found else "someone"
+        raise TargetProblem(
+            "ScaledDuringTrial",
+            f"{target.kind} {target.name} went from {before} to {after} replicas during the "
+            f"trial (changed by {by}); measured again",
+            invalid=True,
+        )
+
+    async def _checked_prometheus_source(self, pod_names: list[str]) -> PrometheusStepSource | None:
+        """The Prometheus source narrowed to the pods under load, its scrape interval
+        checked against the step length before any load is sent."""
         from batchpilot.capacity.prometheus import NoLatencyHistogram, PrometheusQueryError
 
         try:
-            source = self._prometheus_source()
+            source = self._prometheus_source(pod_names)
         except NoLatencyHistogram as exc:
             raise TargetProblem("NoLatencyHistogram", str(exc), stops_study=True) from None
         if source is None:
@@ -714,7 +813,16 @@ class KubeWorld:
             raise TargetProblem("PrometheusUnavailable", str(exc)) from None
         return source
 
-    def _prometheus_source(self) -> PrometheusStepSource | None:
+    def _prometheus_source(self, pod_names: list[str]) -> PrometheusStepSource | None:
+        """The source reading the series of `pod_names` only: a canary's pods, not
+        production's; the pods under load, not every pod of the namespace."""
+        prometheus = self._spec.load.prometheus
+        if self._spec.load.source != "prometheus" or prometheus is None:
+            return None
         from batchpilot.operator.promsource import prometheus_source
 
-        return prometheus_source(self._spec)
+        try:
+            selector = promscope.scoped_selector(prometheus.selector, pod_names)
+        except ValueError as exc:
+            raise TargetProblem("PrometheusScope", f"load.prometheus: {exc}") from None
+        return prometheus_source(self._spec, selector=selector)

@@ -48,6 +48,17 @@ log = logging.getLogger(__name__)
 
 Source = Literal["baseline", "warm-start", "sampler", "refine"]
 INTERRUPTED = "interrupted"
+# How the reason of a trial starts when what it measured was disturbed from outside (an
+# autoscaler changed the replicas under it): no verdict on its configuration, so it is
+# asked again like an interrupted one and counts neither as a failure nor as a trial.
+INVALID = "invalid: "
+
+
+def retried(reason: str) -> bool:
+    """Whether a failed trial with this reason is asked again rather than scored."""
+    return reason == INTERRUPTED or reason.startswith(INVALID)
+
+
 RECORD_ATTR = "batchpilot.record"  # the TrialRecord, kept with the Optuna trial for resume
 RESULT_ATTR = "batchpilot.result"  # the CapacityResult with its steps, for reports
 
@@ -136,7 +147,7 @@ def replay_queue(
             if params == rec.params and source == rec.source:
                 del queue[i]
                 break
-        if rec.state == "Failed" and rec.reason == INTERRUPTED:
+        if rec.state == "Failed" and retried(rec.reason):
             queue.appendleft((dict(rec.params), rec.source))
     return queue
 
@@ -418,4 +429,4 @@ class Tuner:
 
     def measured_count(self) -> int:
         """Trials that count against a budget: interrupted ones do not, their retry does."""
-        return sum(1 for r in self._records.values() if r.reason != INTERRUPTED)
+        return sum(1 for r in self._records.values() if not retried(r.reason))

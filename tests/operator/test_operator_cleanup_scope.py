@@ -1,0 +1,203 @@
+"""Cleanup under the spec a study started with, failed cleanups surfaced, invalid edits
+that keep what is left to undo, and the write-back's and restore's own deadlines: the
+real handlers under Kopf against KMock, with the fake World."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import kmock
+import pytest
+from opsupport import (
+    ISVC,
+    NAMESPACE,
+    ORIGINAL,
+    FakeCluster,
+    GenerateNameEmulator,
+    Operator,
+    eventually,
+    isvc,
+)
+
+from batchpilot.operator.world import TargetProblem
+
+pytestmark = [
+    pytest.mark.operator,
+    pytest.mark.timeout(90),
+    pytest.mark.kmock(cls=GenerateNameEmulator),
+]
+
+ISVC_URL = f"/apis/batchpilot.dev/v1alpha1/namespaces/{NAMESPACE}/inferenceservices"
+
+
+def obj_of(k: kmock.KubernetesEmulator) -> dict[str, Any]:
+    try:
+        return dict(k.objects[ISVC, NAMESPACE, "resnet"].raw)
+    except (KeyError, ValueError):  # never created, or deleted (soft-deleted in KMock)
+        return {}
+
+
+def status_of(k: kmock.KubernetesEmulator) -> dict[str, Any]:
+    return dict(obj_of(k).get("status") or {})
+
+
+def condition(k: kmock.KubernetesEmulator, type: str) -> dict[str, Any]:
+    found = [c for c in status_of(k).get("conditions", []) if c["type"] == type]
+    return found[0] if found else {}
+
+
+def reasons_of(k: kmock.KubernetesEmulator) -> list[str]:
+    return [
+        str(r.data["reason"])
+        for r in k["post"]
+        if r.resource is not None and r.resource.plural == "events"
+    ]
+
+
+def phase_is(k: kmock.KubernetesEmulator, phase: str, generation: int = 1) -> bool:
+    status = status_of(k)
+    return status.get("phase") == phase and status.get("observedGeneration") == generation
+
+
+async def edit(k: kmock.KubernetesEmulator, generation: int, spec: dict[str, Any]) -> None:
+    response = await k.patch(
+        f"{ISVC_URL}/resnet",
+        json={"metadata": {"generation": generation}, "spec": spec},
+        headers={"Content-Type": "application/merge-patch+json"},
+    )
+    assert response.status == 200
+
+
+IN_PLACE = {"strategy": "InPlace", "maxTrials": 3, "writeBack": "Recommend"}
+OTHER_TARGET = {"kind": "Deployment", "name": "other", "container": "server"}
+
+
+async def test_after_a_restart_the_cleanup_restores_the_target_the_study_started_on(
+    kmock: kmock.KubernetesEmulator, operator: Operator, cluster: FakeCluster
+) -> None:
+    kmock.objects[ISVC, NAMESPACE, "resnet"] = isvc(tuning=IN_PLACE)
+    cluster.hold_after = 2
+    async with operator():
+        await eventually(lambda: len(cluster.applied) == 3, what="trial 2 applied")
+    assert cluster.target != ORIGINAL
+    # the target is changed while no operator runs: the new one knows only the new spec
+    await edit(kmock, 2, {"target": OTHER_TARGET})
+    cluster.hold_after = None
+    cluster.gate.set()
+    async with operator():
+        await eventually(lambda: phase_is(kmock, "Converged", 2), what="the new study")
+    # the first study's cleanup restored its own target, the second study's its own
+    assert cluster.restored_targets[0] == "resnet"
+    assert cluster.restored_targets[-1] == "other"
+    assert '"name":"other"' in status_of(kmock)["startedWith"]
+
+
+async def test_a_failed_cleanup_on_a_spec_change_is_surfaced_and_retried(
+    kmock: kmock.KubernetesEmulator, operator: Operator, cluster: FakeCluster
+) -> None:
+    kmock.objects[ISVC, NAMESPACE, "resnet"] = isvc(tuning=IN_PLACE)
+    cluster.hold_after = 2
+    async with operator():
+        await eventually(lambda: len(cluster.applied) == 3, what="trial 2 applied")
+        cluster.restore_problem = TargetProblem(
+            "RolloutTimedOut", "Deployment resnet did not roll out within 900 s"
+        )
+        await edit(kmock, 2, {"target": OTHER_TARGET})
+        await eventually(
+            lambda: condition(kmock, "CleanedUp").get("status") == "False", what="condition"
+        )
+        await eventually(lambda: "CleanupFailed" in reasons_of(kmock), what="the event")
+        assert "RolloutTimedOut" in condition(kmock, "CleanedUp")["message"]
+        # what is left to undo stays in status for the retry
+        assert status_of(kmock)["original"]["params"] == ORIGINAL
+        assert cluster.restored_targets == []
+        cluster.restore_problem = None
+        cluster.hold_after = None
+        cluster.gate.set()
+        await eventually(lambda: phase_is(kmock, "Converged", 2), what="the new study")
+    assert cluster.restored_targets[0] == "resnet"
+    assert condition(kmock, "CleanedUp")["status"] == "True"
+
+
+async def test_an_invalid_edit_mid_study_keeps_the_canary_and_the_original(
+    kmock: kmock.KubernetesEmulator, operator: Operator, cluster: FakeCluster
+) -> None:
+    kmock.objects[ISVC, NAMESPACE, "resnet"] = isvc(tuning={"maxTrials": 6})
+    cluster.hold_after = 2
+    async with operator():
+        await eventually(lambda: len(cluster.applied) == 3, what="trial 2 applied")
+        canary = status_of(kmock)["canary"]
+        assert canary in cluster.canaries
+        await edit(kmock, 2, {"parameters": {"maxBatchSize": {"min": 64, "max": 8}}})
+        await eventually(
+            lambda: condition(kmock, "SpecValid").get("status") == "False", what="invalid"
+        )
+        status = status_of(kmock)
+        assert status["canary"] == canary
+        assert status["original"]["params"] == ORIGINAL
+        assert status["trials"]
+        response = await kmock.delete(f"{ISVC_URL}/resnet")
+        assert response.status == 200
+        cluster.gate.set()
+        await eventually(lambda: obj_of(kmock) == {}, what="finalizer released")
+    assert cluster.canaries == set()
+
+
+async def test_a_write_back_that_never_finishes_ends_at_its_deadline_and_rolls_back(
+    kmock: kmock.KubernetesEmulator, operator: Operator, cluster: FakeCluster
+) -> None:
+    cluster.write_back_hangs = True
+    kmock.objects[ISVC, NAMESPACE, "resnet"] = isvc(
+        tuning={"maxTrials": 3, "finalists": 0, "writeBackDeadlineSeconds": 1}
+    )
+    async with operator():
+        await eventually(lambda: phase_is(kmock, "RolledBack"), what="rolled back")
+    degraded = condition(kmock, "Degraded")
+    assert degraded["reason"] == "RolledBack"
+    assert "WriteBackTimedOut" in degraded["message"]
+    assert "tuning.writeBackDeadlineSeconds" in degraded["message"]
+    assert cluster.restored == 1
+
+
+async def test_a_restore_that_never_finishes_ends_in_a_condition_not_a_hang(
+    kmock: kmock.KubernetesEmulator, operator: Operator, cluster: FakeCluster
+) -> None:
+    cluster.restore_hangs = True
+    kmock.objects[ISVC, NAMESPACE, "resnet"] = isvc(
+        tuning={**IN_PLACE, "restoreDeadlineSeconds": 1}
+    )
+    async with operator():
+        await eventually(
+            lambda: condition(kmock, "TargetReady").get("reason") == "RestoreTimedOut",
+            what="the condition",
+        )
+    message = condition(kmock, "TargetReady")["message"]
+    assert "tuning.restoreDeadlineSeconds" in message
+
+
+async def test_trials_and_rounds_an_autoscaler_disturbed_are_measured_again(
+    kmock: kmock.KubernetesEmulator, operator: Operator, cluster: FakeCluster
+) -> None:
+    # the second measurement (a trial) and the sixth (a confirmation round)
+    cluster.disturbed = {2, 6}
+    kmock.objects[ISVC, NAMESPACE, "resnet"] = isvc(
+        tuning={"strategy": "InPlace", "maxTrials": 4, "maxFailures": 1}
+    )
+    async with operator():
+        await eventually(lambda: phase_is(kmock, "Converged"), what="converged")
+    status = status_of(kmock)
+    trials = status["trials"]
+    invalid = [t for t in trials if t["reason"].startswith("invalid: ScaledDuringTrial")]
+    assert len(invalid) == 1
+    assert "HorizontalPodAutoscaler resnet-hpa" in invalid[0]["reason"]
+    # measured again next, and neither a failure (maxFailures 1 would end the study)
+    # nor one of the maxTrials
+    retry = trials[invalid[0]["number"] + 1]
+    assert retry["params"] == invalid[0]["params"]
+    assert retry["state"] == "Complete"
+    assert len([t for t in trials if t is not invalid[0]]) == 4
+    # no confirmation round scored 0 for the disturbance
+    measurements = status["confirmation"]["measurements"]
+    assert measurements
+    assert all(m["effectiveRps"] > 0 for m in measurements)
+    assert "ScaledDuringTrial" in reasons_of(kmock)

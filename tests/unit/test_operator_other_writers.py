@@ -1,0 +1,136 @@
+"""The pure parts of production safety: the pod matcher of the Prometheus source, the
+scope a study's cleanup keeps, reverted environments, autoscalers, and trials retried
+because something outside disturbed them."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from batchpilot.operator import decisions, promscope, scope, specdiff, writers
+from batchpilot.operator.spec import parse_spec
+from batchpilot.operator.status import TrialEntry
+from batchpilot.tuner.study import INTERRUPTED, INVALID, replay_queue, retried
+
+
+def test_the_pod_matcher_picks_exactly_the_measured_pods() -> None:
+    assert promscope.pods_matcher(["b-2", "a-1", "a-1"]) == 'pod=~"a-1|b-2"'
+    # a dot in a name is literal, as PromQL's string escapes spell it
+    assert promscope.pods_matcher(["web.v1-0"]) == 'pod=~"web\\\\.v1-0"'
+    assert promscope.scoped_selector('job="resnet"', ["p-0"]) == 'job="resnet",pod=~"p-0"'
+    with pytest.raises(ValueError, match="no pods"):
+        promscope.pods_matcher([])
+    with pytest.raises(ValueError, match="not pod names"):
+        promscope.pods_matcher(['x"}|or vector(1)'])
+
+
+def spec(**changes: Any) -> Any:
+    raw: dict[str, Any] = {
+        "target": {"name": "resnet", "container": "server"},
+        "sla": {"p99LatencyMs": 300},
+        "load": {"endpoint": {"port": 8080, "path": "/v1/predict"}, "maxRps": 100},
+        "tuning": {"strategy": "InPlace"},
+    }
+    raw.update(changes)
+    return parse_spec(raw)
+
+
+def test_cleanup_runs_under_the_spec_the_study_started_with() -> None:
+    started = spec(apply={"method": "Env", "env": {"maxBatchSize": "BATCH"}})
+    recorded = scope.scope_of(started)
+    edited = spec(target={"name": "other"}, tuning={"strategy": "Canary"})
+    cleanup = scope.cleanup_spec(edited, recorded)
+    assert cleanup.target.name == "resnet"
+    assert cleanup.target.container == "server"
+    assert cleanup.tuning.strategy == "InPlace"
+    assert cleanup.apply.env.max_batch_size == "BATCH"
+    # unchanged: the spec itself; nothing recorded (an older study): the spec as it is
+    assert scope.cleanup_spec(started, recorded) is started
+    assert scope.cleanup_spec(edited, None) is edited
+    with pytest.raises(scope.ScopeUnreadable):
+        scope.cleanup_spec(edited, '{"target": 1}')
+
+
+def pod(name: str, env: dict[str, str], *, ready: bool = True) -> dict[str, Any]:
+    return {
+        "metadata": {"name": name},
+        "spec": {
+            "containers": [
+                {"name": "server", "env": [{"name": k, "value": v} for k, v in env.items()]}
+            ]
+        },
+        "status": {
+            "phase": "Running",
+            "podIP": "10.0.0.1",
+            "conditions": [{"type": "Ready", "status": "True" if ready else "False"}],
+        },
+    }
+
+
+def test_pods_that_run_other_values_than_applied_are_named() -> None:
+    wanted: dict[str, str | None] = {"MAX_BATCH_SIZE": "8", "EXTRA": None}
+    assert writers.env_reverted([pod("a", {"MAX_BATCH_SIZE": "8"})], "server", wanted) is None
+    message = writers.env_reverted(
+        [pod("a", {"MAX_BATCH_SIZE": "8"}), pod("b", {"MAX_BATCH_SIZE": "32", "EXTRA": "1"})],
+        "server",
+        wanted,
+    )
+    assert message is not None
+    assert "b runs MAX_BATCH_SIZE=32, EXTRA=1" in message
+    assert "a runs" not in message
+    # an unready pod (still starting, or on its way out) is not judged
+    assert writers.env_reverted([pod("c", {}, ready=False)], "server", wanted) is None
+
+
+def test_autoscalers_are_those_whose_scale_target_is_the_workload() -> None:
+    def hpa(name: str, kind: str, target: str, api: str = "apps/v1") -> dict[str, Any]:
+        ref = {"apiVersion": api, "kind": kind, "name": target}
+        return {"metadata": {"name": name}, "spec": {"scaleTargetRef": ref}}
+
+    items = [
+        hpa("b", "Deployment", "resnet"),
+        hpa("a", "Deployment", "resnet"),
+        hpa("c", "StatefulSet", "resnet"),
+        hpa("d", "Deployment", "web"),
+        hpa("e", "Deployment", "resnet", api="example.com/v1"),
+    ]
+    assert writers.autoscalers_of(items, "Deployment", "resnet") == ["a", "b"]
+    assert writers.replicas_of({"spec": {}}) == 1
+    assert writers.replicas_of({"spec": {"replicas": 3}}) == 3
+
+
+def entry(number: int, state: str, reason: str = "") -> TrialEntry:
+    return TrialEntry.model_validate(
+        {
+            "number": number,
+            "params": {"max_batch_size": number + 1, "max_queue_time_ms": 1.0},
+            "source": "sampler",
+            "state": state,
+            "reason": reason,
+        }
+    )
+
+
+def test_a_disturbed_trial_is_retried_and_counts_as_no_failure() -> None:
+    disturbed = f"{INVALID}ScaledDuringTrial: Deployment resnet went from 1 to 2 replicas"
+    assert retried(disturbed)
+    assert retried(INTERRUPTED)
+    assert not retried("CrashLoopBackOff: exit 1")
+    trials = [entry(0, "Failed", "AdminUnreachable: x"), entry(1, "Failed", disturbed)]
+    assert decisions.consecutive_failures(trials) == 1
+    records = [decisions_record(t) for t in trials]
+    queue = replay_queue([], records)
+    assert list(queue) == [(dict(trials[1].params), "sampler")]
+
+
+def decisions_record(t: TrialEntry) -> Any:
+    from batchpilot.operator.study import to_record
+
+    return to_record(t)
+
+
+def test_the_new_deadlines_do_not_restart_a_study() -> None:
+    before = spec()
+    after = spec(tuning={"strategy": "InPlace", "writeBackDeadlineSeconds": 60})
+    assert not specdiff.restarts_study(before, after)
