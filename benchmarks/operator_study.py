@@ -79,6 +79,7 @@ AUDIT_POLICY = {
 class Study(BaseModel):
     phase: str
     wall_s_to_converged: float | None  # None: the study did not converge
+    wall_s_to_end: float  # to whichever phase ended it, or to the timeout
     trials: int
     baseline_rps: float | None
     best_rps: float | None
@@ -98,7 +99,7 @@ class Report(BaseModel):
     gain_lcb_pct: float | None
     operator_rss_mb_max: float
     api_requests: float
-    max_trials: int
+    max_trials: int | None  # None: the sample's own
     repeats: int
     sample_changes: list[str]
     api_requests_counted_by: str
@@ -166,14 +167,32 @@ def count_requests(audit_log: Path, user: str, since: datetime) -> collections.C
     return collections.Counter(verbs.values())
 
 
-def sample_documents(cluster: Cluster, max_trials: int | None) -> list[dict[str, Any]]:
+def sample_documents(
+    cluster: Cluster, max_trials: int | None, p99_ms: float | None
+) -> list[dict[str, Any]]:
     rendered = cluster.kubectl("kustomize", str(REPO / "manifests" / "samples"))
     documents = [d for d in yaml.safe_load_all(rendered) if d]
-    if max_trials is not None:
-        for doc in documents:
-            if doc["kind"] == "InferenceService":
-                doc["spec"].setdefault("tuning", {})["maxTrials"] = max_trials
+    for doc in documents:
+        if doc["kind"] != "InferenceService":
+            continue
+        if max_trials is not None:
+            doc["spec"].setdefault("tuning", {})["maxTrials"] = max_trials
+        if p99_ms is not None:
+            doc["spec"]["sla"]["p99LatencyMs"] = p99_ms
     return documents
+
+
+def sample_changes(max_trials: int | None, p99_ms: float | None) -> list[str]:
+    """What the run changed in the sample InferenceService, for the report."""
+    isvc = yaml.safe_load((REPO / "manifests" / "samples" / "inferenceservice.yaml").read_text())
+    changes = []
+    own_trials = int(isvc["spec"].get("tuning", {}).get("maxTrials", 20))
+    if max_trials is not None and max_trials != own_trials:
+        changes.append(f"tuning.maxTrials {own_trials} -> {max_trials}")
+    own_p99 = isvc["spec"]["sla"]["p99LatencyMs"]
+    if p99_ms is not None and p99_ms != own_p99:
+        changes.append(f"sla.p99LatencyMs {own_p99:g} -> {p99_ms:g}")
+    return changes
 
 
 def run_study(
@@ -181,6 +200,7 @@ def run_study(
     identity: OperatorIdentity,
     audit_log: Path,
     max_trials: int | None,
+    p99_ms: float | None,
     timeout_s: float,
     console: Console,
 ) -> Study:
@@ -189,7 +209,7 @@ def run_study(
     operator = OperatorProcess(
         identity.kubeconfig, cluster.workdir / f"operator-{namespace}.log", OPERATOR_ARGS
     )
-    documents = sample_documents(cluster, max_trials)
+    documents = sample_documents(cluster, max_trials, p99_ms)
     [isvc] = [d for d in documents if d["kind"] == "InferenceService"]
     name = isvc["metadata"]["name"]
     started_at = datetime.now().astimezone()
@@ -230,6 +250,7 @@ def run_study(
     return Study(
         phase=phase,
         wall_s_to_converged=round(wall_s, 1) if phase == "Converged" else None,
+        wall_s_to_end=round(wall_s, 1),
         trials=len(finished) + int(summary.get("count") or 0),
         baseline_rps=baseline.get("effectiveRps"),
         best_rps=best.get("effectiveRps"),
@@ -247,7 +268,13 @@ def _median(values: list[float | None]) -> float | None:
     return round(statistics.median(present), 2) if present else None
 
 
-def run(max_trials: int | None, repeats: int, timeout_s: float, console: Console) -> Report:
+def run(
+    max_trials: int | None,
+    p99_ms: float | None,
+    repeats: int,
+    timeout_s: float,
+    console: Console,
+) -> Report:
     workdir = Path(tempfile.mkdtemp(prefix="batchpilot-operator-study-"))
     policy = workdir / "audit-policy.yaml"
     policy.write_text(yaml.safe_dump(AUDIT_POLICY))
@@ -263,8 +290,9 @@ def run(max_trials: int | None, repeats: int, timeout_s: float, console: Console
         identity = apply_operator_identity(cluster)
         for repeat in range(repeats):
             console.print(f"study {repeat + 1}/{repeats} (work directory {workdir})")
-            runs.append(run_study(cluster, identity, audit_log, max_trials, timeout_s, console))
-    sample_trials = sample_documents_max_trials()
+            runs.append(
+                run_study(cluster, identity, audit_log, max_trials, p99_ms, timeout_s, console)
+            )
     return Report(
         wall_s_to_converged=_median([r.wall_s_to_converged for r in runs]),
         trials=statistics.median(r.trials for r in runs),
@@ -273,23 +301,13 @@ def run(max_trials: int | None, repeats: int, timeout_s: float, console: Console
         gain_lcb_pct=_median([r.gain_lcb_pct for r in runs]),
         operator_rss_mb_max=max(r.operator_rss_mb_max for r in runs),
         api_requests=statistics.median(r.api_requests for r in runs),
-        max_trials=max_trials or sample_trials,
+        max_trials=max_trials,
         repeats=repeats,
-        sample_changes=(
-            [f"tuning.maxTrials {sample_trials} -> {max_trials}"]
-            if max_trials is not None and max_trials != sample_trials
-            else []
-        ),
+        sample_changes=sample_changes(max_trials, p99_ms),
         api_requests_counted_by="kube-apiserver audit log (Metadata level): requests by "
         "the operator's ServiceAccount user, one per auditID",
         runs=runs,
     )
-
-
-def sample_documents_max_trials() -> int:
-    """The sample InferenceService's own tuning.maxTrials (the CRD's default if unset)."""
-    isvc = yaml.safe_load((REPO / "manifests" / "samples" / "inferenceservice.yaml").read_text())
-    return int(isvc["spec"].get("tuning", {}).get("maxTrials", 20))
 
 
 def main() -> None:
@@ -298,6 +316,13 @@ def main() -> None:
     parser.add_argument(
         "--max-trials", type=int, default=None, help="tuning.maxTrials (default: the sample's)"
     )
+    parser.add_argument(
+        "--p99-ms",
+        type=float,
+        default=None,
+        help="sla.p99LatencyMs (default: the sample's, set for a GPU; a CPU-only machine "
+        "may need more)",
+    )
     parser.add_argument("--repeats", type=int, default=1, help="studies, one after another")
     parser.add_argument(
         "--timeout-s", type=float, default=3600.0, help="longest a study may take, s"
@@ -305,6 +330,8 @@ def main() -> None:
     args = parser.parse_args()
     if args.max_trials is not None and not 1 <= args.max_trials <= 200:
         parser.error("--max-trials takes 1 to 200")
+    if args.p99_ms is not None and not 1 <= args.p99_ms <= 600_000:
+        parser.error("--p99-ms takes 1 to 600000")
     if not 1 <= args.repeats <= 20:
         parser.error("--repeats takes 1 to 20")
     if not 60 <= args.timeout_s <= 86400:
@@ -314,7 +341,7 @@ def main() -> None:
         p for p in (str(REPO / "src"), os.environ.get("PYTHONPATH")) if p
     )
     console = Console(stderr=True)
-    report = run(args.max_trials, args.repeats, args.timeout_s, console)
+    report = run(args.max_trials, args.p99_ms, args.repeats, args.timeout_s, console)
     if args.json:
         print(json.dumps(report.model_dump(mode="json")))
     else:
