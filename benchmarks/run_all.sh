@@ -24,3 +24,5 @@ run simulator_validation $py benchmarks/simulator_validation.py --json
 run simulator_speed $py benchmarks/simulator_speed.py --json
 run tuner_efficiency $py benchmarks/tuner_efficiency.py --json
 run decision_quality $py benchmarks/decision_quality.py --json
+# the sample's study through the operator on the e2e tier's local cluster (tests/e2e/kube/build.sh first)
+run operator_study $py benchmarks/operator_study.py --json

@@ -12,7 +12,7 @@ import subprocess
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -156,10 +156,13 @@ def _wait(
         time.sleep(0.25)
 
 
-def start_control_plane(workdir: Path, bin_dir: Path) -> ControlPlane:
+def start_control_plane(
+    workdir: Path, bin_dir: Path, apiserver_args: Sequence[str] = ()
+) -> ControlPlane:
     """Start etcd, kube-apiserver and kube-controller-manager on 127.0.0.1; return once
     the API server is ready and the controller-manager has created the default
-    ServiceAccount (pods cannot be admitted before that)."""
+    ServiceAccount (pods cannot be admitted before that). `apiserver_args` go to
+    kube-apiserver after the harness's own (an audit log, say)."""
     workdir.mkdir(parents=True, exist_ok=True)
     pki = make_pki(workdir / "pki", ["127.0.0.1", SERVICE_IP])
     etcd_port, etcd_peer, api_port = free_port(), free_port(), free_port()
@@ -176,7 +179,7 @@ def start_control_plane(workdir: Path, bin_dir: Path) -> ControlPlane:
         plane.admin_kubeconfig, kubeconfig(server, pki.ca.cert, cert_user(pki.admin), "admin")
     )
     try:
-        _start(plane, bin_dir, etcd_port, etcd_peer, api_port)
+        _start(plane, bin_dir, etcd_port, etcd_peer, api_port, apiserver_args)
     except BaseException:
         plane.stop()
         raise
@@ -184,7 +187,12 @@ def start_control_plane(workdir: Path, bin_dir: Path) -> ControlPlane:
 
 
 def _start(
-    plane: ControlPlane, bin_dir: Path, etcd_port: int, etcd_peer: int, api_port: int
+    plane: ControlPlane,
+    bin_dir: Path,
+    etcd_port: int,
+    etcd_peer: int,
+    api_port: int,
+    apiserver_args: Sequence[str],
 ) -> None:
     workdir, pki, logs = plane.workdir, plane.pki, plane.logs
     etcd_url = f"http://127.0.0.1:{etcd_port}"
@@ -231,6 +239,7 @@ def _start(
             "--allow-privileged=true",
             "--profiling=false",
             "--v=0",
+            *apiserver_args,
         ],
         log=logs["kube-apiserver"],
         env=env,

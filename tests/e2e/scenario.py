@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import json
+import os
 import threading
 import urllib.request
+from pathlib import Path
 from typing import Any, Self
 
 from .conftest import Cluster
@@ -14,6 +16,7 @@ from .workloads import SERVER_PORT, dump, server_deployment
 
 FINISHED = ("Complete", "Pruned", "Infeasible")
 STUDY_TIMEOUT_S = 240.0
+DESCRIBE_DIR_ENV = "BATCHPILOT_DESCRIBE_DIR"
 
 
 class Poller:
@@ -47,6 +50,18 @@ class Poller:
 def deploy_server(cluster: Cluster, namespace: str, name: str = "server", **kwargs: Any) -> None:
     cluster.kubectl.apply(dump(server_deployment(name, **kwargs)), "-n", namespace)
     cluster.kubectl("rollout", "status", f"deployment/{name}", "-n", namespace, "--timeout=120s")
+
+
+def describe(cluster: Cluster, namespace: str, name: str, label: str) -> str:
+    """`kubectl describe inferenceservice`, also saved as `<label>.txt` under
+    $BATCHPILOT_DESCRIBE_DIR (else the session's work directory): the README's examples
+    of a failed, a rolled-back and a converged study are these files."""
+    text = cluster.kubectl("describe", "inferenceservice", name, "-n", namespace)
+    chosen = os.environ.get(DESCRIBE_DIR_ENV)
+    directory = Path(chosen) if chosen else cluster.workdir / "describe"
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / f"{label}.txt").write_text(text)
+    return text
 
 
 def pods(cluster: Cluster, namespace: str, selector: str) -> list[dict[str, Any]]:

@@ -10,7 +10,14 @@ import pytest
 from . import procs
 from .conftest import Cluster
 from .operatorproc import OperatorProcess
-from .scenario import deploy_server, diagnostics, pods, wait_converged, wait_running_trial
+from .scenario import (
+    deploy_server,
+    describe,
+    diagnostics,
+    pods,
+    wait_converged,
+    wait_running_trial,
+)
 from .study import wait_for
 from .workloads import container_env, dump, inference_service, server_deployment
 
@@ -92,6 +99,7 @@ def test_write_back_then_another_manager_applies_original(
     assert status["phase"] == "Converged", diagnostics(cluster, operator)
     best = status["best"]
     assert best["maxBatchSize"] >= 8
+    assert "Converged" in describe(cluster, namespace, "writeback", "converged")
     tuned = {
         "MAX_BATCH_SIZE": str(best["maxBatchSize"]),
         "MAX_QUEUE_TIME_MS": _env(cluster, namespace, "server")["MAX_QUEUE_TIME_MS"],

@@ -15,6 +15,7 @@ from .operatorproc import OperatorProcess
 from .scenario import (
     Poller,
     deploy_server,
+    describe,
     diagnostics,
     finished_trials,
     gap_free,
@@ -111,7 +112,7 @@ def test_sample_study_converges_and_kubectl_shows_it(
     assert ready["Ready"]["observedGeneration"] == status["observedGeneration"]
 
     # `kubectl describe` shows the SLA, the best configuration, the trials and events.
-    described = cluster.kubectl("describe", "inferenceservice", name, "-n", namespace)
+    described = describe(cluster, namespace, name, "converged-sample")
     for heading in ("Sla:", "Best:", "Baseline:", "Trials:", "Events:"):
         assert heading in described, described
     assert f"{sla:g}" in described.split("Sla:")[1].split("Target:")[0]

@@ -14,7 +14,7 @@ import pytest
 from . import procs
 from .conftest import Cluster
 from .operatorproc import OperatorProcess
-from .scenario import diagnostics, pods, wait_running_trial
+from .scenario import describe, diagnostics, pods, wait_running_trial
 from .study import events, wait_for
 from .workloads import container_env, dump, inference_service, server_deployment
 
@@ -81,6 +81,8 @@ def test_unschedulable_canary_fails_the_study_within_the_timeout(
     assert status.get("canary") is None
     assert procs.wait_until(lambda: _gone(cluster, namespace, "deployment", canary), 60)
     assert "StudyFailed" in reasons(cluster, namespace, "full")
+    described = describe(cluster, namespace, "full", "failed")
+    assert "scheduleTimeoutSeconds" in described.split("Events:")[0], described
     # The target was never touched.
     [after] = pods(cluster, namespace, "app=server")
     assert after["metadata"]["uid"] == target_pod["metadata"]["uid"]
@@ -135,6 +137,8 @@ def test_a_write_back_that_crash_loops_the_target_is_rolled_back(
     assert status["restored"] is True
     assert status["applied"] is False
     assert reasons(cluster, namespace, "rollback").count("RolledBack") == 1
+    described = describe(cluster, namespace, "rollback", "rolled-back")
+    assert "CrashLoopBackOff" in described.split("Events:")[0], described
     # The original batch is back, and the target rolls out on it.
     target = cluster.kubectl.json("get", "deployment", "server", "-n", namespace)
     assert container_env(target)["MAX_BATCH_SIZE"] == "1"
