@@ -41,6 +41,14 @@ def _gone(cluster: Cluster, namespace: str, kind: str, name: str) -> bool:
     return result.returncode != 0 and "NotFound" in result.stderr
 
 
+def _canaries(cluster: Cluster, namespace: str) -> list[str]:
+    """The canary Deployments in the namespace (by the label every canary carries)."""
+    found = cluster.kubectl.json(
+        "get", "deployments", "-l", "batchpilot.dev/canary", "-n", namespace
+    )
+    return [d["metadata"]["name"] for d in found["items"]]
+
+
 ORIGINAL = {"MAX_BATCH_SIZE": "4", "MAX_QUEUE_TIME_MS": "2"}  # server_deployment's
 
 
@@ -77,9 +85,11 @@ def test_unschedulable_canary_fails_the_study_within_the_timeout(
     assert "scheduleTimeoutSeconds" in status["message"]
     # The first trial ended the study: no trial after it waited for a node again.
     assert [t["state"] for t in status["trials"]] == ["Failed"], status["trials"]
-    canary = "server-bp-canary"
+    # the canary the scheduler refused (its message above) is gone, whatever its name
     assert status.get("canary") is None
-    assert procs.wait_until(lambda: _gone(cluster, namespace, "deployment", canary), 60)
+    assert procs.wait_until(lambda: not _canaries(cluster, namespace), 60), _canaries(
+        cluster, namespace
+    )
     assert "StudyFailed" in reasons(cluster, namespace, "full")
     described = describe(cluster, namespace, "full", "failed")
     assert "scheduleTimeoutSeconds" in described.split("Events:")[0], described
