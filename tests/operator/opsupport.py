@@ -348,3 +348,51 @@ async def eventually(
         if loop.time() > deadline:
             raise AssertionError(f"{what} did not happen")
         await asyncio.sleep(0.02)
+
+
+# --- reading the InferenceService and its events back from KMock --------------------------
+
+ISVC_URL = f"/apis/batchpilot.dev/v1alpha1/namespaces/{NAMESPACE}/inferenceservices"
+
+
+def obj_of(k: kmock.KubernetesEmulator, name: str = "resnet") -> dict[str, Any]:
+    try:
+        return dict(k.objects[ISVC, NAMESPACE, name].raw)
+    except (KeyError, ValueError):  # never created, or deleted (soft-deleted in KMock)
+        return {}
+
+
+def status_of(k: kmock.KubernetesEmulator, name: str = "resnet") -> dict[str, Any]:
+    return dict(obj_of(k, name).get("status") or {})
+
+
+def conditions(k: kmock.KubernetesEmulator) -> dict[str, dict[str, Any]]:
+    return {c["type"]: c for c in status_of(k).get("conditions", [])}
+
+
+def events_of(k: kmock.KubernetesEmulator) -> list[dict[str, Any]]:
+    return [
+        dict(r.data) for r in k["post"] if r.resource is not None and r.resource.plural == "events"
+    ]
+
+
+def reasons_of(k: kmock.KubernetesEmulator) -> list[str]:
+    return [str(e["reason"]) for e in events_of(k)]
+
+
+def phase_is(k: kmock.KubernetesEmulator, phase: str, generation: int | None = 1) -> bool:
+    """The study is in `phase` for spec `generation` (any generation with None)."""
+    status = status_of(k)
+    return status.get("phase") == phase and (
+        generation is None or status.get("observedGeneration") == generation
+    )
+
+
+async def edit(k: kmock.KubernetesEmulator, generation: int, spec: Mapping[str, Any]) -> None:
+    """An edit of the spec as kubectl would make it, with the generation it bumps to."""
+    response = await k.patch(
+        f"{ISVC_URL}/resnet",
+        json={"metadata": {"generation": generation}, "spec": dict(spec)},
+        headers={"Content-Type": "application/merge-patch+json"},
+    )
+    assert response.status == 200

@@ -10,13 +10,19 @@ import kmock
 import pytest
 from opsupport import (
     ISVC,
+    ISVC_URL,
     NAMESPACE,
     ORIGINAL,
     FakeCluster,
     GenerateNameEmulator,
     Operator,
+    edit,
     eventually,
     isvc,
+    obj_of,
+    phase_is,
+    reasons_of,
+    status_of,
 )
 
 from batchpilot.operator.world import TargetProblem
@@ -27,45 +33,10 @@ pytestmark = [
     pytest.mark.kmock(cls=GenerateNameEmulator),
 ]
 
-ISVC_URL = f"/apis/batchpilot.dev/v1alpha1/namespaces/{NAMESPACE}/inferenceservices"
-
-
-def obj_of(k: kmock.KubernetesEmulator) -> dict[str, Any]:
-    try:
-        return dict(k.objects[ISVC, NAMESPACE, "resnet"].raw)
-    except (KeyError, ValueError):  # never created, or deleted (soft-deleted in KMock)
-        return {}
-
-
-def status_of(k: kmock.KubernetesEmulator) -> dict[str, Any]:
-    return dict(obj_of(k).get("status") or {})
-
 
 def condition(k: kmock.KubernetesEmulator, type: str) -> dict[str, Any]:
     found = [c for c in status_of(k).get("conditions", []) if c["type"] == type]
     return found[0] if found else {}
-
-
-def reasons_of(k: kmock.KubernetesEmulator) -> list[str]:
-    return [
-        str(r.data["reason"])
-        for r in k["post"]
-        if r.resource is not None and r.resource.plural == "events"
-    ]
-
-
-def phase_is(k: kmock.KubernetesEmulator, phase: str, generation: int = 1) -> bool:
-    status = status_of(k)
-    return status.get("phase") == phase and status.get("observedGeneration") == generation
-
-
-async def edit(k: kmock.KubernetesEmulator, generation: int, spec: dict[str, Any]) -> None:
-    response = await k.patch(
-        f"{ISVC_URL}/resnet",
-        json={"metadata": {"generation": generation}, "spec": spec},
-        headers={"Content-Type": "application/merge-patch+json"},
-    )
-    assert response.status == 200
 
 
 IN_PLACE = {"strategy": "InPlace", "maxTrials": 3, "writeBack": "Recommend"}

@@ -16,14 +16,20 @@ from kmock import KubernetesError, Request
 from kmock import method as http_method
 from opsupport import (
     ISVC,
+    ISVC_URL,
     NAMESPACE,
     ORIGINAL,
     FakeCluster,
     GenerateNameEmulator,
     Operator,
+    events_of,
     eventually,
     isvc,
+    obj_of,
+    phase_is,
+    reasons_of,
     score,
+    status_of,
 )
 
 from batchpilot.operator.status import INTERRUPTED_REASON
@@ -35,37 +41,9 @@ pytestmark = [
     pytest.mark.kmock(cls=GenerateNameEmulator),
 ]
 
-ISVC_URL = f"/apis/batchpilot.dev/v1alpha1/namespaces/{NAMESPACE}/inferenceservices"
-
-
-def obj_of(k: kmock.KubernetesEmulator, name: str = "resnet") -> dict[str, Any]:
-    try:
-        return dict(k.objects[ISVC, NAMESPACE, name].raw)
-    except (KeyError, ValueError):  # never created, or deleted (soft-deleted in KMock)
-        return {}
-
-
-def status_of(k: kmock.KubernetesEmulator, name: str = "resnet") -> dict[str, Any]:
-    return dict(obj_of(k, name).get("status") or {})
-
-
-def events_of(k: kmock.KubernetesEmulator) -> list[dict[str, Any]]:
-    return [
-        dict(r.data) for r in k["post"] if r.resource is not None and r.resource.plural == "events"
-    ]
-
-
-def reasons_of(k: kmock.KubernetesEmulator) -> list[str]:
-    return [str(e["reason"]) for e in events_of(k)]
-
 
 def condition(status: dict[str, Any], type: str) -> dict[str, Any]:
     return next(c for c in status.get("conditions", []) if c["type"] == type)
-
-
-def phase_is(k: kmock.KubernetesEmulator, phase: str, generation: int = 1) -> bool:
-    status = status_of(k)
-    return status.get("phase") == phase and status.get("observedGeneration") == generation
 
 
 async def test_creation_runs_baseline_then_trials_and_writes_back(

@@ -5,11 +5,23 @@ a study adopts without starting over."""
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
 
 import kmock
 import pytest
-from opsupport import ISVC, NAMESPACE, FakeCluster, GenerateNameEmulator, Operator, eventually, isvc
+from opsupport import (
+    ISVC,
+    NAMESPACE,
+    FakeCluster,
+    GenerateNameEmulator,
+    Operator,
+    conditions,
+    edit,
+    eventually,
+    isvc,
+    phase_is,
+    reasons_of,
+    status_of,
+)
 
 from batchpilot.operator.world import TargetProblem
 
@@ -19,19 +31,6 @@ pytestmark = [
     pytest.mark.kmock(cls=GenerateNameEmulator),
 ]
 
-ISVC_URL = f"/apis/batchpilot.dev/v1alpha1/namespaces/{NAMESPACE}/inferenceservices"
-
-
-def status_of(k: kmock.KubernetesEmulator) -> dict[str, Any]:
-    try:
-        return dict(k.objects[ISVC, NAMESPACE, "resnet"].raw.get("status") or {})
-    except (KeyError, ValueError):
-        return {}
-
-
-def conditions(k: kmock.KubernetesEmulator) -> dict[str, dict[str, Any]]:
-    return {c["type"]: c for c in status_of(k).get("conditions", [])}
-
 
 def kstatus(k: kmock.KubernetesEmulator) -> tuple[str, str, str]:
     found = conditions(k)
@@ -39,28 +38,6 @@ def kstatus(k: kmock.KubernetesEmulator) -> tuple[str, str, str]:
         str(found.get(t, {}).get("status", "")) for t in ("Ready", "Reconciling", "Stalled")
     )
     return ready, reconciling, stalled
-
-
-def reasons_of(k: kmock.KubernetesEmulator) -> list[str]:
-    return [
-        str(r.data["reason"])
-        for r in k["post"]
-        if r.resource is not None and r.resource.plural == "events"
-    ]
-
-
-def phase_is(k: kmock.KubernetesEmulator, phase: str, generation: int = 1) -> bool:
-    status = status_of(k)
-    return status.get("phase") == phase and status.get("observedGeneration") == generation
-
-
-async def edit(k: kmock.KubernetesEmulator, generation: int, spec: Mapping[str, Any]) -> None:
-    response = await k.patch(
-        f"{ISVC_URL}/resnet",
-        json={"metadata": {"generation": generation}, "spec": dict(spec)},
-        headers={"Content-Type": "application/merge-patch+json"},
-    )
-    assert response.status == 200
 
 
 async def test_kstatus_conditions_while_running_and_when_converged(

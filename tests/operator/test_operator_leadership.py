@@ -11,11 +11,19 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from typing import Any
 
 import kmock
 import pytest
-from opsupport import ISVC, NAMESPACE, FakeCluster, GenerateNameEmulator, Operator, eventually, isvc
+from opsupport import (
+    ISVC,
+    NAMESPACE,
+    FakeCluster,
+    GenerateNameEmulator,
+    Operator,
+    eventually,
+    isvc,
+    status_of,
+)
 
 from batchpilot.operator.status import INTERRUPTED_REASON
 
@@ -53,13 +61,6 @@ class Switch:
 
     async def wait_lost(self) -> None:
         await self._off.wait()
-
-
-def status_of(k: kmock.KubernetesEmulator) -> dict[str, Any]:
-    try:
-        return dict(k.objects[ISVC, NAMESPACE, "resnet"].raw.get("status") or {})
-    except (KeyError, ValueError):
-        return {}
 
 
 def posted_reasons(k: kmock.KubernetesEmulator) -> list[str]:

@@ -19,8 +19,13 @@ from opsupport import (
     FakeWorld,
     GenerateNameEmulator,
     Operator,
+    conditions,
+    edit,
     eventually,
     isvc,
+    phase_is,
+    reasons_of,
+    status_of,
 )
 
 from batchpilot.operator import handlers
@@ -33,7 +38,6 @@ pytestmark = [
     pytest.mark.kmock(cls=GenerateNameEmulator),
 ]
 
-ISVC_URL = f"/apis/batchpilot.dev/v1alpha1/namespaces/{NAMESPACE}/inferenceservices"
 PROMETHEUS_LOAD = {
     "endpoint": {"port": 8080, "path": "/v1/predict"},
     "maxRps": 1000,
@@ -90,38 +94,6 @@ class Probe:
         self.cluster.factory = lambda: make  # type: ignore[method-assign]
 
 
-def status_of(k: kmock.KubernetesEmulator) -> dict[str, Any]:
-    try:
-        return dict(k.objects[ISVC, NAMESPACE, "resnet"].raw.get("status") or {})
-    except (KeyError, ValueError):
-        return {}
-
-
-def conditions(k: kmock.KubernetesEmulator) -> dict[str, dict[str, Any]]:
-    return {c["type"]: c for c in status_of(k).get("conditions", [])}
-
-
-def reasons_of(k: kmock.KubernetesEmulator) -> list[str]:
-    return [
-        str(r.data["reason"])
-        for r in k["post"]
-        if r.resource is not None and r.resource.plural == "events"
-    ]
-
-
-def phase_is(k: kmock.KubernetesEmulator, phase: str) -> bool:
-    return status_of(k).get("phase") == phase
-
-
-async def edit(k: kmock.KubernetesEmulator, generation: int, spec: Mapping[str, Any]) -> None:
-    response = await k.patch(
-        f"{ISVC_URL}/resnet",
-        json={"metadata": {"generation": generation}, "spec": dict(spec)},
-        headers={"Content-Type": "application/merge-patch+json"},
-    )
-    assert response.status == 200
-
-
 async def test_outside_the_window_no_trial_starts_until_it_opens(
     kmock: kmock.KubernetesEmulator, operator: Operator, cluster: FakeCluster, clock: Clock
 ) -> None:
@@ -145,7 +117,9 @@ async def test_outside_the_window_no_trial_starts_until_it_opens(
         assert found["Stalled"]["status"] == "False"
         assert cluster.applied == []  # no configuration applied, no load sent
         clock.now = datetime(2026, 12, 2, 2, 5, tzinfo=UTC)
-        await eventually(lambda: phase_is(kmock, "Converged"), what="trials inside the window")
+        await eventually(
+            lambda: phase_is(kmock, "Converged", None), what="trials inside the window"
+        )
     assert len(cluster.applied) == 3
     assert conditions(kmock)["InWindow"]["reason"] == "InsideWindow"
     assert status_of(kmock).get("waitingUntil") is None
@@ -181,7 +155,7 @@ async def test_suspend_restores_an_in_place_target_and_resume_goes_on(
         assert "Suspended" in reasons_of(kmock)
         assert len(status_of(kmock)["trials"]) == applied
         await edit(kmock, 3, {"suspend": False})
-        await eventually(lambda: phase_is(kmock, "Converged"), what="the resumed study")
+        await eventually(lambda: phase_is(kmock, "Converged", None), what="the resumed study")
     status = status_of(kmock)
     # the same study went on: 4 trials in all, the first two kept, no new study started
     assert [t["number"] for t in status["trials"]] == [0, 1, 2, 3]
@@ -227,7 +201,9 @@ async def test_a_breached_sla_starts_a_new_study_from_the_written_back_configura
     )
     async with operator():
         await eventually(
-            lambda: phase_is(kmock, "Converged") and bool(status_of(kmock).get("nextRetuneAt")),
+            lambda: (
+                phase_is(kmock, "Converged", None) and bool(status_of(kmock).get("nextRetuneAt"))
+            ),
             what="the first study and its first check scheduled",
         )
         first = status_of(kmock)
@@ -241,11 +217,11 @@ async def test_a_breached_sla_starts_a_new_study_from_the_written_back_configura
             what="the next check scheduled",
         )
         assert probe.windows == [600.0]
-        assert phase_is(kmock, "Converged")
+        assert phase_is(kmock, "Converged", None)
         probe.breach = "p99 450 ms > 300 ms at 800 req/s"
         clock.now += timedelta(minutes=10)
         await eventually(
-            lambda: status_of(kmock).get("retunes") == 1 and phase_is(kmock, "Converged"),
+            lambda: status_of(kmock).get("retunes") == 1 and phase_is(kmock, "Converged", None),
             what="the re-tune's study",
         )
     status = status_of(kmock)
@@ -286,7 +262,9 @@ async def test_an_in_place_target_is_restored_while_the_window_is_shut(
         assert "before a trial could finish" in status["message"]
         assert "the original configuration restored" in status["message"]
         clock.now = datetime(2026, 12, 3, 2, 0, tzinfo=UTC)
-        await eventually(lambda: phase_is(kmock, "Converged"), what="the next window's trials")
+        await eventually(
+            lambda: phase_is(kmock, "Converged", None), what="the next window's trials"
+        )
     assert [t["number"] for t in status_of(kmock)["trials"]] == [0, 1, 2, 3]
     assert cluster.written_back
 
@@ -301,7 +279,7 @@ async def test_a_restarting_edit_while_suspended_lifts_the_pause_with_it(
         await eventually(lambda: status_of(kmock).get("suspended") is True, what="suspension")
         assert cluster.applied == []
         await edit(kmock, 2, {"suspend": False, "sla": {"p99LatencyMs": 250}})
-        await eventually(lambda: phase_is(kmock, "Converged"), what="the new study")
+        await eventually(lambda: phase_is(kmock, "Converged", None), what="the new study")
     found = conditions(kmock)
     assert (found["Suspended"]["status"], found["Suspended"]["reason"]) == ("False", "Resumed")
     assert found["Ready"]["status"] == "True"
