@@ -267,6 +267,28 @@ async def test_one_trial_is_measured_at_a_time_and_waiting_is_visible(
     assert len(cluster.applied) == 2
 
 
+async def test_a_study_whose_best_is_the_incumbent_writes_nothing_back(
+    kmock: kmock.KubernetesEmulator, operator: Operator, cluster: FakeCluster
+) -> None:
+    # Only the baseline is measured: with a confirmation asked for, there is no finalist
+    # besides the incumbent, and writing its own values back would take the target's
+    # fields over for nothing.
+    tuning = {"strategy": "Canary", "maxTrials": 1, "writeBack": "Apply", "finalists": 2}
+    kmock.objects[ISVC, NAMESPACE, "resnet"] = isvc(tuning=tuning)
+    async with operator():
+        await eventually(lambda: phase_is(kmock, "Converged"), what="convergence")
+        await eventually(lambda: "NoSignificantGain" in reasons_of(kmock), what="the event")
+    status = status_of(kmock)
+    assert cluster.written_back == []
+    assert cluster.target == ORIGINAL
+    assert status["applied"] is False
+    assert status.get("confirmation") is None
+    ready = condition(status, "Ready")
+    assert (ready["status"], ready["reason"]) == ("True", "NoSignificantGain")
+    assert "the incumbent stays. NoSignificantGain: no other configuration" in status["message"]
+    assert "Applied" not in reasons_of(kmock)
+
+
 def _confirmation_seeds(cluster: FakeCluster, configs: int, rounds: int) -> list[int | None]:
     """The load seeds of the confirmation's measurements: the last configs x rounds."""
     return cluster.seeds[-configs * rounds :]

@@ -383,6 +383,20 @@ def best_trial(trials: Iterable[TrialEntry]) -> TrialEntry | None:
     return best
 
 
+def incumbent_unbeaten(
+    spec: InferenceServiceSpec, trials: Sequence[TrialEntry], best: TrialEntry
+) -> bool:
+    """With a confirmation asked for (`tuning.finalists` > 0), whether the study's best is
+    the incumbent itself (every challenger measured lower or was pruned below it): then
+    there is no finalist to confirm and nothing to write back."""
+    baseline = baseline_trial(trials)
+    return (
+        spec.tuning.finalists > 0
+        and baseline is not None
+        and batching_config(best.params) == batching_config(baseline.params)
+    )
+
+
 def baseline_trial(trials: Iterable[TrialEntry]) -> TrialEntry | None:
     finished = [
         t for t in trials if t.source == "baseline" and t.state not in ("Running", "Interrupted")

@@ -550,6 +550,9 @@ class StudyRunner:
         if best is None:
             await self._fail(f"{reason}, and no configuration met the SLA")
             return
+        if decisions.incumbent_unbeaten(self.spec, self.status.trials, best):
+            await self._keep_incumbent(reason, best)
+            return
         await self._remove_canary()
         if self.spec.tuning.write_back == "Apply":
             if not await self._write_back(dict(best.params)):
@@ -567,6 +570,22 @@ class StudyRunner:
         persist = operator_runtimes.persist_advice(self.spec, best.params)
         await self._save(phase="Converged", message=message, persist=persist)
         self._event("Normal", "Converged", message)
+
+    async def _keep_incumbent(self, reason: str, best: TrialEntry) -> None:
+        """The study's best is the configuration the target already runs: nothing is
+        written (not even the same values, which would take the fields over), and the
+        study ends as a confirmation that found no gain would."""
+        await self._remove_canary()
+        await self._restore_in_place()
+        message = (
+            f"{reason}: the incumbent stays. NoSignificantGain: no other configuration "
+            f"measured above the incumbent {decisions.describe_params(best.params)} → "
+            f"{best.effective_rps or 0.0:.0f} req/s (trial {best.number}), nothing to confirm"
+        )
+        self._condition("Ready", "True", "NoSignificantGain", message)
+        self._condition("TargetReady", "True", "Done", "study finished")
+        await self._save(phase="Converged", message=message)
+        self._event("Normal", "NoSignificantGain", message)
 
     async def _write_back(self, params: Params) -> bool:
         """Write `params` onto the target and watch it for `tuning.verifySeconds`; False
