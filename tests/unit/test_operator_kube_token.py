@@ -46,6 +46,21 @@ async def server() -> AsyncIterator[tuple[TokenServer, str]]:
         await runner.cleanup()
 
 
+@pytest.fixture
+async def from_file(
+    server: tuple[TokenServer, str], tmp_path: Path
+) -> AsyncIterator[tuple[TokenServer, Path, Kube]]:
+    """A client logged in with the service account's token file, which holds "old"."""
+    tokens, url = server
+    path = tmp_path / "token"
+    path.write_text("old")
+    kube = Kube(Connection(server=url, token="old", token_path=str(path)), attempts=1)
+    try:
+        yield tokens, path, kube
+    finally:
+        await kube.close()
+
+
 def rotate(path: Path, token: str) -> None:
     """As the kubelet does: a new file moved over the old one."""
     new = path.with_suffix(".new")
@@ -54,58 +69,40 @@ def rotate(path: Path, token: str) -> None:
 
 
 async def test_a_rotated_token_is_read_before_the_next_request(
-    server: tuple[TokenServer, str], tmp_path: Path
+    from_file: tuple[TokenServer, Path, Kube],
 ) -> None:
-    tokens, url = server
-    path = tmp_path / "token"
-    path.write_text("old")
-    kube = Kube(Connection(server=url, token="old", token_path=str(path)), attempts=1)
-    try:
-        assert await kube.get("/api/v1/namespaces/default") == {"kind": "Namespace"}
-        tokens.token = "new"
-        rotate(path, "new")
-        assert await kube.get("/api/v1/namespaces/default") == {"kind": "Namespace"}
-        assert tokens.seen == ["Bearer old", "Bearer new"]
-    finally:
-        await kube.close()
+    tokens, path, kube = from_file
+    assert await kube.get("/api/v1/namespaces/default") == {"kind": "Namespace"}
+    tokens.token = "new"
+    rotate(path, "new")
+    assert await kube.get("/api/v1/namespaces/default") == {"kind": "Namespace"}
+    assert tokens.seen == ["Bearer old", "Bearer new"]
 
 
 async def test_a_401_re_reads_the_token_and_retries_once(
-    server: tuple[TokenServer, str], tmp_path: Path
+    from_file: tuple[TokenServer, Path, Kube],
 ) -> None:
-    tokens, url = server
-    path = tmp_path / "token"
-    path.write_text("old")
-    kube = Kube(Connection(server=url, token="old", token_path=str(path)), attempts=1)
-    try:
-        assert await kube.get("/api/v1/namespaces/default") == {"kind": "Namespace"}
-        # the token changed in place within the file's timestamp resolution: nothing
-        # tells the client before the server refuses the old one
-        before = path.stat()
-        tokens.token = "new"
-        path.write_text("new")
-        os.utime(path, ns=(before.st_atime_ns, before.st_mtime_ns))
-        assert await kube.get("/api/v1/namespaces/default") == {"kind": "Namespace"}
-        assert tokens.seen == ["Bearer old", "Bearer old", "Bearer new"]
-    finally:
-        await kube.close()
+    tokens, path, kube = from_file
+    assert await kube.get("/api/v1/namespaces/default") == {"kind": "Namespace"}
+    # the token changed in place within the file's timestamp resolution: nothing
+    # tells the client before the server refuses the old one
+    before = path.stat()
+    tokens.token = "new"
+    path.write_text("new")
+    os.utime(path, ns=(before.st_atime_ns, before.st_mtime_ns))
+    assert await kube.get("/api/v1/namespaces/default") == {"kind": "Namespace"}
+    assert tokens.seen == ["Bearer old", "Bearer old", "Bearer new"]
 
 
 async def test_a_401_with_an_unchanged_token_is_an_error(
-    server: tuple[TokenServer, str], tmp_path: Path
+    from_file: tuple[TokenServer, Path, Kube],
 ) -> None:
-    tokens, url = server
-    path = tmp_path / "token"
-    path.write_text("old")
+    tokens, _, kube = from_file
     tokens.token = "revoked-for-everyone"
-    kube = Kube(Connection(server=url, token="old", token_path=str(path)), attempts=1)
-    try:
-        with pytest.raises(KubeError) as error:
-            await kube.get("/api/v1/namespaces/default")
-        assert error.value.status == 401
-        assert tokens.seen == ["Bearer old"]  # no pointless second try
-    finally:
-        await kube.close()
+    with pytest.raises(KubeError) as error:
+        await kube.get("/api/v1/namespaces/default")
+    assert error.value.status == 401
+    assert tokens.seen == ["Bearer old"]  # no pointless second try
 
 
 async def test_a_kubeconfig_token_is_sent_as_it_is(server: tuple[TokenServer, str]) -> None:
