@@ -54,7 +54,8 @@ def test_an_already_best_target_stays_untouched_with_no_significant_gain(
     assert status["phase"] == "Converged", diagnostics(cluster, operator)
     assert gap_free(status)
     ready = next(c for c in status["conditions"] if c["type"] == "Ready")
-    assert (ready["status"], ready["reason"]) == ("True", "NoSignificantGain"), status
+    outcome = (ready["status"], ready["reason"])
+    assert outcome == ("True", "NoSignificantGain"), diagnostics(cluster, operator)
     assert "the incumbent stays. NoSignificantGain" in status["message"]
     assert status["applied"] is False
 

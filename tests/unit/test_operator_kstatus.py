@@ -199,6 +199,22 @@ def test_write_back_follows_an_edited_write_back() -> None:
     assert adopt.write_back_action(spec(), running) is None
 
 
+def test_an_edited_write_back_never_writes_an_unbeaten_incumbent() -> None:
+    # the study ended NoSignificantGain with no finalist: its best trial is the baseline
+    unbeaten = converged(
+        applied=False, trials=[trial(0, 150.0, batch=4), trial(1, 100.0, batch=8)]
+    )
+    apply = spec(tuning={"writeBack": "Apply", "finalists": 1})
+    assert adopt.chosen_params(apply, unbeaten) is None
+    assert adopt.write_back_action(apply, unbeaten) is None
+    # without a confirmation asked for, the best trial is the study's answer as before
+    no_confirmation = spec(tuning={"writeBack": "Apply", "finalists": 0})
+    assert adopt.chosen_params(no_confirmation, unbeaten) == {
+        "max_batch_size": 4,
+        "max_queue_time_ms": 5.0,
+    }
+
+
 def test_more_trials_reopen_a_converged_study() -> None:
     status = converged(applied=True)
     assert not adopt.reopens(spec(), status)  # 3 of 3 done

@@ -31,13 +31,17 @@ def reopens(spec: InferenceServiceSpec, status: InferenceServiceStatus) -> bool:
 
 def chosen_params(spec: InferenceServiceSpec, status: InferenceServiceStatus) -> Params | None:
     """The configuration the finished study would write back: the confirmed winner when
-    its gain was proven, the best trial when nothing was confirmed, else None."""
+    its gain was proven, the best trial when nothing was confirmed, else None (also when
+    that best trial is the incumbent's own configuration: writing it would only take the
+    target's fields over)."""
     confirmation = status.confirmation
     if confirmation is not None:
         verdict = decisions.verdict_of(confirmation, spec)
         return decisions.params_of(confirmation, verdict.chosen) if verdict.significant else None
     best = decisions.best_trial(status.trials)
-    return dict(best.params) if best is not None else None
+    if best is None or decisions.incumbent_unbeaten(spec, status.trials, best):
+        return None
+    return dict(best.params)
 
 
 def write_back_action(
