@@ -201,9 +201,7 @@ def test_write_back_follows_an_edited_write_back() -> None:
 
 def test_an_edited_write_back_never_writes_an_unbeaten_incumbent() -> None:
     # the study ended NoSignificantGain with no finalist: its best trial is the baseline
-    unbeaten = converged(
-        applied=False, trials=[trial(0, 150.0, batch=4), trial(1, 100.0, batch=8)]
-    )
+    unbeaten = converged(applied=False, trials=[trial(0, 150.0, batch=4), trial(1, 100.0, batch=8)])
     apply = spec(tuning={"writeBack": "Apply", "finalists": 1})
     assert adopt.chosen_params(apply, unbeaten) is None
     assert adopt.write_back_action(apply, unbeaten) is None
