@@ -57,10 +57,10 @@ async def test_tune_url_tunes_a_running_server_and_puts_its_configuration_back()
 
 def test_tune_url_with_nothing_there_says_so() -> None:
     url = f"http://127.0.0.1:{free_port()}"
-    done = _tune(["--url", url, "--runtime", "mlserver", "--quick"])
+    done = _tune(["--url", url, "--runtime", "triton", "--quick"])
     assert done.returncode == 2
     assert f"--url {url}: nothing answers there" in done.stderr
-    assert "MLServer" in done.stderr
+    assert "Triton" in done.stderr
 
 
 def test_model_and_keep_winner_belong_to_url_runs() -> None:

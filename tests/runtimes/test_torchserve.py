@@ -129,6 +129,30 @@ async def test_the_batch_size_query_of_the_model_api_is_accepted_and_ignored(
     assert (await control.burst(BURST)).one("batch_size") == {before["batch_size"]}
 
 
+async def test_the_archive_it_serves_cannot_be_registered_again_with_other_values(
+    torchserve: tuple[TorchServeProcess, TorchServeControl],
+) -> None:
+    """Why `tune --url --runtime torchserve` is refused: with nothing but the management
+    API, the only archive at hand is the one registered, whose manifest names the version
+    already registered. If a later TorchServe takes it as a new version, this test says
+    so."""
+    server, control = torchserve
+    described = await control.describe()
+    before = await control.native()
+    query = (
+        f"url={described['modelUrl']}&model_name={MODEL}&batch_size=2&max_batch_delay=1"
+        "&initial_workers=1&synchronous=true"
+    )
+    async with (
+        aiohttp.ClientSession() as session,
+        session.post(f"{server.management_url}/models?{query}") as response,
+    ):
+        assert response.status == 409, await response.text()
+        assert "is already registered" in await response.text()
+    assert await control.native() == before
+    assert await control.versions() == [str(described["modelVersion"])]
+
+
 async def test_no_request_fails_while_configurations_change_under_load(
     torchserve: tuple[TorchServeProcess, TorchServeControl],
 ) -> None:

@@ -237,6 +237,12 @@ class Runtime(ABC):
     def persistence(self, config: BatchingConfig, *, model: str | None = None) -> Persistence:
         """How to make `config` survive a restart."""
 
+    def unchangeable_from_elsewhere(self, model: str | None = None) -> str | None:
+        """Why `tune --url` cannot change this runtime's batching on a server BatchPilot
+        did not start, and how the user can set the values themselves; None where its
+        control changes them over the network. Said before any request is sent."""
+        return None
+
     def metrics_for(self, model: str | None = None) -> Metrics:
         """`metrics` narrowed to `model` where the runtime labels its series by model
         (default: the bundled one); the same for all models otherwise."""

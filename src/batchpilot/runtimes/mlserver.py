@@ -516,6 +516,24 @@ class MLServerRuntime(Runtime):
             raise LaunchError(f"cannot start MLServer at {start.label()}: {exc}") from None
         return MLServerProcess(start, threads=threads)
 
+    def unchangeable_from_elsewhere(self, model: str | None = None) -> str:
+        # MLServer 1.7.1's repository load (REST and gRPC) takes a model name and nothing
+        # else; the settings come from the model-settings.json files it finds on disk
+        name = model or MODEL
+        return (
+            f"{self.title} reads max_batch_size and max_batch_time only from the model's "
+            f"{SETTINGS_FILE} when it loads the model (its repository API's load takes a "
+            "model name and no settings, over HTTP and gRPC alike), so a server BatchPilot "
+            "did not start cannot be changed from here. Tune the bundled model with "
+            "--local --runtime mlserver, tune the Deployment through the operator "
+            "(apply.method: Env), or set the values yourself: write "
+            f'{{"name": "{name}", "max_batch_size": <requests>, "max_batch_time": '
+            f'<seconds>, "parameters": {{"version": "<a new version>"}}}} into the '
+            f"{SETTINGS_FILE} of a new version folder of model {name}, remove the serving "
+            f"version's folder, and POST /v2/repository/models/{name}/load (a load of the "
+            "version already loaded turns adaptive batching off)"
+        )
+
     def persistence(self, config: BatchingConfig, *, model: str | None = None) -> Persistence:
         native = to_native(KNOBS, config)
         name = model or MODEL

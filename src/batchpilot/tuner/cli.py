@@ -204,8 +204,8 @@ def _storage(spec: str | None) -> str | BaseStorage | None:
     "--control-url",
     default=None,
     help="--url: the runtime's control endpoint where it is not at its default: Triton's "
-    "metrics port, Ray's dashboard, TorchServe's management API, MLServer's and the "
-    "reference server's control API [default: the runtime's own port on the --url host].",
+    "metrics port, Ray's dashboard, the reference server's control API [default: the "
+    "runtime's own port on the --url host].",
 )
 @click.option(
     "--keep-winner",

@@ -40,13 +40,17 @@ def attach_to(
 ) -> Attached:
     """The server to tune at `url`: its base URL (a full endpoint URL of the runtime's
     protocol is cut back to the base) once something answers HTTP there, and at
-    `control_url` too when its control endpoint is given."""
+    `control_url` too when its control endpoint is given. A runtime whose batching
+    cannot be changed on a server elsewhere is refused first, before any request."""
     try:
         (base,) = normalise_urls(url)
     except ValueError as exc:
         raise AttachError(f"--url {url}: {exc}") from None
     if model is not None and not model.strip():
         raise AttachError("--model must name a model, got an empty string")
+    unchangeable = runtime.unchangeable_from_elsewhere(model)
+    if unchangeable is not None:
+        raise AttachError(f"--url with --runtime {runtime.name}: {unchangeable}")
     base = base_of(base, runtime.protocol(model or runtime.default_model).path)
     try:
         asyncio.run(check_reachable([base], timeout_s=REACH_TIMEOUT_S))

@@ -98,6 +98,27 @@ class TorchServeRuntime(Runtime):
             raise LaunchError(f"cannot start TorchServe at {start.label()}: {exc}") from None
         return TorchServeProcess(start, threads=threads)
 
+    def unchangeable_from_elsewhere(self, model: str | None = None) -> str:
+        # Checked on TorchServe 0.12: registering the archive it serves again answers
+        # 409, and unregistering then registering it failed 40 of 443 requests sent by 16
+        # clients during the change and the 2 s after it (404)
+        name = model or MODEL
+        return (
+            f"{self.title} fixes batch_size and max_batch_delay when a model version is "
+            "registered, and an archive (.mar) names its version: the archive the server "
+            'serves cannot be registered again (HTTP 409 "Model version ... is already '
+            'registered"), and unregistering it to register it again fails the requests '
+            "that arrive in between. A change needs a new version of the archive in the "
+            "server's model store, which is not on this machine, so a server BatchPilot "
+            "did not start cannot be changed from here. Tune the bundled model with "
+            "--local --runtime torchserve, tune the Deployment through the operator "
+            "(apply.method: Env), or set the values yourself: put a new version of the "
+            f"archive (e.g. {name}-v2.mar) into the model store, POST /models?url="
+            f"{name}-v2.mar&model_name={name}&batch_size=<requests>&max_batch_delay=<ms>"
+            f"&initial_workers=1&synchronous=true, PUT /models/{name}/<new version>/"
+            "set-default, and DELETE the old version once its queue is empty"
+        )
+
     def persistence(self, config: BatchingConfig, *, model: str | None = None) -> Persistence:
         native = to_native(KNOBS, config)
         name = model or MODEL
