@@ -33,6 +33,7 @@ from batchpilot.runtimes.torchserve.control import (
     check_described,
     check_observed,
 )
+from batchpilot.runtimes.torchserve.process import launch_log
 from batchpilot.tuner.interfaces import TargetError
 
 
@@ -105,6 +106,33 @@ def test_management_address_of_a_remote_server_is_the_next_port() -> None:
     assert management_url("http://ts.example:8080/") == "http://ts.example:8081"
     with pytest.raises(ValueError, match="names no port"):
         management_url("http://ts.example")
+
+
+def test_a_failed_start_says_what_the_worker_said_not_what_the_polling_did() -> None:
+    # lines as TorchServe 0.12 wrote them when its worker could not import torch
+    launcher = "\n".join(
+        ["Torchserve version: 0.12.0"]
+        + [
+            f"2026-12-01T16:40:{s:02d},042 [INFO ] epollEventLoopGroup-3-1 ACCESS_LOG - "
+            '/127.0.0.1:36898 "GET /models/batchpilot-mlp HTTP/1.1" 200 1'
+            for s in range(60)
+        ]
+    )
+    model_log = (
+        "2026-12-01T16:40:43,990 [INFO ] W-9000-batchpilot-mlp_1-stdout MODEL_LOG - "
+        "s_name_part0=/tmp/.ts.sock\n"
+        "2026-12-01T16:40:44,007 [WARN ] W-9000-batchpilot-mlp_1-stderr MODEL_LOG -     "
+        "import torch\n"
+        "2026-12-01T16:40:44,007 [WARN ] W-9000-batchpilot-mlp_1-stderr MODEL_LOG - "
+        "ImportError: libtorch_cpu.so: cannot open shared object file\n"
+    )
+    log = launch_log(launcher, model_log)
+    assert "the model worker's stderr:\n    import torch\nImportError: libtorch_cpu.so" in log
+    assert "s_name_part0" not in log  # the worker's stdout is not its error
+    assert "ACCESS_LOG" not in log
+    assert "the launcher's output:\nTorchserve version: 0.12.0" in log
+    # a worker that wrote nothing leaves the launcher's output alone
+    assert launch_log("", "") == "the launcher's output:\n(nothing)"
 
 
 def test_launcher_refuses_a_workload() -> None:

@@ -38,6 +38,30 @@ from batchpilot.runtimes.venvs import venv_executable
 VENV = "torchserve-0.12.0"
 PORT_NAMES = ("inference", "management", "metrics", "grpc_inference", "grpc_management")
 _STDERR_TAIL = 4000
+_LAUNCH_LOG_TAIL = 1500
+# what the Java front end writes for each request it answers: during a start, only our own
+# readiness polling, which would push anything useful out of a log's tail
+_ACCESS_LOG = "ACCESS_LOG - "
+# each line a model's Python worker writes to stderr (a failed import, a handler's
+# traceback), as the front end copies it into logs/model_log.log
+_WORKER_STDERR = "-stderr MODEL_LOG - "
+
+
+def launch_log(launcher_output: str, model_log: str, limit: int = _LAUNCH_LOG_TAIL) -> str:
+    """What explains a start that failed: the tail of the model worker's stderr (where a
+    broken environment or handler says why) when it wrote any, and the tail of the
+    launcher's output, both without the access-log lines of our readiness polling."""
+    worker = [
+        line.split(_WORKER_STDERR, 1)[1]
+        for line in model_log.splitlines()
+        if _WORKER_STDERR in line
+    ]
+    output = [line for line in launcher_output.splitlines() if _ACCESS_LOG not in line]
+    parts = []
+    if worker:
+        parts.append("the model worker's stderr:\n" + "\n".join(worker)[-limit:])
+    parts.append("the launcher's output:\n" + ("\n".join(output)[-limit:] or "(nothing)"))
+    return "\n".join(parts)
 
 
 def group_members(pgid: int) -> list[int]:
@@ -178,12 +202,24 @@ class TorchServeProcess(ChildProcess):
         try:
             await self._wait_ready()
         except LaunchError as exc:
-            tail = self.stderr_tail(1500)
+            # read before stop() removes the folder the logs are in
+            log = launch_log(self.stderr_tail(), self._model_log())
             await self.stop()
-            raise LaunchError(f"TorchServe {exc} (on {self.url}); its log:\n{tail}") from None
+            raise LaunchError(f"TorchServe {exc} (on {self.url}); {log}") from None
         except BaseException:
             await self.stop()
             raise
+
+    def _model_log(self) -> str:
+        """logs/model_log.log of this instance ("" when it has none yet)."""
+        if self._workdir is None:
+            return ""
+        path = self._workdir / "logs" / "model_log.log"
+        try:
+            with path.open("rb") as file:
+                return read_tail(file, _STDERR_TAIL * 4)
+        except OSError:
+            return ""
 
     async def _wait_ready(self) -> None:
         """Until the model's default version has a ready worker: TorchServe answers
