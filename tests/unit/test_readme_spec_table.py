@@ -1,0 +1,89 @@
+"""The README's Spec table and the CRD's spec schema name the same fields: a field added
+to the models without a row, or a row left behind by a removed field, fails here."""
+
+from __future__ import annotations
+
+import itertools
+import re
+from pathlib import Path
+from typing import Any
+
+from batchpilot.operator.spec import InferenceServiceSpec
+
+README = Path(__file__).resolve().parents[2] / "README.md"
+
+
+def schema_fields() -> set[str]:
+    """Every leaf of the spec's JSON schema as a dotted path of its camelCase names,
+    `[]` after a list of objects (`load.requests[].size`)."""
+    schema = InferenceServiceSpec.model_json_schema(by_alias=True)
+    defs = schema.get("$defs", {})
+
+    def resolve(node: dict[str, Any]) -> dict[str, Any]:
+        while "$ref" in node:
+            node = defs[node["$ref"].rsplit("/", 1)[-1]]
+        return node
+
+    found: set[str] = set()
+
+    def walk(node: dict[str, Any], path: str) -> None:
+        node = resolve(node)
+        for key in ("anyOf", "oneOf", "allOf"):
+            if key in node:
+                for option in node[key]:
+                    if resolve(option).get("type") != "null":
+                        walk(option, path)
+                return
+        if node.get("type") == "object" and "properties" in node:
+            for name, child in node["properties"].items():
+                walk(child, f"{path}.{name}" if path else name)
+            return
+        items = resolve(node.get("items", {})) if node.get("type") == "array" else {}
+        if items.get("type") == "object" and "properties" in items:
+            walk(items, f"{path}[]")
+            return
+        found.add(path)
+
+    walk(schema, "")
+    return found
+
+
+def readme_rows() -> set[str]:
+    """The first cell of every row of the README's Spec table, `{a,b}` spelled out."""
+    text = README.read_text()
+    section = text.split("\n### Spec\n", 1)[1].split("\n### ", 1)[0]
+    rows: set[str] = set()
+    for cell in re.findall(r"^\| `([^`]+)` \|", section, flags=re.MULTILINE):
+        parts = re.split(r"\{([^}]*)\}", cell)
+        # split's odd parts are the alternatives inside braces
+        choices = [[p] if i % 2 == 0 else p.split(",") for i, p in enumerate(parts)]
+        rows.update("".join(combo) for combo in itertools.product(*choices))
+    return rows
+
+
+def documented(field: str, rows: set[str]) -> bool:
+    """A row names the field itself or an object (or list) it is part of."""
+    return any(field == row or field.startswith((f"{row}.", f"{row}[")) for row in rows)
+
+
+def test_every_spec_field_has_a_row_in_the_readme() -> None:
+    rows = readme_rows()
+    missing = sorted(f for f in schema_fields() if not documented(f, rows))
+    assert not missing, f"spec fields with no row in README.md's Spec table: {missing}"
+
+
+def test_every_row_of_the_readme_names_a_spec_field() -> None:
+    fields = schema_fields()
+    stale = sorted(
+        row
+        for row in readme_rows()
+        if not any(documented(field, {row.removesuffix("[]")}) for field in fields)
+    )
+    assert not stale, f"README.md's Spec table names fields the spec does not have: {stale}"
+
+
+def test_the_check_sees_a_missing_row() -> None:
+    rows = readme_rows() - {"tuning.seed"}
+    assert not documented("tuning.seed", rows)
+    assert documented("load.workers.image", rows)  # covered by its object's row
+    assert documented("parameters.extra[].env", rows)
