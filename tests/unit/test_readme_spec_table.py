@@ -1,5 +1,5 @@
-"""The README's Spec table and the CRD's spec schema name the same fields: a field added
-to the models without a row, or a row left behind by a removed field, fails here."""
+"""The README's Spec and Status tables and the CRD's schema name the same fields: a field
+added to the models without a row, or a row left behind by a removed field, fails here."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from batchpilot.operator.spec import InferenceServiceSpec
+from batchpilot.operator.status import InferenceServiceStatus
 
 README = Path(__file__).resolve().parents[2] / "README.md"
 
@@ -87,3 +88,20 @@ def test_the_check_sees_a_missing_row() -> None:
     assert not documented("tuning.seed", rows)
     assert documented("load.workers.image", rows)  # covered by its object's row
     assert documented("parameters.extra[].env", rows)
+
+
+def status_rows() -> set[str]:
+    """The names in the first cell of every row of the README's Status table (a row may
+    name several: `canary`, `applied`, `restored`), `[]` dropped."""
+    section = README.read_text().split("\n### Status\n", 1)[1].split("\n### ", 1)[0]
+    rows: set[str] = set()
+    for cell in re.findall(r"^\| (`[^|]+) \|", section, flags=re.MULTILINE):
+        rows.update(name.removesuffix("[]") for name in re.findall(r"`([^`]+)`", cell))
+    return rows
+
+
+def test_every_status_field_has_a_row_in_the_readme_and_every_row_a_field() -> None:
+    fields = {field.alias or name for name, field in InferenceServiceStatus.model_fields.items()}
+    rows = status_rows()
+    assert not sorted(fields - rows), f"status fields with no row in README.md: {fields - rows}"
+    assert not sorted(rows - fields), f"README.md's Status rows with no field: {rows - fields}"
