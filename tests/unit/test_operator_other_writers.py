@@ -52,6 +52,37 @@ def test_cleanup_runs_under_the_spec_the_study_started_with() -> None:
         scope.cleanup_spec(edited, '{"target": 1}')
 
 
+def test_an_invalid_spec_is_cleaned_up_under_the_recorded_one() -> None:
+    started = spec(load={"endpoint": {"port": 9000, "path": "/p"}, "maxRps": 100})
+    recorded = scope.scope_of(started)
+    raw = started.model_dump(mode="json", by_alias=True)
+    # only the recorded sections are wrong: the record puts them back, all else is kept
+    bad_target = {**raw, "target": {"name": "Not A Name"}, "tuning": {"maxTrials": 7}}
+    cleanup = scope.spec_from_scope(bad_target, recorded)
+    assert cleanup.target.name == "resnet"
+    assert cleanup.tuning.strategy == "InPlace"
+    assert cleanup.tuning.max_trials == 7
+    # wrong elsewhere: what cleanup reads comes from the record, valid sections from raw
+    bad_space = {
+        **raw,
+        "target": {"name": "other"},
+        "parameters": {"maxBatchSize": {"min": 64, "max": 8}},
+        "load": {"endpoint": {"port": 1}, "stepSeconds": -1},
+        "tuning": {"restoreDeadlineSeconds": 42},
+    }
+    cleanup = scope.spec_from_scope(bad_space, recorded)
+    assert cleanup.target.name == "resnet"
+    assert cleanup.load.endpoint.port == 9000
+    assert cleanup.load.workers.max == started.load.workers.max
+    assert cleanup.tuning.strategy == "InPlace"
+    assert cleanup.tuning.restore_deadline_seconds == 42
+    assert cleanup.sla == started.sla
+    # a record written before load was kept, with spec.load invalid: nothing to go by
+    older = '{"apply":{},"runtime":{},"strategy":"Canary","target":{"name":"resnet"}}'
+    with pytest.raises(scope.ScopeUnreadable, match="no load"):
+        scope.spec_from_scope(bad_space, older)
+
+
 def pod(name: str, env: dict[str, str], *, ready: bool = True) -> dict[str, Any]:
     return {
         "metadata": {"name": name},
