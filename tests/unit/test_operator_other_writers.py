@@ -7,9 +7,10 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from pydantic import ValidationError
 
 from batchpilot.operator import decisions, promscope, scope, specdiff, writers
-from batchpilot.operator.spec import parse_spec
+from batchpilot.operator.spec import explain_validation_error, parse_spec
 from batchpilot.operator.status import TrialEntry
 from batchpilot.tuner.study import INTERRUPTED, INVALID, replay_queue, retried
 
@@ -23,6 +24,32 @@ def test_the_pod_matcher_picks_exactly_the_measured_pods() -> None:
         promscope.pods_matcher([])
     with pytest.raises(ValueError, match="not pod names"):
         promscope.pods_matcher(['x"}|or vector(1)'])
+    # a scrape setup that relabels the pod's name into another label
+    assert promscope.scoped_selector("", ["p-0"], "kubernetes_pod_name") == (
+        'kubernetes_pod_name=~"p-0"'
+    )
+
+
+ENDPOINT = {"port": 8080, "path": "/v1/predict"}
+
+
+@pytest.mark.parametrize("label", ["pod-name", "1pod", "__meta_kubernetes_pod_name", ""])
+def test_the_pod_label_must_be_a_prometheus_label_name(label: str) -> None:
+    prometheus = {"url": "http://prometheus:9090", "podLabel": label}
+    with pytest.raises(ValidationError) as caught:
+        spec(load={"endpoint": ENDPOINT, "maxRps": 1, "prometheus": prometheus})
+    message = explain_validation_error(caught.value)
+    assert "spec.load.prometheus.podLabel" in message
+    if label:
+        assert "must be a Prometheus label name" in message
+        assert repr(label) in message
+    assert spec().load.prometheus is None
+    good = {"url": "http://prometheus:9090", "podLabel": "exported_pod"}
+    parsed = spec(load={"endpoint": ENDPOINT, "maxRps": 1, "prometheus": good})
+    assert parsed.load.prometheus.pod_label == "exported_pod"
+    default = {"url": "http://prometheus:9090"}
+    parsed = spec(load={"endpoint": ENDPOINT, "maxRps": 1, "prometheus": default})
+    assert parsed.load.prometheus.pod_label == "pod"
 
 
 def spec(**changes: Any) -> Any:

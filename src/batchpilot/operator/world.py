@@ -830,7 +830,9 @@ class KubeWorld:
         from batchpilot.operator.promsource import prometheus_source
 
         try:
-            selector = promscope.scoped_selector(prometheus.selector, pod_names)
+            selector = promscope.scoped_selector(
+                prometheus.selector, pod_names, prometheus.pod_label
+            )
         except ValueError as exc:
             raise TargetProblem("PrometheusScope", f"load.prometheus: {exc}") from None
         return prometheus_source(self._spec, selector=selector)
