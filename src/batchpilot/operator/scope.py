@@ -121,8 +121,9 @@ def spec_from_scope(raw: Any, scope: str) -> InferenceServiceSpec:
     the API server's schema let through, or one made while no operator ran): what
     cleanup reads comes from the record; the rest from `raw` where it is valid.
 
-    Sections cleanup never reads (the SLA, the search space) are left out when `raw`
-    has them wrong, so the result is for cleanup only, never for a study.
+    Sections cleanup never reads are left out (the SLA) or at their defaults (the
+    search space) when `raw` has them wrong, so the result is for cleanup only, never
+    for a study.
     ScopeUnreadable when the record does not parse."""
     recorded = _read(scope)
     sections = {
