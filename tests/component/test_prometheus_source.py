@@ -1,10 +1,12 @@
 """The Prometheus step source against a real Prometheus scraping the reference server:
 the same step decision from PromQL as from the client, and how the server-side p99
-compares with the client's on the same steps."""
+compares with the client's on the same steps; the operator's queries narrowed to a pod
+by the label a scrape setup relabelled its name into."""
 
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Callable
 
 import pytest
@@ -15,9 +17,41 @@ from batchpilot.capacity.prometheus_process import PrometheusProcess
 from batchpilot.capacity.scrape import ScrapeWindowError
 from batchpilot.capacity.steps import step_from_load
 from batchpilot.models import SLA, RequestMix
+from batchpilot.operator import promscope
+from batchpilot.operator.promsource import prometheus_source
+from batchpilot.operator.spec import parse_spec
 from batchpilot.server.process import ServerProcess, free_port
 
 pytestmark = [pytest.mark.component, pytest.mark.timeout(240)]
+
+
+# a scrape setup that puts the pod's name in kubernetes_pod_name, not in pod
+POD = "resnet-7d9f-x2x4q"
+POD_RELABEL = {"target_label": "kubernetes_pod_name", "replacement": POD}
+
+
+def operator_source(url: str, job: str) -> tuple[PrometheusStepSource, str]:
+    """The source the operator builds for load.prometheus.podLabel kubernetes_pod_name,
+    narrowed to the measured pod, and the selector it reads with."""
+    prometheus = {"url": url, "selector": f'job="{job}"', "podLabel": "kubernetes_pod_name"}
+    spec = parse_spec(
+        {
+            "target": {"name": "resnet"},
+            "sla": {"p99LatencyMs": 500},
+            "load": {
+                "endpoint": {"port": 8080, "path": "/v1/predict"},
+                "source": "prometheus",
+                "prometheus": prometheus,
+            },
+        }
+    )
+    assert spec.load.prometheus is not None
+    scoped = promscope.scoped_selector(
+        spec.load.prometheus.selector, [POD], spec.load.prometheus.pod_label
+    )
+    source = prometheus_source(spec, selector=scoped)
+    assert source is not None
+    return source, scoped
 
 
 async def test_server_side_and_client_side_steps_agree(
@@ -71,9 +105,18 @@ async def test_an_unreachable_prometheus_is_a_clear_error() -> None:
 
 async def test_scrape_interval_is_read_from_prometheus_and_short_steps_refused() -> None:
     server = ServerProcess(max_batch_size=8, max_queue_time_ms=5.0, threads=1)
-    async with server, PrometheusProcess([server.url], scrape_interval_s=0.5) as prometheus:
+    scrape = PrometheusProcess([server.url], scrape_interval_s=0.5, relabel_configs=[POD_RELABEL])
+    async with server, scrape as prometheus:
         source = PrometheusStepSource(prometheus.url, selector=f'job="{prometheus.job}"')
         assert await source.check_step(2.0) == pytest.approx(0.5)
+        # the operator's scoped query finds the pod's series by the relabelled label; the
+        # `pod` label it would have used before podLabel matches nothing here
+        await prometheus.wait_for_scrape()
+        scoped_source, scoped = operator_source(prometheus.url, prometheus.job)
+        now = time.time()
+        assert await scoped_source.query_scalar(f"count(up{{{scoped}}})", at_unix=now) == 1.0
+        in_pod = f'job="{prometheus.job}",{promscope.pods_matcher([POD])}'
+        assert math.isnan(await scoped_source.query_scalar(f"count(up{{{in_pod}}})", at_unix=now))
         with pytest.raises(ScrapeWindowError, match="shorter than 4 scrape intervals"):
             await source.check_step(1.5)
     with pytest.raises(PrometheusQueryError, match="give the interval explicitly"):

@@ -208,6 +208,11 @@ CEL_CASES = [
         cel_key="caBundle applies to https://",
     ),
     Case(
+        "Prometheus pod label not a label name",
+        _set("load.prometheus", {"url": "http://prometheus:9090", "podLabel": "pod-name"}),
+        cel_key="podLabel must be a Prometheus label name",
+    ),
+    Case(
         "MMPP fields on Poisson",
         _set("load.arrival", {"process": "Poisson", "burstFactor": 3}),
         cel_key="apply to process MMPP only",

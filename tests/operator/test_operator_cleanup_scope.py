@@ -17,6 +17,7 @@ from opsupport import (
     GenerateNameEmulator,
     Operator,
     edit,
+    events_of,
     eventually,
     isvc,
     obj_of,
@@ -172,3 +173,81 @@ async def test_trials_and_rounds_an_autoscaler_disturbed_are_measured_again(
     assert measurements
     assert all(m["effectiveRps"] > 0 for m in measurements)
     assert "ScaledDuringTrial" in reasons_of(kmock)
+
+
+@pytest.mark.parametrize("strategy", ["InPlace", "Canary"])
+async def test_a_deletion_after_a_restart_with_an_invalid_spec_cleans_up_as_recorded(
+    kmock: kmock.KubernetesEmulator, operator: Operator, cluster: FakeCluster, strategy: str
+) -> None:
+    kmock.objects[ISVC, NAMESPACE, "resnet"] = isvc(
+        tuning={"strategy": strategy, "maxTrials": 6, "writeBack": "Recommend"}
+    )
+    cluster.hold_after = 2
+    async with operator():
+        await eventually(lambda: len(cluster.applied) == 3, what="trial 2 applied")
+    canary = status_of(kmock).get("canary")
+    assert (canary in cluster.canaries) if strategy == "Canary" else cluster.target != ORIGINAL
+    # invalid, and naming another target: the cleanup must go by the record, not by it
+    await edit(
+        kmock,
+        2,
+        {
+            "target": OTHER_TARGET,
+            "parameters": {"maxBatchSize": {"min": 64, "max": 8}},
+        },
+    )
+    cluster.hold_after = None
+    cluster.gate.set()
+    async with operator():
+        await eventually(
+            lambda: condition(kmock, "SpecValid").get("status") == "False", what="invalid"
+        )
+        response = await kmock.delete(f"{ISVC_URL}/resnet")
+        assert response.status == 200
+        await eventually(lambda: obj_of(kmock) == {}, what="finalizer released")
+    assert cluster.canaries == set()
+    assert cluster.target == ORIGINAL
+    assert cluster.restored_targets == (["resnet"] if strategy == "InPlace" else [])
+    cleaned = [e for e in events_of(kmock) if e["reason"] == "CleanedUp"]
+    assert len(cleaned) == 1
+    message = cleaned[0]["message"]
+    assert "status.startedWith" in message
+    if strategy == "InPlace":
+        assert "Deployment resnet restored to its original configuration" in message
+    else:
+        assert f"canary {canary} deleted" in message
+
+
+async def test_a_deletion_with_an_invalid_spec_and_no_record_says_what_stays(
+    kmock: kmock.KubernetesEmulator, operator: Operator, cluster: FakeCluster
+) -> None:
+    kmock.objects[ISVC, NAMESPACE, "resnet"] = isvc(tuning={"maxTrials": 6})
+    cluster.hold_after = 2
+    async with operator():
+        await eventually(lambda: len(cluster.applied) == 3, what="trial 2 applied")
+    canary = status_of(kmock)["canary"]
+    await edit(kmock, 2, {"parameters": {"maxBatchSize": {"min": 64, "max": 8}}})
+    # a status written by a version that kept no record of the study's spec
+    response = await kmock.patch(
+        f"{ISVC_URL}/resnet",
+        json={"status": {"startedWith": None}},
+        headers={"Content-Type": "application/merge-patch+json"},
+    )
+    assert response.status == 200
+    assert "startedWith" not in status_of(kmock)
+    cluster.hold_after = None
+    cluster.gate.set()
+    async with operator():
+        await eventually(
+            lambda: condition(kmock, "SpecValid").get("status") == "False", what="invalid"
+        )
+        response = await kmock.delete(f"{ISVC_URL}/resnet")
+        assert response.status == 200
+        # the finalizer lets go: a resource that cannot be cleaned up must not hang
+        await eventually(lambda: obj_of(kmock) == {}, what="finalizer released")
+    [warning] = [e for e in events_of(kmock) if e["reason"] == "CleanupIncomplete"]
+    assert warning["type"] == "Warning"
+    assert "spec.parameters.maxBatchSize" in warning["message"]
+    assert "no status.startedWith was recorded" in warning["message"]
+    assert f"canary {canary}" in warning["message"]
+    assert canary in cluster.canaries  # left to garbage collection, as the event says

@@ -173,6 +173,8 @@ async def test_in_place_prometheus_steps_read_the_measured_pods_without_live_tra
     [step] = starved.steps
     assert not step.passed
     assert "achieved 0.0 req/s" in step.reason
+    # said once for the study, not again with the new figure on the next measurement
+    assert [e["reason"] for e in events(kmock)].count("LiveTraffic") == 1
 
 
 async def test_a_failing_prometheus_is_a_target_problem(

@@ -238,3 +238,18 @@ def test_a_repeated_warning_is_posted_once_per_window() -> None:
     assert limiter.admit("Warning", "APIError", "500: b") == (
         "500: b (5 more like it in the last 10 min)"
     )
+
+
+def test_a_normal_event_repeated_on_every_trial_is_posted_once_per_window() -> None:
+    now = [0.0]
+    limiter = EventLimiter(window_s=600.0, clock=lambda: now[0])
+    assert limiter.admit("Normal", "LiveTraffic", "30.0 req/s") == "30.0 req/s"
+    for trial in range(3):
+        now[0] += 60.0
+        assert limiter.admit("Normal", "LiveTraffic", f"3{trial}.5 req/s") is None
+    assert limiter.admit("Normal", "CanaryIsolated", "a") == "a"
+    assert limiter.admit("Normal", "CanaryIsolated", "a") == "a"
+    now[0] += 600.0
+    assert limiter.admit("Normal", "LiveTraffic", "31.0 req/s") == (
+        "31.0 req/s (3 more like it in the last 10 min)"
+    )

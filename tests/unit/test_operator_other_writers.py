@@ -7,9 +7,10 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from pydantic import ValidationError
 
 from batchpilot.operator import decisions, promscope, scope, specdiff, writers
-from batchpilot.operator.spec import parse_spec
+from batchpilot.operator.spec import explain_validation_error, parse_spec
 from batchpilot.operator.status import TrialEntry
 from batchpilot.tuner.study import INTERRUPTED, INVALID, replay_queue, retried
 
@@ -23,6 +24,32 @@ def test_the_pod_matcher_picks_exactly_the_measured_pods() -> None:
         promscope.pods_matcher([])
     with pytest.raises(ValueError, match="not pod names"):
         promscope.pods_matcher(['x"}|or vector(1)'])
+    # a scrape setup that relabels the pod's name into another label
+    assert promscope.scoped_selector("", ["p-0"], "kubernetes_pod_name") == (
+        'kubernetes_pod_name=~"p-0"'
+    )
+
+
+ENDPOINT = {"port": 8080, "path": "/v1/predict"}
+
+
+@pytest.mark.parametrize("label", ["pod-name", "1pod", "__meta_kubernetes_pod_name", ""])
+def test_the_pod_label_must_be_a_prometheus_label_name(label: str) -> None:
+    prometheus = {"url": "http://prometheus:9090", "podLabel": label}
+    with pytest.raises(ValidationError) as caught:
+        spec(load={"endpoint": ENDPOINT, "maxRps": 1, "prometheus": prometheus})
+    message = explain_validation_error(caught.value)
+    assert "spec.load.prometheus.podLabel" in message
+    if label:
+        assert "must be a Prometheus label name" in message
+        assert repr(label) in message
+    assert spec().load.prometheus is None
+    good = {"url": "http://prometheus:9090", "podLabel": "exported_pod"}
+    parsed = spec(load={"endpoint": ENDPOINT, "maxRps": 1, "prometheus": good})
+    assert parsed.load.prometheus.pod_label == "exported_pod"
+    default = {"url": "http://prometheus:9090"}
+    parsed = spec(load={"endpoint": ENDPOINT, "maxRps": 1, "prometheus": default})
+    assert parsed.load.prometheus.pod_label == "pod"
 
 
 def spec(**changes: Any) -> Any:
@@ -50,6 +77,37 @@ def test_cleanup_runs_under_the_spec_the_study_started_with() -> None:
     assert scope.cleanup_spec(edited, None) is edited
     with pytest.raises(scope.ScopeUnreadable):
         scope.cleanup_spec(edited, '{"target": 1}')
+
+
+def test_an_invalid_spec_is_cleaned_up_under_the_recorded_one() -> None:
+    started = spec(load={"endpoint": {"port": 9000, "path": "/p"}, "maxRps": 100})
+    recorded = scope.scope_of(started)
+    raw = started.model_dump(mode="json", by_alias=True)
+    # only the recorded sections are wrong: the record puts them back, all else is kept
+    bad_target = {**raw, "target": {"name": "Not A Name"}, "tuning": {"maxTrials": 7}}
+    cleanup = scope.spec_from_scope(bad_target, recorded)
+    assert cleanup.target.name == "resnet"
+    assert cleanup.tuning.strategy == "InPlace"
+    assert cleanup.tuning.max_trials == 7
+    # wrong elsewhere: what cleanup reads comes from the record, valid sections from raw
+    bad_space = {
+        **raw,
+        "target": {"name": "other"},
+        "parameters": {"maxBatchSize": {"min": 64, "max": 8}},
+        "load": {"endpoint": {"port": 1}, "stepSeconds": -1},
+        "tuning": {"restoreDeadlineSeconds": 42},
+    }
+    cleanup = scope.spec_from_scope(bad_space, recorded)
+    assert cleanup.target.name == "resnet"
+    assert cleanup.load.endpoint.port == 9000
+    assert cleanup.load.workers.max == started.load.workers.max
+    assert cleanup.tuning.strategy == "InPlace"
+    assert cleanup.tuning.restore_deadline_seconds == 42
+    assert cleanup.sla == started.sla
+    # a record written before load was kept, with spec.load invalid: nothing to go by
+    older = '{"apply":{},"runtime":{},"strategy":"Canary","target":{"name":"resnet"}}'
+    with pytest.raises(scope.ScopeUnreadable, match="no load"):
+        scope.spec_from_scope(bad_space, older)
 
 
 def pod(name: str, env: dict[str, str], *, ready: bool = True) -> dict[str, Any]:

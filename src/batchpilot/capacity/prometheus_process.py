@@ -7,7 +7,7 @@ import asyncio
 import contextlib
 import shutil
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import aiohttp
@@ -33,7 +33,8 @@ class PrometheusStartError(RuntimeError):
 class PrometheusProcess(ChildProcess):
     """Starts Prometheus with a generated config scraping `targets` (base URLs; their
     /metrics) every `scrape_interval_s`, storage in a temporary directory, and stops it
-    (SIGTERM, then SIGKILL) on exit. `.url` is its base URL."""
+    (SIGTERM, then SIGKILL) on exit. `.url` is its base URL. `relabel_configs` go into
+    the scrape job as they are (e.g. a pod's name put in a label of the setup's choice)."""
 
     def __init__(
         self,
@@ -44,6 +45,7 @@ class PrometheusProcess(ChildProcess):
         binary: str = "prometheus",
         start_timeout_s: float = 60.0,
         stop_timeout_s: float = 10.0,
+        relabel_configs: Sequence[Mapping[str, object]] = (),
     ) -> None:
         if not targets:
             raise ValueError("Prometheus needs at least one target to scrape")
@@ -55,24 +57,26 @@ class PrometheusProcess(ChildProcess):
         self._binary = binary
         self._start_timeout_s = start_timeout_s
         self._stop_timeout_s = stop_timeout_s
+        self._relabel_configs = [dict(r) for r in relabel_configs]
         self._dir: tempfile.TemporaryDirectory[str] | None = None
         self._process: asyncio.subprocess.Process | None = None
         self.url = ""
 
     def config(self) -> dict[str, object]:
         interval = f"{round(self.scrape_interval_s * 1000)}ms"
+        job: dict[str, object] = {
+            "job_name": self.job,
+            "scrape_timeout": interval,
+            "metrics_path": "/metrics",
+            "static_configs": [
+                {"targets": [f"{t.host}:{t.explicit_port or t.port}" for t in self.targets]}
+            ],
+        }
+        if self._relabel_configs:
+            job["relabel_configs"] = self._relabel_configs
         return {
             "global": {"scrape_interval": interval, "evaluation_interval": interval},
-            "scrape_configs": [
-                {
-                    "job_name": self.job,
-                    "scrape_timeout": interval,
-                    "metrics_path": "/metrics",
-                    "static_configs": [
-                        {"targets": [f"{t.host}:{t.explicit_port or t.port}" for t in self.targets]}
-                    ],
-                }
-            ],
+            "scrape_configs": [job],
         }
 
     async def start(self) -> None:

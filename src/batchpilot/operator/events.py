@@ -4,8 +4,10 @@ retry with a new text each time.
 Rule: per InferenceService and reason, a Warning is posted at most once per `window_s`
 (default 10 minutes), whatever its text; the next one after the window says how many
 were held back. Normal events pass unchanged (they mark progress and each says
-something new), and so do the reasons in PER_OCCURRENCE, which report one trial, one
-confirmation round or one refused spec generation each.
+something new), except the reasons in REPEATING_NORMAL, which say again on every trial
+what was already said (with a figure that changes each time) and follow the Warnings'
+rule; the reasons in PER_OCCURRENCE, which report one trial, one confirmation round or
+one refused spec generation each, always pass.
 """
 
 from __future__ import annotations
@@ -17,6 +19,9 @@ from dataclasses import dataclass, field
 DEFAULT_WINDOW_S = 600.0
 # one trial, one round, one failed study, one refused spec generation (posted once each)
 PER_OCCURRENCE = frozenset({"Trial", "Confirmation", "StudyFailed", "InvalidSpec"})
+# Normal events a study would post before every measurement: production's live traffic
+# taken off InPlace steps (its rate differs a little every time)
+REPEATING_NORMAL = frozenset({"LiveTraffic"})
 
 
 @dataclass
@@ -33,7 +38,7 @@ class EventLimiter:
 
     def admit(self, type: str, reason: str, message: str) -> str | None:
         """The text to post for this event, or None to hold it back."""
-        if type != "Warning" or reason in PER_OCCURRENCE:
+        if reason in PER_OCCURRENCE or (type != "Warning" and reason not in REPEATING_NORMAL):
             return message
         now = self.clock()
         seen = self._seen.get(reason)

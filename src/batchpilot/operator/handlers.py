@@ -20,7 +20,7 @@ from typing import Any
 import kopf
 from pydantic import ValidationError
 
-from batchpilot.operator import decisions, kstatus, metrics, specdiff
+from batchpilot.operator import decisions, kstatus, metrics, scope, specdiff
 from batchpilot.operator.crd import GROUP, PLURAL, VERSION
 from batchpilot.operator.events import EventLimiter
 from batchpilot.operator.kube import Connection, Kube, KubeError, isvc_path
@@ -409,13 +409,20 @@ async def finalize(body: kopf.Body, memo: kopf.Memo, logger: kopf.Logger, **_: A
         raise kopf.TemporaryError("another operator replica leads and cleans up", delay=10)
     async with _lock(memo, key):
         runner: StudyRunner | None = memo["runners"].pop(key, None)
+        recorded = False
         if runner is None:
+            status = _status_of(body)
             try:
                 spec = parse_spec(body.get("spec"))
-            except ValidationError:
-                return  # an invalid spec never started a study: nothing to undo
-            runner = _runner(memo, body, spec, _status_of(body))
+            except ValidationError as error:
+                # e.g. an operator restart after an invalid edit mid-study
+                found = _recorded_cleanup_spec(body, status, error)
+                if found is None:
+                    return
+                spec, recorded = found, True
+            runner = _runner(memo, body, spec, status)
             memo["runners"].pop(key, None)
+        plan = scope.cleanup_plan(runner.status, runner.spec)
         try:
             await runner.stop_early("the InferenceService was deleted")
         except TargetProblem as problem:
@@ -431,6 +438,36 @@ async def finalize(body: kopf.Body, memo: kopf.Memo, logger: kopf.Logger, **_: A
                 logger.warning(message)
         except KubeError as error:
             raise kopf.TemporaryError(f"cleanup: {error}", delay=10) from error
+        else:
+            if recorded:
+                message = (
+                    "cleaned up under the spec the study started with (status.startedWith), "
+                    f"the current one being invalid: {plan}"
+                )
+                kopf.event(body, type="Normal", reason="CleanedUp", message=message[:1024])
     metrics.forget(*key)
     memo["locks"].pop(key, None)
     logger.info("cleaned up")
+
+
+def _recorded_cleanup_spec(
+    body: kopf.Body, status: InferenceServiceStatus, error: ValidationError
+) -> InferenceServiceSpec | None:
+    """The spec a deletion cleans up under when the current one is invalid: the one the
+    study recorded when it started. None when there is nothing to undo, or nothing to
+    undo it with (a Warning event says what stays behind)."""
+    if status.canary is None and status.original is None:
+        return None  # an invalid spec that never started a study: nothing to undo
+    problem = "no status.startedWith was recorded (a study of an older version)"
+    if status.started_with is not None:
+        try:
+            return scope.spec_from_scope(body.get("spec"), status.started_with)
+        except scope.ScopeUnreadable as unreadable:
+            problem = str(unreadable)
+    left = scope.leftovers(status)
+    message = (
+        f"cannot clean up: the spec is invalid ({explain_validation_error(error)}) and "
+        f"{problem}; left: {left}"
+    )
+    kopf.event(body, type="Warning", reason="CleanupIncomplete", message=message[:1024])
+    return None

@@ -9,8 +9,8 @@ from collections.abc import Sequence
 
 from batchpilot.capacity.promql import join_matchers
 
-# The label Prometheus's Kubernetes service discovery (and the Prometheus Operator's
-# pod and service monitors) puts the pod's name in.
+# The label the Prometheus Operator's pod and service monitors put the pod's name in
+# (load.prometheus.podLabel's default; other scrape setups relabel it elsewhere).
 POD_LABEL = "pod"
 # A pod's name is a DNS subdomain: nothing in it but '.' is special to a regex.
 _POD_NAME = re.compile(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")
@@ -30,6 +30,7 @@ def pods_matcher(pod_names: Sequence[str], label: str = POD_LABEL) -> str:
     return f'{label}=~"{alternatives}"'
 
 
-def scoped_selector(selector: str, pod_names: Sequence[str]) -> str:
-    """The user's `load.prometheus.selector` with the pods' matcher added."""
-    return join_matchers(selector, pods_matcher(pod_names))
+def scoped_selector(selector: str, pod_names: Sequence[str], label: str = POD_LABEL) -> str:
+    """The user's `load.prometheus.selector` with the pods' matcher on `label`
+    (`load.prometheus.podLabel`) added."""
+    return join_matchers(selector, pods_matcher(pod_names, label))

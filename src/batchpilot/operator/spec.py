@@ -7,9 +7,17 @@ rules sit beside the model they check so that schema and rule cannot drift apart
 
 from __future__ import annotations
 
+import re
 from typing import Any, ClassVar, Literal, Self
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 from pydantic.alias_generators import to_camel
 
 from batchpilot.loadgen.arrivals import (
@@ -482,6 +490,15 @@ class RequestClassSpec(BaseModel):
     size: int = Field(description="Input size (rows or tokens) of the request.", ge=1, le=65536)
 
 
+# a Prometheus label name; those starting with '__' are Prometheus's own, dropped after
+# relabelling, so never on a stored series
+PROMETHEUS_LABEL_PATTERN = r"^[a-zA-Z_][a-zA-Z0-9_]*$"
+POD_LABEL_MESSAGE = (
+    "load.prometheus.podLabel must be a Prometheus label name: letters, digits and '_', "
+    "not starting with a digit or with '__' (e.g. pod, kubernetes_pod_name)"
+)
+
+
 class PrometheusSpec(BaseModel):
     """Where a trial's latency and rates are read when load.source is prometheus."""
 
@@ -498,6 +515,11 @@ class PrometheusSpec(BaseModel):
         cel(
             "!has(self.caBundle) || self.url.startsWith('https://')",
             "load.prometheus.caBundle applies to https:// URLs only",
+        ),
+        cel(
+            f"!has(self.podLabel) || (self.podLabel.matches('{PROMETHEUS_LABEL_PATTERN}') && "
+            "!self.podLabel.startsWith('__'))",
+            POD_LABEL_MESSAGE,
         ),
     )
 
@@ -537,6 +559,15 @@ class PrometheusSpec(BaseModel):
         description='Extra label matchers added to every query, e.g. job="resnet".',
         max_length=512,
     )
+    pod_label: str = Field(
+        default="pod",
+        description="The label that holds the pod's name in the series (pod with the "
+        "Prometheus Operator and most Kubernetes service discovery setups; others relabel "
+        "it into kubernetes_pod_name, pod_name, exported_pod...). Queries are narrowed to "
+        "the measured pods by it.",
+        min_length=1,
+        max_length=128,
+    )
     scrape_interval_seconds: float | None = Field(
         default=None,
         description="How often Prometheus scrapes the target, s; read from Prometheus's "
@@ -544,6 +575,13 @@ class PrometheusSpec(BaseModel):
         gt=0.0,
         le=3600.0,
     )
+
+    @field_validator("pod_label")
+    @classmethod
+    def _pod_label_is_a_label_name(cls, value: str) -> str:
+        if not re.match(PROMETHEUS_LABEL_PATTERN, value) or value.startswith("__"):
+            raise ValueError(f"{POD_LABEL_MESSAGE}; got {value!r}")
+        return value
 
     @model_validator(mode="after")
     def _url_and_ca_usable(self) -> PrometheusSpec:

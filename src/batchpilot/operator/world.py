@@ -21,6 +21,7 @@ from batchpilot.models import BatchingConfig, CapacityResult
 from batchpilot.operator import canary as canaries
 from batchpilot.operator import decisions, neighbours, promscope, workerfleet, writers
 from batchpilot.operator import runtimes as operator_runtimes
+from batchpilot.operator.events import EventLimiter
 from batchpilot.operator.kube import (
     JSON,
     Kube,
@@ -148,6 +149,8 @@ class KubeWorld:
         self.autoscalers: list[str] = []
         # the environment the latest trial applied (method Env), checked on the pods
         self._trial_env: dict[str, str | None] | None = None
+        # events the world posts itself, deduplicated for the study's lifetime
+        self._events = EventLimiter()
 
     # --- reading ----------------------------------------------------------------------
 
@@ -315,8 +318,13 @@ class KubeWorld:
         )
 
     async def _post_event(self, reason: str, message: str) -> None:
-        """A Normal event on the InferenceService; a failure to post is logged, never
-        the study's failure."""
+        """A Normal event on the InferenceService, through the study's limiter (events.py:
+        one repeated on every trial is posted once per window, with a count); a failure
+        to post is logged, never the study's failure."""
+        text = self._events.admit("Normal", reason, message)
+        if text is None:
+            return
+        message = text
         meta = self._owner["metadata"]
         now = datetime.now(UTC).isoformat().replace("+00:00", "Z")
         body = {
@@ -822,7 +830,9 @@ class KubeWorld:
         from batchpilot.operator.promsource import prometheus_source
 
         try:
-            selector = promscope.scoped_selector(prometheus.selector, pod_names)
+            selector = promscope.scoped_selector(
+                prometheus.selector, pod_names, prometheus.pod_label
+            )
         except ValueError as exc:
             raise TargetProblem("PrometheusScope", f"load.prometheus: {exc}") from None
         return prometheus_source(self._spec, selector=selector)
