@@ -111,12 +111,26 @@ def create_namespace(cluster: Cluster, name: str) -> None:
         )
 
 
+def wait_established(kubectl: Kubectl, crd: str, timeout_s: float = 60.0) -> None:
+    """Until the CRD named `crd` is Established. Polled rather than `kubectl wait`, which
+    fails at once on a CRD whose status has no conditions yet (a loaded API server sets
+    them a moment after the create)."""
+    query = '{.status.conditions[?(@.type=="Established")].status}'
+
+    def established() -> bool:
+        found = kubectl.run("get", f"crd/{crd}", "-o", f"jsonpath={query}", check=False)
+        return found.returncode == 0 and found.stdout.strip() == "True"
+
+    if not procs.wait_until(established, timeout_s=timeout_s, interval_s=0.5):
+        raise RuntimeError(f"CRD {crd} was not Established within {timeout_s:g} s")
+
+
 def apply_crds(cluster: Cluster) -> Path:
     """The project's CRDs applied with kubectl and established; their directory."""
     crd_dir = REPO / "crds"
     source = "-k" if (crd_dir / "kustomization.yaml").exists() else "-f"
     cluster.kubectl("apply", source, str(crd_dir))
-    cluster.kubectl("wait", "--for=condition=Established", "--timeout=60s", f"crd/{CRD_NAME}")
+    wait_established(cluster.kubectl, CRD_NAME)
     return crd_dir
 
 

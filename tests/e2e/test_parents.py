@@ -16,6 +16,7 @@ import pytest
 import yaml
 
 from .conftest import Cluster
+from .harness import wait_established
 from .operatorproc import OperatorProcess
 from .scenario import Poller, diagnostics, live_config, pods, wait_converged
 from .workloads import container_env, dump, inference_service, server_deployment
@@ -66,7 +67,7 @@ def minimal_crd(group: str, version: str, kind: str, plural: str) -> dict[str, A
 def parent_crds(cluster: Cluster) -> None:
     cluster.kubectl.apply(dump(*(minimal_crd(*names) for names in PARENT_CRDS.values())))
     for name in PARENT_CRDS:
-        cluster.kubectl("wait", "--for=condition=Established", f"crd/{name}", "--timeout=60s")
+        wait_established(cluster.kubectl, name)
 
 
 def child_server(name: str, labels: dict[str, str]) -> dict[str, Any]:
