@@ -10,6 +10,8 @@ from batchpilot.capacity.steps import step_from_load
 from batchpilot.loadgen.result import OK, TIMEOUT, LoadResult, merge_health, summarise
 from batchpilot.loadgen.workers import share_connections
 from batchpilot.models import SLA, ClientHealth
+from batchpilot.operator import decisions
+from batchpilot.operator.status import TrialEntry
 
 SLA_100 = SLA(p99_ms=100.0, max_error_rate=0.01)
 
@@ -133,3 +135,24 @@ def test_timeouts_of_requests_a_cap_held_back_are_the_clients() -> None:
     uncapped = _timeouts_held_in_slots(None)
     assert uncapped.client.timeout_held_min_ms == 0.0
     assert step_from_load(uncapped, SLA_100).valid
+
+
+def test_a_client_bound_trials_event_gives_its_score_as_a_lower_bound_and_why() -> None:
+    reason = (
+        "ClientBound: capacity ≥ 18.0 req/s, client-bound: invalid, client-bound: requests "
+        "waited for one of the 2 connections the client is allowed: p99 wait 870.0 ms > 10% "
+        "of SLA p99 (25 ms)"
+    )
+    trial = TrialEntry(
+        number=0,
+        params={"max_batch_size": 16, "max_queue_time_ms": 80.0},
+        source="baseline",
+        state="Complete",
+        effective_rps=18.0,
+        p99_ms=130.4,
+        client_bound=True,
+        reason=reason,
+    )
+    assert decisions.trial_message(trial, SLA(p99_ms=250)) == (
+        f"Trial 0: batch=16 wait=80ms → ≥ 18 req/s, p99 130 ms ≤ 250 ms; {reason}"
+    )
