@@ -4,6 +4,10 @@ not the server, bounds the rate, so the search ends client-bound."""
 
 from __future__ import annotations
 
+import asyncio
+import json
+import sys
+
 import pytest
 
 from batchpilot.capacity.http import measure_capacity
@@ -44,3 +48,25 @@ async def test_a_capped_client_ends_client_bound_not_blaming_the_server() -> Non
         assert step.client.connection_cap == CAP
     # every request the server answered took about its fixed time: none failed it
     assert all(s.error_rate == 0.0 for s in result.steps if s.passed)
+
+
+async def test_the_cli_splits_the_cap_over_its_workers() -> None:
+    # two generator processes, one connection each: the merged client holds the cap
+    async with StubServerProcess(delay_ms=DELAY_MS) as stub:
+        process = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "batchpilot", "capacity", stub.url, "--p99-ms", "300",
+            "--precision", "0.2", "--step-seconds", "2", "--warmup-seconds", "1",
+            "--min-requests", "0", "--arrival", "constant", "--workers", "2",
+            "--max-connections", str(CAP), "--json",
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+        )  # fmt: skip
+        out, err = await asyncio.wait_for(process.communicate(), 150)
+    assert process.returncode == 0, err.decode()
+    data = json.loads(out)
+    assert data["client_bound"] is True, [s["reason"] for s in data["steps"]]
+    for step in data["steps"]:
+        assert step["client"]["connection_cap"] == CAP
+        assert [w["connection_cap"] for w in step["worker_clients"]] == [1, 1]
+    assert any(
+        f"one of the {CAP} connections the client is allowed" in s["reason"] for s in data["steps"]
+    )
