@@ -5,12 +5,14 @@ in the generator's own pool the same wait stays the server's backpressure."""
 from __future__ import annotations
 
 import pytest
+from pydantic import ValidationError
 
 from batchpilot.capacity.steps import step_from_load
 from batchpilot.loadgen.result import OK, TIMEOUT, LoadResult, merge_health, summarise
 from batchpilot.loadgen.workers import share_connections
 from batchpilot.models import SLA, ClientHealth
 from batchpilot.operator import decisions
+from batchpilot.operator.spec import LoadSpec
 from batchpilot.operator.status import TrialEntry
 
 SLA_100 = SLA(p99_ms=100.0, max_error_rate=0.01)
@@ -156,3 +158,11 @@ def test_a_client_bound_trials_event_gives_its_score_as_a_lower_bound_and_why() 
     assert decisions.trial_message(trial, SLA(p99_ms=250)) == (
         f"Trial 0: batch=16 wait=80ms → ≥ 18 req/s, p99 130 ms ≤ 250 ms; {reason}"
     )
+
+
+def test_the_crd_field_takes_one_connection_or_more() -> None:
+    endpoint = {"endpoint": {"port": 8080, "path": "/v1/predict"}}
+    assert LoadSpec.model_validate({**endpoint, "maxConnections": 2}).max_connections == 2
+    assert LoadSpec.model_validate(endpoint).max_connections is None
+    with pytest.raises(ValidationError, match="greater than or equal to 1"):
+        LoadSpec.model_validate({**endpoint, "maxConnections": 0})
