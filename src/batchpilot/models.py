@@ -140,6 +140,12 @@ class ClientHealth(Frozen):
     workers: int = 1
     # the busiest generator process's CPU share (None: one process, i.e. `cpu`)
     cpu_max_worker: float | None = None
+    # the connections the user allowed the client (None: the generator's own pool, sized
+    # for open loop); with a cap, a wait for a slot is the client's limit, not the server's
+    connection_cap: int | None = None
+    # the least time the client itself held a request that then timed out: its send lag,
+    # plus its wait for a slot under connection_cap (None: no timeout in the window)
+    timeout_held_min_ms: float | None = None
 
     def busiest_cpu(self) -> float:
         return self.cpu if self.cpu_max_worker is None else self.cpu_max_worker
@@ -158,6 +164,12 @@ class ClientHealth(Frozen):
             reasons.append(
                 f"client CPU {self.busiest_cpu():.0%} of a core ≥ {CLIENT_MAX_CPU:.0%}"
                 + (" (busiest worker)" if self.cpu_max_worker is not None else "")
+            )
+        if self.connection_cap is not None and self.conn_wait_p99_ms > bound:
+            reasons.append(
+                f"requests waited for one of the {self.connection_cap} connections the client "
+                f"is allowed: p99 wait {self.conn_wait_p99_ms:.1f} ms > "
+                f"{CLIENT_MAX_LOOP_DELAY_SHARE:.0%} of SLA p99 ({bound:g} ms)"
             )
         return "; ".join(reasons)
 

@@ -62,6 +62,12 @@ _POSITIVE = click.FloatRange(0, min_open=True)
     help="Load generator processes sharing each step's one schedule, to lift the client's "
     "ceiling; each one's health is in the JSON.",
 )  # fmt: skip
+@click.option(
+    "--max-connections", type=click.IntRange(1, 100_000), default=None,
+    help="Most connections (requests in flight) the client holds, split over --workers; "
+    "a step that needs more waits for a slot and is client-bound [default: a pool sized "
+    "for open loop].",
+)  # fmt: skip
 @click.option("--start-rps", type=_POSITIVE, default=None, help="Default: from the warm-up.")
 @click.option("--timeout", type=_POSITIVE, default=None, help="Default: max(5 x SLA, 1 s).")
 @arrival_option()
@@ -93,6 +99,7 @@ def capacity(
     min_requests: int,
     warmup_seconds: float,
     workers: int,
+    max_connections: int | None,
     start_rps: float | None,
     timeout: float | None,
     arrival: ArrivalKind,
@@ -150,6 +157,7 @@ def capacity(
                 warmup_s=warmup_seconds, start_rps=start_rps, timeout_s=timeout, seed=seed,
                 source=source, arrival=arrival,
                 path=path, on_step=progress, min_requests=min_requests, workers=workers,
+                max_connections=max_connections,
             )  # fmt: skip
             return result, False
         except asyncio.CancelledError:

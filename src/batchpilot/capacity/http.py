@@ -119,22 +119,26 @@ async def measure_step(
     min_requests: int = 0,
     workers: int = 1,
     sender: ShareSender | None = None,
+    max_connections: int | None = None,
 ) -> tuple[StepResult, LoadResult]:
     """One window at `rate`: the step decision and the client's full measurement, sent
     by one generator process, split over `workers` of them, or handed to `sender`
     (remote load workers; its WorkerError passes through)."""
     start_unix = time.time()
     if sender is not None:
-        load = await sender(share_spec(urls, rate, duration_s, mix, arrival, timeout_s, seed, path))
+        spec = share_spec(urls, rate, duration_s, mix, arrival, timeout_s, seed, path)
+        load = await sender(spec.model_copy(update={"max_connections": max_connections}))
     elif workers == 1:
         load = await run_load(
             urls, rate=rate, duration_s=duration_s, mix=mix, arrival=arrival,
             timeout_s=timeout_s, seed=seed, path=path, warmup_s=step_warmup_s(duration_s),
+            max_connections=max_connections,
         )  # fmt: skip
     else:
         load = await run_load_workers(
             urls, workers=workers, rate=rate, duration_s=duration_s, mix=mix, arrival=arrival,
             timeout_s=timeout_s, seed=seed, path=path, warmup_s=step_warmup_s(duration_s),
+            max_connections=max_connections,
         )  # fmt: skip
     end_unix = time.time()
     if source is None:
@@ -204,6 +208,7 @@ async def measure_capacity(
     workers: int = 1,
     max_overload_s: float | None = None,
     sender: ShareSender | None = None,
+    max_connections: int | None = None,
 ) -> CapacityResult:
     """Warm up, then search for the effective throughput (see search_capacity).
     `on_step` sees every step as it completes (progress display, partial results).
@@ -219,6 +224,9 @@ async def measure_capacity(
     its one schedule (see run_load_workers); the warm-up stays in this process.
     With `sender`, each step is handed to remote load workers instead (see
     loadgen.serve_worker); one that fails to deliver makes that step invalid.
+    `max_connections` caps the connections (requests in flight) of the whole client, the
+    warm-up's included: a step that needs more in flight waits for slots, and that wait
+    is the client's limit (a client-bound step), not the server's failure.
     `max_rps` caps every offered rate, the warm-up's included (a load budget).
     `max_overload_s` bounds the time the steps that failed (ran above the SLA) take
     together: a step starts only while the time left covers its whole window, so the
@@ -233,6 +241,8 @@ async def measure_capacity(
     if min_requests < 0:
         raise ValueError(f"min requests per step must be ≥ 0, got {min_requests}")
     check_workers(workers)
+    if max_connections is not None and max_connections < 1:
+        raise ValueError(f"max connections must be ≥ 1, got {max_connections}")
     if start_rps is not None and not (math.isfinite(start_rps) and start_rps > 0):
         raise ValueError(f"start rate must be > 0 req/s, got {start_rps:g}")
     if max_overload_s is not None and not (math.isfinite(max_overload_s) and max_overload_s > 0):
@@ -246,7 +256,9 @@ async def measure_capacity(
     if warmup_s > 0:
         estimate = await closed_loop_rate(
             bases,
-            concurrency=WARMUP_CONCURRENCY * len(bases),
+            concurrency=min(
+                WARMUP_CONCURRENCY * len(bases), max_connections or WARMUP_CONCURRENCY * len(bases)
+            ),
             duration_s=warmup_s,
             mix=mix,
             timeout_s=timeout,
@@ -279,6 +291,7 @@ async def measure_capacity(
                 min_requests=min_requests,
                 workers=workers,
                 sender=sender,
+                max_connections=max_connections,
             )
         except WorkerError as exc:
             if sender is None:

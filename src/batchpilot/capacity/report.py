@@ -81,9 +81,20 @@ def render_capacity(data: dict[str, Any], console: Console) -> None:
             + (" — pruned early" if result.pruned else "")
         )
         if result.client_bound:
+            capped = any(
+                s.client is not None and s.client.connection_cap is not None
+                for s in result.steps
+                if not s.valid
+            )
             console.print(
                 "[yellow]The client could not drive a higher rate[/] (see the invalid step): "
-                "run the load from more workers or another machine to find the real capacity"
+                + (
+                    "raise --max-connections, or run the load from more workers or another "
+                    "machine, to find the real capacity"
+                    if capped
+                    else "run the load from more workers or another machine to find the "
+                    "real capacity"
+                )
             )
         console.print(
             f"Cost: {data['accelerator_hours_per_million']:,.3f} accelerator-hours per million "

@@ -104,17 +104,31 @@ def client_could_explain(load: LoadResult, sla: SLA, sla_p99_ms: float) -> bool:
     of the client counted as served. Non-OK requests stay
     infinitely slow -- so a window judged on an infinite p99 (more than 1 % non-OK, or
     too few requests to bound it) is never excused -- except timeouts once the client's
-    worst lag plus its worst stall reached the request timeout: then the client alone
-    could have made them. A slow server's connection-slot wait is in no allowance: it
-    stays charged to the server."""
+    worst lag plus its worst stall reached the request timeout, or once it held every
+    request that timed out so long (ClientHealth.timeout_held_min_ms) that, less its
+    worst stall, the server had at most the SLA p99 for it: then the client alone could
+    have made them. A wait for a connection slot counts as send lag only when the
+    user capped the client's connections (ClientHealth.connection_cap): the cap, not the
+    server, then held the request back. In the generator's own pool, sized for open
+    loop, a slot is taken only by a request the server has not answered yet, so there
+    the wait stays charged to the server."""
     if load.requests == 0:
         return False
     client = load.client
-    allowance_ms = client.lag_p99_ms + client.loop_delay_max_ms
-    worst_ms = client.lag_max_ms + client.loop_delay_max_ms
+    slot_p99_ms = slot_max_ms = 0.0
+    if client.connection_cap is not None:
+        slot_p99_ms, slot_max_ms = client.conn_wait_p99_ms, client.conn_wait_max_ms
+    allowance_ms = client.lag_p99_ms + slot_p99_ms + client.loop_delay_max_ms
+    worst_ms = client.lag_max_ms + slot_max_ms + client.loop_delay_max_ms
     excused = 0
-    if load.timeouts and load.timeout_s is not None and worst_ms >= 1000.0 * load.timeout_s:
-        excused = load.timeouts
+    if load.timeouts and load.timeout_s is not None:
+        timeout_ms = 1000.0 * load.timeout_s
+        # or every request that timed out was held so long by the client itself that the
+        # server had at most the SLA's time for it, less the loop's worst stall
+        held_ms = client.timeout_held_min_ms
+        left_ms = None if held_ms is None else timeout_ms - held_ms - client.loop_delay_max_ms
+        if worst_ms >= timeout_ms or (left_ms is not None and left_ms <= sla.p99_ms):
+            excused = load.timeouts
     non_ok = load.requests - load.ok - excused
     if excused:
         if non_ok > 0.01 * load.requests:
@@ -129,7 +143,7 @@ def client_could_explain(load: LoadResult, sla: SLA, sla_p99_ms: float) -> bool:
     span_s = load.duration_s - load.warmup_s
     if load.ok_first_done_s is not None and load.ok_last_done_s is not None:
         # the last response may have been sent that late and read after that stall
-        stretch_s = (client.lag_max_ms + client.loop_delay_max_ms) / 1000.0
+        stretch_s = worst_ms / 1000.0
         span_s = max(span_s, load.ok_last_done_s - load.ok_first_done_s - stretch_s)
     achieved = (load.ok + excused) / span_s if span_s > 0 else 0.0
     passed, _ = step_passes(

@@ -86,7 +86,10 @@ async def run_load(
     seeded schedule (each at the time and with the size it has there), so n processes
     started with the same arguments and `start_at` (a wall-clock time, the schedule's
     zero) send exactly the single schedule between them; `merge_results` makes one run of
-    their results. A request protocol put in force around the call
+    their results. `max_connections` caps the connections (so the requests in flight) of
+    this process; set, it is the user's cap and a wait for a slot is the client's limit
+    (ClientHealth.connection_cap), while the default pool is sized for open loop and a
+    wait there is the server's backpressure. A request protocol put in force around the call
     (`loadgen.protocols.speaking`) decides the path, bodies and headers instead of `path`
     and `body_for_size`. Raises ValueError for bad arguments."""
     headers: Mapping[str, str] = JSON_HEADERS
@@ -95,6 +98,8 @@ async def run_load(
     bases = normalise_urls(urls)
     process = as_arrival(arrival)
     _validate(rate, duration_s, timeout_s, max_in_flight, warmup_s)
+    if max_connections is not None and max_connections < 1:
+        raise ValueError(f"max connections must be ≥ 1, got {max_connections}")
     index, of = share
     if not 0 <= index < of:
         raise ValueError(f"share must be i of n with 0 ≤ i < n, got {index} of {of}")
@@ -103,6 +108,7 @@ async def run_load(
     )
     bodies = {size: body_for_size(size) for size in set(sizes)}
     targets = [endpoint_url(base, path) for base in bases]
+    health = _HealthProbe()
     run = _Run(
         offsets=offsets,
         # the URL is the one the request has in the single schedule: round-robin by position
@@ -114,13 +120,13 @@ async def run_load(
         stop=stop,
         headers=headers,
         start_at=start_at,
+        conn_waits_ms=health.conn_waits_ms,
     )
     connector = aiohttp.TCPConnector(
         limit=max_connections or default_max_connections(),
         limit_per_host=0,
         ssl=client_tls(),
     )
-    health = _HealthProbe()
     async with aiohttp.ClientSession(
         connector=connector,
         cookie_jar=aiohttp.DummyCookieJar(),
@@ -150,6 +156,8 @@ async def run_load(
         cpu=health.cpu,
         warmup_s=warmup_s,
         timeout_s=timeout_s,
+        connection_cap=max_connections,
+        slot_waits_ms=run.slot_waits_ms,
     )
 
 
@@ -162,6 +170,18 @@ def share_of_schedule(
     every = sizes.draw(len(offsets))
     positions = range(index, len(offsets), of)
     return [offsets[k] for k in positions], [every[k] for k in positions], positions
+
+
+class _SlotWait:
+    """One request's wait for a free connection: since when it is waiting (None: not
+    waiting) and how long it waited. A request that times out still waiting never
+    reaches the end of its wait, which would otherwise be missing from the figures."""
+
+    __slots__ = ("queued_at", "waited_ms")
+
+    def __init__(self) -> None:
+        self.queued_at: float | None = None
+        self.waited_ms = 0.0
 
 
 class _HealthProbe:
@@ -180,9 +200,14 @@ class _HealthProbe:
 
         async def queued(_: object, ctx: SimpleNamespace, __: object) -> None:
             ctx.queued_at = time.monotonic()
+            if isinstance(slot := ctx.trace_request_ctx, _SlotWait):
+                slot.queued_at = ctx.queued_at
 
         async def dequeued(_: object, ctx: SimpleNamespace, __: object) -> None:
-            waits.append((time.monotonic() - ctx.queued_at) * 1000.0)
+            waited_ms = (time.monotonic() - ctx.queued_at) * 1000.0
+            waits.append(waited_ms)
+            if isinstance(slot := ctx.trace_request_ctx, _SlotWait):
+                slot.queued_at, slot.waited_ms = None, waited_ms
 
         trace.on_connection_queued_start.append(queued)
         trace.on_connection_queued_end.append(dequeued)
@@ -263,8 +288,12 @@ class _Run:
         stop: asyncio.Event | None,
         headers: Mapping[str, str] = JSON_HEADERS,
         start_at: float | None = None,
+        conn_waits_ms: list[float] | None = None,
     ) -> None:
         n = len(offsets)
+        # where the wait of a request that timed out waiting for a connection goes
+        self.conn_waits_ms = conn_waits_ms if conn_waits_ms is not None else []
+        self.slot_waits_ms = [0.0] * n  # each request's own wait for a connection
         self.headers = dict(headers)
         self.start_at = start_at
         self.offsets = offsets
@@ -344,9 +373,12 @@ class _Run:
         loop_time = asyncio.get_running_loop().time
         self.lags_ms[i] = (loop_time() - due) * 1000.0
         url, body = self.requests[i]
+        slot = _SlotWait()
         outcome: str
         try:
-            async with session.post(url, data=body, headers=self.headers) as response:
+            async with session.post(
+                url, data=body, headers=self.headers, trace_request_ctx=slot
+            ) as response:
                 await response.read()
                 status = response.status
             outcome = OK if 200 <= status < 300 else str(status)
@@ -355,6 +387,9 @@ class _Run:
                 self.outcomes[i] = CANCELLED
                 raise
             outcome = TIMEOUT  # the reaper's cancellation: this request ran out of time
+            if slot.queued_at is not None:  # it timed out still waiting for a connection
+                slot.waited_ms = (time.monotonic() - slot.queued_at) * 1000.0
+                self.conn_waits_ms.append(slot.waited_ms)
         except TimeoutError:
             outcome = TIMEOUT
         except (aiohttp.ClientConnectionError, OSError):
@@ -363,6 +398,7 @@ class _Run:
             outcome = type(e).__name__
         finally:
             self._in_flight -= 1
+            self.slot_waits_ms[i] = slot.waited_ms
         now = loop_time()
         latency_s = now - due
         if outcome == TIMEOUT:

@@ -116,13 +116,18 @@ def summarise(
     cpu: float = 0.0,
     warmup_s: float = 0.0,
     timeout_s: float | None = None,
+    connection_cap: int | None = None,
+    slot_waits_ms: Sequence[float] = (),
 ) -> LoadResult:
     """Reduce per-request records (index i = i-th scheduled request; outcome None = never
     sent) to a LoadResult. `done_at` is the completion time relative to the start.
 
     Requests scheduled before `warmup_s` are the step's warm-up (connections opening, the
     server's batcher and caches settling, the previous step's backlog draining): they
-    count in the timeline and the client's health, not in the figures."""
+    count in the timeline and the client's health, not in the figures. `slot_waits_ms`
+    (index-aligned, empty: none) is each request's wait for a connection slot; under a
+    `connection_cap` that wait is the client's, so it counts in how long the client held
+    a request that timed out (ClientHealth.timeout_held_min_ms)."""
     if not (math.isfinite(warmup_s) and warmup_s >= 0):
         raise ValueError(f"warm-up must be ≥ 0 s, got {warmup_s:g}")
     measured_s = window_s - warmup_s
@@ -132,6 +137,7 @@ def summarise(
     kinds: Counter[str] = Counter()
     ok_done: list[float] = []
     lags: list[float] = []
+    held_min_ms: float | None = None
     per_second: dict[int, _Second] = {}
     measured_sent = 0
     for i, outcome in enumerate(outcomes):
@@ -154,6 +160,11 @@ def summarise(
         if not measured:
             continue
         kinds[outcome] += 1
+        if outcome == TIMEOUT:
+            held = lags_ms[i]
+            if connection_cap is not None and slot_waits_ms:
+                held += slot_waits_ms[i]
+            held_min_ms = held if held_min_ms is None else min(held_min_ms, held)
         if outcome == OK:
             ok_done.append(done_at[i])
             sla_histogram.record_ms(latencies_ms[i])
@@ -197,6 +208,8 @@ def summarise(
             loop_delay_p99_ms=_nearest_rank(sorted(loop_delays_ms), 0.99),
             loop_delay_max_ms=max(loop_delays_ms, default=0.0),
             cpu=cpu,
+            connection_cap=connection_cap,
+            timeout_held_min_ms=held_min_ms,
         ),
         ok_first_done_s=min(ok_done, default=None),
         ok_last_done_s=max(ok_done, default=None),
@@ -310,6 +323,16 @@ def merge_health(parts: Sequence[ClientHealth]) -> ClientHealth:
         cpu=sum(p.cpu for p in parts),
         workers=sum(p.workers for p in parts),
         cpu_max_worker=max(p.busiest_cpu() for p in parts),
+        timeout_held_min_ms=min(
+            (p.timeout_held_min_ms for p in parts if p.timeout_held_min_ms is not None),
+            default=None,
+        ),
+        # the parts' caps add up to the client's; one uncapped part leaves it uncapped
+        connection_cap=(
+            None
+            if any(p.connection_cap is None for p in parts)
+            else sum(p.connection_cap or 0 for p in parts)
+        ),
     )
 
 

@@ -74,6 +74,8 @@ class ShareSpec(Frozen):
     headers: dict[str, str] | None = None
     bodies: dict[int, str] | None = None
     ca_file: str | None = None  # the protocol's CA bundle, a file this machine holds
+    # the connections the whole client may hold, split over the shares (share_connections)
+    max_connections: Annotated[int, Field(ge=1)] | None = None
 
     def protocol(self) -> RequestProtocol | None:
         if self.bodies is None:
@@ -104,7 +106,16 @@ async def _run_share(spec: ShareSpec, start_at: float | None) -> LoadResult:
         warmup_s=spec.warmup_s,
         share=(spec.index, spec.of),
         start_at=start_at,
+        max_connections=share_connections(spec.max_connections, spec.index, spec.of),
     )
+
+
+def share_connections(cap: int | None, index: int, of: int) -> int | None:
+    """Share `index` of `of` of a client's connection cap: the cap split as evenly as
+    whole connections go, and at least one (a process needs one to send at all)."""
+    if cap is None:
+        return None
+    return max(1, cap // of + (1 if index < cap % of else 0))
 
 
 def check_workers(workers: int) -> None:
@@ -124,6 +135,7 @@ async def run_load_workers(
     seed: int = 0,
     path: str = "/v1/predict",
     warmup_s: float = 0.0,
+    max_connections: int | None = None,
 ) -> LoadResult:
     """`run_load` sent by `workers` processes that split one schedule between them; the
     merged result has the one-process result's shape plus each worker's health in
@@ -134,6 +146,7 @@ async def run_load_workers(
     common = ShareSpec(
         urls=bases, rate=rate, duration_s=duration_s, mix=mix, arrival=as_arrival(arrival),
         timeout_s=timeout_s, seed=seed, path=path, warmup_s=warmup_s, of=workers,
+        max_connections=max_connections,
     )  # fmt: skip
     if (protocol := in_force()) is not None:
         common = common.model_copy(update=forwarded_protocol(protocol, common))

@@ -422,6 +422,9 @@ def trial_message(trial: TrialEntry, sla: SLA) -> str:
     head = f"Trial {trial.number}: {describe_params(trial.params)}"
     if trial.state == "Complete" and trial.effective_rps is not None:
         p99 = f", p99 {trial.p99_ms:.0f} ms ≤ {sla.p99_ms:g} ms" if trial.p99_ms is not None else ""
+        if trial.client_bound:
+            # the score is a lower bound: the event says so, and why the client stopped
+            return f"{head} → ≥ {trial.effective_rps:.0f} req/s{p99}; {trial.reason}"
         return f"{head} → {trial.effective_rps:.0f} req/s{p99}"
     if trial.state == "Pruned":
         return f"{head} → pruned: cannot beat the best so far ({trial.reason or 'stopped early'})"

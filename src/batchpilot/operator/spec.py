@@ -873,6 +873,16 @@ class LoadSpec(BaseModel):
         ge=1.0,
         le=86400.0,
     )
+    max_connections: int | None = Field(
+        default=None,
+        description="Load budget: the most connections (so requests in flight) the load "
+        "generator holds to the measured pods, split over load workers (at least one "
+        "each). A step that needs more in flight waits for a slot: that wait is the "
+        "client's limit, so the trial ends ClientBound with its capacity as a lower bound "
+        "(about maxConnections / latency). Unset: a pool sized for open loop.",
+        ge=1,
+        le=100_000,
+    )
 
     @model_validator(mode="after")
     def _prometheus_needs_url(self) -> LoadSpec:

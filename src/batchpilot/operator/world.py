@@ -751,6 +751,7 @@ class KubeWorld:
             arrival=load.arrival.process_model(),
             max_rps=max_rps,
             max_overload_s=load.max_overload_seconds,
+            max_connections=load.max_connections,
             # on production a breach is not provoked a second time to confirm it
             confirm_failures=not in_place,
             sender=sender,
