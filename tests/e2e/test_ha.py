@@ -1,17 +1,22 @@
 """Two operator replicas in a leader election against the real API server: the leader
 is killed with SIGKILL mid-trial, the standby takes the Lease over and finishes the
-study; the trial cut short is Interrupted and retried, nothing lost or counted twice."""
+study; the trial cut short is Interrupted and retried, nothing lost or counted twice.
+The API server's audit log shows that the standby wrote nothing but the Lease until it
+held the Lease: each replica's requests carry its identity in their User-Agent."""
 
 from __future__ import annotations
 
 import time
 from collections.abc import Iterator
+from datetime import UTC, datetime
 
 import pytest
 
+from batchpilot.operator.identity import user_agent
 from batchpilot.operator.leader import DEFAULT_LEASE_NAME
 from batchpilot.operator.status import INTERRUPTED_REASON
 
+from . import audit
 from .conftest import Cluster, OperatorIdentity
 from .operatorproc import OperatorProcess
 from .scenario import (
@@ -34,8 +39,14 @@ ELECTED_TIMEOUT_S = 60.0
 
 
 @pytest.fixture
+def started_at() -> datetime:
+    """Before the replicas start: the audit log is read from here on."""
+    return datetime.now(UTC)
+
+
+@pytest.fixture
 def replicas(
-    cluster: Cluster, operator_identity: OperatorIdentity, namespace: str
+    cluster: Cluster, operator_identity: OperatorIdentity, namespace: str, started_at: datetime
 ) -> Iterator[list[OperatorProcess]]:
     """Two `batchpilot operator --leader-election` processes with the manifests'
     ServiceAccount; on the way out one of them handles the test's finalizers."""
@@ -102,11 +113,65 @@ def leader_of(cluster: Cluster, namespace: str, processes: list[OperatorProcess]
     )
 
 
+def _micro_time(value: str) -> datetime:
+    return datetime.fromisoformat(value.replace("Z", "+00:00"))
+
+
+def check_standby_wrote_only_the_lease(
+    cluster: Cluster,
+    identity: OperatorIdentity,
+    started_at: datetime,
+    first: str,
+    second: str,
+) -> None:
+    """From the API server's audit log: every write of the operator's ServiceAccount
+    since `started_at` came from one of the two replicas (Kopf's client and the
+    operator's own both say which), and `second` wrote nothing but the Lease before
+    the API server had granted it the Lease."""
+    if cluster.audit_log is None:
+        print("no audit log on an existing cluster: the standby's writes are not checked")
+        return
+    writes = audit.writes(cluster.audit_log, user=identity.user, since=started_at)
+    agents = {user_agent(first): first, user_agent(second): second}
+    unnamed = [str(w) for w in writes if w.user_agent not in agents]
+    assert not unnamed, "writes that name neither replica:\n" + "\n".join(unnamed)
+    lease = cluster.kubectl.json(
+        "get", "lease", DEFAULT_LEASE_NAME, "-n", identity.namespace, "-o", "json"
+    )
+    assert lease["spec"]["holderIdentity"] == second, lease["spec"]
+    acquired = _micro_time(lease["spec"]["acquireTime"])
+    by_second = [w for w in writes if w.user_agent == user_agent(second)]
+    took_over = [
+        w
+        for w in by_second
+        if w.on_lease and w.name == DEFAULT_LEASE_NAME and w.succeeded and w.received >= acquired
+    ]
+    assert took_over, (acquired, [str(w) for w in by_second])
+    granted = took_over[0].completed
+    early = [str(w) for w in by_second if not w.on_lease and w.received < granted]
+    assert not early, (
+        f"the standby wrote before its Lease (acquired {acquired.isoformat()}, granted "
+        f"{granted.isoformat()}):\n" + "\n".join(early)
+    )
+    # not vacuous: the log holds the study's writes of each replica while it led
+    for name, who in (("leader", first), ("standby", second)):
+        studied = [
+            w for w in writes if w.user_agent == user_agent(who) and w.subresource == "status"
+        ]
+        assert studied, f"no status write by the {name} {who} in the audit log"
+    print(
+        f"audit: {len(writes)} writes by the operator's ServiceAccount, "
+        f"{len(by_second)} by the standby, none off the Lease before "
+        f"{granted.isoformat()} (its Lease's acquireTime {acquired.isoformat()})"
+    )
+
+
 def test_leader_killed_mid_trial_standby_finishes_the_study(
     cluster: Cluster,
     namespace: str,
     operator_identity: OperatorIdentity,
     replicas: list[OperatorProcess],
+    started_at: datetime,
 ) -> None:
     lease_namespace = operator_identity.namespace
     deploy_server(cluster, namespace)
@@ -144,3 +209,6 @@ def test_leader_killed_mid_trial_standby_finishes_the_study(
     assert (interrupted["state"], interrupted["reason"]) == ("Interrupted", INTERRUPTED_REASON)
     [retry] = [t for t in trials if t["number"] == killed + 1]
     assert retry["params"] == interrupted["params"], (interrupted, retry)
+    check_standby_wrote_only_the_lease(
+        cluster, operator_identity, started_at, old_holder, new_holder
+    )
