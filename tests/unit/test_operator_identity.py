@@ -22,7 +22,7 @@ from batchpilot.operator.identity import (
 from batchpilot.operator.kopfidentity import identified
 from batchpilot.operator.kube import Connection, Kube
 from batchpilot.operator.leader import ElectionSettings, Elector
-from batchpilot.operator.standby import liveness_address, stand_by
+from batchpilot.operator.standby import liveness_address, stand_by, stop_when_deposed
 from batchpilot.server.process import free_port
 
 
@@ -139,3 +139,34 @@ async def test_a_standby_answers_the_liveness_probe_until_it_leads() -> None:
     with socket.socket() as again:  # Kopf's own probe binds the same port next, so
         again.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as aiohttp does
         again.bind(("127.0.0.1", port))
+
+
+class Held:
+    """A leadership held until `lose()`."""
+
+    takeover_s = 0.0
+
+    def __init__(self) -> None:
+        self._lost = asyncio.Event()
+
+    def lose(self) -> None:
+        self._lost.set()
+
+    def is_leader(self) -> bool:
+        return not self._lost.is_set()
+
+    async def wait_leader(self, timeout_s: float) -> bool:
+        return self.is_leader()
+
+    async def wait_lost(self) -> None:
+        await self._lost.wait()
+
+
+async def test_a_deposed_leader_stops_kopf_and_a_leader_does_not() -> None:
+    held, stop = Held(), asyncio.Event()
+    watch = asyncio.create_task(stop_when_deposed(held, stop))
+    await asyncio.sleep(0)
+    assert not stop.is_set()
+    held.lose()
+    await asyncio.wait_for(watch, timeout=5)
+    assert stop.is_set()

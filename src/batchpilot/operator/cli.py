@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import re
 from pathlib import Path
@@ -184,7 +185,11 @@ def operator(
                 f"cannot serve metrics on port {metrics_port}: {exc.strerror or exc}"
             ) from None
     kopf.configure(verbose=False)
+    # set when this replica loses the lead: Kopf stops, and the process exits (below);
+    # an asyncio flag, as Kopf would wait for a threading one in a thread never joined
+    deposed = asyncio.Event()
     kopf.run(
+        stop_flag=deposed,
         standalone=standalone,
         clusterwide=all_namespaces or not namespaces,
         namespaces=() if all_namespaces else namespaces,
@@ -194,5 +199,9 @@ def operator(
             election=election,
             identity=identity,
             liveness=liveness,
+            deposed=deposed,
         ),
     )
+    if deposed.is_set():
+        # restarted (by the Deployment), the replica stands by until it leads again
+        raise fail("this replica lost the leader election and stopped; restart it to stand by")

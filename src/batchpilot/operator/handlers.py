@@ -29,7 +29,7 @@ from batchpilot.operator.kube import Connection, Kube, KubeError, isvc_path
 from batchpilot.operator.leader import ElectionSettings, Elector, Leadership, Standalone
 from batchpilot.operator.parentworld import ParentWorld
 from batchpilot.operator.spec import InferenceServiceSpec, explain_validation_error, parse_spec
-from batchpilot.operator.standby import stand_by
+from batchpilot.operator.standby import stand_by, stop_when_deposed
 from batchpilot.operator.status import InferenceServiceStatus
 from batchpilot.operator.study import (
     EventType,
@@ -132,14 +132,20 @@ async def configure(
             elector = Elector(election, lambda: CREDENTIALS.connection)
             memo["leadership"] = elector
             memo["election_task"] = asyncio.create_task(elector.run())
-            # no watch before this replica leads (standby.py)
+            # no watch before this replica leads, and none after it lost the lead
             await stand_by(elector, memo["election_task"], str(memo.get("liveness") or ""))
+            deposed = memo.get("deposed")
+            if isinstance(deposed, asyncio.Event):
+                memo["deposed_task"] = asyncio.create_task(stop_when_deposed(elector, deposed))
         else:
             memo["leadership"] = Standalone()
 
 
 @kopf.on.cleanup()
 async def close(memo: kopf.Memo, **_: Any) -> None:
+    deposed = memo.get("deposed_task")
+    if isinstance(deposed, asyncio.Task):
+        deposed.cancel()
     task = memo.get("election_task")
     if isinstance(task, asyncio.Task):
         task.cancel()

@@ -5,7 +5,8 @@ stores the last handled spec and records handler progress in annotations. Handle
 check the election cannot stop those writes, so a standby waits in Kopf's startup,
 before any watch begins, until it leads. Kopf serves its liveness probe only after
 startup, so the standby answers the probe itself meanwhile: a kubelet must not restart
-a replica for standing by.
+a replica for standing by. For the same reason a leader that loses the Lease stops
+Kopf altogether (`stop_when_deposed`): restarted, it stands by again.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from urllib.parse import urlparse
 
 from aiohttp import web
 
-from batchpilot.operator.leader import Elector
+from batchpilot.operator.leader import Elector, Leadership
 
 log = logging.getLogger(__name__)
 
@@ -71,3 +72,11 @@ async def stand_by(
         if runner is not None:
             # freed before Kopf's own probe binds the same address
             await runner.cleanup()
+
+
+async def stop_when_deposed(leadership: Leadership, stop: asyncio.Event) -> None:
+    """Set `stop` (Kopf's stop flag) once `leadership`, held now, is lost. The study
+    daemon has then cancelled its step already; this ends the watches too."""
+    await leadership.wait_lost()
+    log.error("the lease was lost: stopping, so that the restarted replica stands by")
+    stop.set()
