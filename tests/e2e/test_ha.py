@@ -6,6 +6,7 @@ held the Lease: each replica's requests carry its identity in their User-Agent."
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Iterator
 from datetime import UTC, datetime
@@ -16,7 +17,7 @@ from batchpilot.operator.identity import user_agent
 from batchpilot.operator.leader import DEFAULT_LEASE_NAME
 from batchpilot.operator.status import INTERRUPTED_REASON
 
-from . import audit
+from . import audit, procs
 from .conftest import Cluster, OperatorIdentity
 from .operatorproc import OperatorProcess
 from .scenario import (
@@ -38,6 +39,21 @@ RENEW_PERIOD_S = 1.0
 ELECTED_TIMEOUT_S = 60.0
 
 
+def election_args(lease_namespace: str) -> list[str]:
+    return [
+        "--all-namespaces",
+        "--liveness",
+        "",
+        "--metrics-port",
+        "0",
+        "--leader-election",
+        "--lease-namespace",
+        lease_namespace,
+        f"--lease-duration={LEASE_DURATION_S}",
+        f"--renew-period={RENEW_PERIOD_S}",
+    ]
+
+
 @pytest.fixture
 def started_at() -> datetime:
     """Before the replicas start: the audit log is read from here on."""
@@ -50,18 +66,7 @@ def replicas(
 ) -> Iterator[list[OperatorProcess]]:
     """Two `batchpilot operator --leader-election` processes with the manifests'
     ServiceAccount; on the way out one of them handles the test's finalizers."""
-    args = [
-        "--all-namespaces",
-        "--liveness",
-        "",
-        "--metrics-port",
-        "0",
-        "--leader-election",
-        "--lease-namespace",
-        operator_identity.namespace,
-        f"--lease-duration={LEASE_DURATION_S}",
-        f"--renew-period={RENEW_PERIOD_S}",
-    ]
+    args = election_args(operator_identity.namespace)
     processes = [
         OperatorProcess(
             operator_identity.kubeconfig, cluster.workdir / f"operator-{namespace}-{i}.log", args
@@ -212,3 +217,46 @@ def test_leader_killed_mid_trial_standby_finishes_the_study(
     check_standby_wrote_only_the_lease(
         cluster, operator_identity, started_at, old_holder, new_holder
     )
+
+
+def set_lease_holder(cluster: Cluster, namespace: str, holder: str | None) -> None:
+    """Write the Lease as another party would, without its resourceVersion: the
+    replica's next renewal conflicts, and its next read shows the new holder."""
+    stamp = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    spec = {"holderIdentity": holder, "leaseDurationSeconds": 60, "renewTime": stamp}
+    cluster.kubectl(
+        "patch",
+        "lease",
+        DEFAULT_LEASE_NAME,
+        "-n",
+        namespace,
+        "--type=merge",
+        "-p",
+        json.dumps({"spec": spec}),
+    )
+
+
+def test_a_leader_that_loses_the_lease_stops_and_exits(
+    cluster: Cluster, namespace: str, operator_identity: OperatorIdentity
+) -> None:
+    """Kept running, a deposed leader's Kopf would go on writing to the resources it
+    watches: it stops and exits instead, to stand by once restarted."""
+    lease_namespace = operator_identity.namespace
+    process = OperatorProcess(
+        operator_identity.kubeconfig,
+        cluster.workdir / f"operator-{namespace}.log",
+        election_args(lease_namespace),
+    )
+    process.start()
+    try:
+        leader_of(cluster, lease_namespace, [process])
+        set_lease_holder(cluster, lease_namespace, "another-replica")
+        exited = procs.wait_until(lambda: not process.running(), timeout_s=6 * LEASE_DURATION_S)
+        assert exited, process.output()
+        assert process.proc is not None
+        assert process.proc.returncode == 2, process.output()
+        assert "lost the leader election" in process.output()
+    finally:
+        # released: the next test's replicas take it at once
+        set_lease_holder(cluster, lease_namespace, None)
+        process.stop()
