@@ -5,14 +5,18 @@ standby answers the liveness probe while it waits for the Lease."""
 from __future__ import annotations
 
 import asyncio
+import logging
 import socket
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import kopf
 import pytest
+import yaml
 from aiohttp import ClientSession, web
 from kopf._cogs.clients.auth import APIContext
 
+from batchpilot.operator import handlers
 from batchpilot.operator.identity import (
     MAX_IDENTITY,
     package_version,
@@ -170,3 +174,37 @@ async def test_a_deposed_leader_stops_kopf_and_a_leader_does_not() -> None:
     held.lose()
     await asyncio.wait_for(watch, timeout=5)
     assert stop.is_set()
+
+
+def test_logging_in_gives_both_clients_the_replicas_user_agent(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One identity per process, kept across re-logins: Kopf's connection and the
+    operator's own carry the same User-Agent."""
+    config = {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [{"name": "c", "cluster": {"server": "https://127.0.0.1:6443"}}],
+        "users": [{"name": "u", "user": {"token": "t0k3n"}}],
+        "contexts": [{"name": "x", "context": {"cluster": "c", "user": "u"}}],
+        "current-context": "x",
+    }
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(yaml.safe_dump(config))
+    monkeypatch.setenv("KUBECONFIG", str(kubeconfig))
+    monkeypatch.setattr(handlers, "CREDENTIALS", handlers._Credentials())
+    memo = kopf.Memo(identity="pod-1-abcd")
+    info = handlers.log_in(memo, settings=kopf.OperatorSettings(), logger=logging.getLogger())
+    agent = user_agent("pod-1-abcd")
+    assert info is not None
+    assert info.as_http_headers()["User-Agent"] == agent
+    assert handlers.CREDENTIALS.connection is not None
+    assert handlers.CREDENTIALS.connection.user_agent == agent
+    # without an identity from the CLI, one is made once and kept for re-logins
+    bare = kopf.Memo()
+    first = handlers.log_in(bare, settings=kopf.OperatorSettings(), logger=logging.getLogger())
+    again = handlers.log_in(bare, settings=kopf.OperatorSettings(), logger=logging.getLogger())
+    assert first is not None
+    assert again is not None
+    assert first.as_http_headers()["User-Agent"] == again.as_http_headers()["User-Agent"]
+    assert first.as_http_headers()["User-Agent"] == user_agent(str(bare["identity"]))
