@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from . import audit
 from .harness import (
     OPERATOR_ARGS,
     REPO,
@@ -48,7 +49,9 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     if existing is not None:
         yield Cluster(kubeconfig=existing, kubectl=Kubectl(existing), workdir=workdir)
         return
-    with local_cluster(workdir) as local:
+    args, audit_log = audit.apiserver_args(workdir / "audit")
+    with local_cluster(workdir, apiserver_args=args) as local:
+        local.audit_log = audit_log
         yield local
 
 

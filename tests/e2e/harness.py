@@ -37,6 +37,7 @@ class Cluster:
     plane: ControlPlane | None = None  # None on an existing cluster
     agent: NodeAgent | None = None
     prometheus: Prometheus | None = None
+    audit_log: Path | None = None  # the API server's audit log (audit.py), when kept
 
     @property
     def local(self) -> bool:

@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import re
-import secrets
-import socket
 from pathlib import Path
 from typing import ClassVar
 
@@ -13,6 +12,7 @@ import click
 
 from batchpilot.clitools import OneLineErrors, fail
 from batchpilot.operator import leader
+from batchpilot.operator.identity import replica_identity
 
 NAMESPACE_PATTERN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 URL_PATTERN = re.compile(r"^https?://[^/\s]+(/\S*)?$")
@@ -40,6 +40,7 @@ def election_settings(
     lease_namespace: str,
     duration_s: int,
     renew_s: float,
+    identity: str | None = None,
 ) -> leader.ElectionSettings | None:
     """The leader election the options ask for, or None without --leader-election."""
     if not enabled:
@@ -62,11 +63,9 @@ def election_settings(
             "or set POD_NAMESPACE (in a pod, the service account's namespace is used)"
         )
     check_options((namespace,), "")
-    # the pod name tells a person which replica leads; the suffix tells restarts apart
-    identity = f"{socket.gethostname()}-{secrets.token_hex(4)}"
     return leader.ElectionSettings(
         namespace=namespace,
-        identity=identity,
+        identity=identity or replica_identity(),
         name=lease_name,
         duration_s=duration_s,
         renew_s=renew_s,
@@ -162,8 +161,16 @@ def operator(
     """Run the BatchPilot operator: watch InferenceService resources and tune the
     dynamic batching of the workloads they point at."""
     check_options(namespaces, liveness)
+    # the Lease's holder and the User-Agent of every request: one name per replica
+    identity = replica_identity()
     election = election_settings(
-        leader_election, standalone, lease_name, lease_namespace, lease_duration, renew_period
+        leader_election,
+        standalone,
+        lease_name,
+        lease_namespace,
+        lease_duration,
+        renew_period,
+        identity=identity,
     )
     import kopf  # imported here so `batchpilot --help` stays fast
 
@@ -178,10 +185,23 @@ def operator(
                 f"cannot serve metrics on port {metrics_port}: {exc.strerror or exc}"
             ) from None
     kopf.configure(verbose=False)
+    # set when this replica loses the lead: Kopf stops, and the process exits (below);
+    # an asyncio flag, as Kopf would wait for a threading one in a thread never joined
+    deposed = asyncio.Event()
     kopf.run(
+        stop_flag=deposed,
         standalone=standalone,
         clusterwide=all_namespaces or not namespaces,
         namespaces=() if all_namespaces else namespaces,
         liveness_endpoint=liveness or None,
-        memo=kopf.Memo(max_concurrent_trials=max_concurrent_trials, election=election),
+        memo=kopf.Memo(
+            max_concurrent_trials=max_concurrent_trials,
+            election=election,
+            identity=identity,
+            liveness=liveness,
+            deposed=deposed,
+        ),
     )
+    if deposed.is_set():
+        # restarted (by the Deployment), the replica stands by until it leads again
+        raise fail("this replica lost the leader election and stopped; restart it to stand by")

@@ -23,10 +23,13 @@ from pydantic import ValidationError
 from batchpilot.operator import decisions, kstatus, metrics, scope, specdiff
 from batchpilot.operator.crd import GROUP, PLURAL, VERSION
 from batchpilot.operator.events import EventLimiter
+from batchpilot.operator.identity import replica_identity, user_agent
+from batchpilot.operator.kopfidentity import identified
 from batchpilot.operator.kube import Connection, Kube, KubeError, isvc_path
 from batchpilot.operator.leader import ElectionSettings, Elector, Leadership, Standalone
 from batchpilot.operator.parentworld import ParentWorld
 from batchpilot.operator.spec import InferenceServiceSpec, explain_validation_error, parse_spec
+from batchpilot.operator.standby import stand_by, stop_when_deposed
 from batchpilot.operator.status import InferenceServiceStatus
 from batchpilot.operator.study import (
     EventType,
@@ -71,20 +74,31 @@ def kube_world(
 
 
 @kopf.on.login()
-def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
+def login(memo: kopf.Memo, **kwargs: Any) -> kopf.ConnectionInfo | None:
+    return log_in(memo, **kwargs)
+
+
+def log_in(memo: kopf.Memo, **kwargs: Any) -> kopf.ConnectionInfo | None:
+    # one identity per process, for Kopf's client and the operator's own alike
+    agent = user_agent(str(memo.setdefault("identity", replica_identity())))
     info = kopf.login_with_service_account(**kwargs)
     if info is not None:
         # the kubelet rotates this token: the operator's client re-reads it
-        CREDENTIALS.connection = Connection.from_kopf(info, token_path=SERVICE_ACCOUNT_TOKEN)
-        return info
+        CREDENTIALS.connection = Connection.from_kopf(
+            info, token_path=SERVICE_ACCOUNT_TOKEN, user_agent=agent
+        )
+        return identified(info, agent)
     info = kopf.login_with_kubeconfig(**kwargs)
-    if info is not None:
-        CREDENTIALS.connection = Connection.from_kopf(info)
-    return info
+    if info is None:
+        return None
+    CREDENTIALS.connection = Connection.from_kopf(info, user_agent=agent)
+    return identified(info, agent)
 
 
 @kopf.on.startup()
-async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
+async def configure(
+    settings: kopf.OperatorSettings, memo: kopf.Memo, logger: kopf.Logger, **_: Any
+) -> None:
     prefix = GROUP
     settings.persistence.finalizer = f"{GROUP}/finalizer"
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=prefix)
@@ -110,15 +124,28 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) 
     if "leadership" not in memo:
         election = memo.get("election")
         if isinstance(election, ElectionSettings):
+            # Kopf logs in only after startup, and the election runs before that
+            if CREDENTIALS.connection is None:
+                log_in(memo, settings=settings, logger=logger)
+            if CREDENTIALS.connection is None:
+                raise kopf.PermanentError("no credentials: no service account, no kubeconfig")
             elector = Elector(election, lambda: CREDENTIALS.connection)
             memo["leadership"] = elector
             memo["election_task"] = asyncio.create_task(elector.run())
+            # no watch before this replica leads, and none after it lost the lead
+            await stand_by(elector, memo["election_task"], str(memo.get("liveness") or ""))
+            deposed = memo.get("deposed")
+            if isinstance(deposed, asyncio.Event):
+                memo["deposed_task"] = asyncio.create_task(stop_when_deposed(elector, deposed))
         else:
             memo["leadership"] = Standalone()
 
 
 @kopf.on.cleanup()
 async def close(memo: kopf.Memo, **_: Any) -> None:
+    deposed = memo.get("deposed_task")
+    if isinstance(deposed, asyncio.Task):
+        deposed.cancel()
     task = memo.get("election_task")
     if isinstance(task, asyncio.Task):
         task.cancel()

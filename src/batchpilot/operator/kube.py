@@ -62,9 +62,13 @@ class Connection:
     password: str | None = None
     # a token that the kubelet rotates (a service account's): re-read when it changes
     token_path: str | None = None
+    # tells this replica's requests apart from the others' in the API server's audit log
+    user_agent: str | None = None
 
     @classmethod
-    def from_kopf(cls, info: Any, *, token_path: str | None = None) -> Connection:
+    def from_kopf(
+        cls, info: Any, *, token_path: str | None = None, user_agent: str | None = None
+    ) -> Connection:
         def data(value: str | bytes | None) -> bytes | None:
             if value is None:
                 return None
@@ -88,6 +92,7 @@ class Connection:
             username=info.username,
             password=info.password,
             token_path=token_path,
+            user_agent=user_agent,
         )
 
     def ssl_context(self) -> ssl.SSLContext | bool:
@@ -122,6 +127,14 @@ class Connection:
             return {"Authorization": f"Basic {pair}"}
         return {}
 
+    def session_headers(self) -> dict[str, str]:
+        """The headers every request of a session carries: the user agent, and basic
+        auth (a bearer token goes with each request instead, as it may be re-read)."""
+        headers = {} if self.token else self.headers()
+        if self.user_agent:
+            headers["User-Agent"] = self.user_agent
+        return headers
+
 
 class Kube:
     """The API calls of the operator. Create inside a running event loop; close()."""
@@ -144,10 +157,8 @@ class Kube:
         self._rng = rng or random.Random()
         self._token = connection.token
         self._token_stamp: tuple[int, int, int] | None = None
-        # the bearer token goes with each request (it may be re-read); basic auth here
-        basic = {} if connection.token else connection.headers()
         self._session = aiohttp.ClientSession(
-            headers=basic,
+            headers=connection.session_headers(),
             connector=aiohttp.TCPConnector(ssl=connection.ssl_context(), limit=16),
             timeout=self._timeout,
         )
