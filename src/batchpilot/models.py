@@ -105,6 +105,9 @@ class LatencySummary(Frozen):
 
 # Most generator processes one machine may split a step's schedule over (--workers).
 MAX_LOAD_WORKERS = 64
+# the most connections a user may cap the load generator's client at (--max-connections,
+# load.maxConnections)
+MAX_CONNECTIONS = 100_000
 
 # Measured requests a step holds at least, so its p99 is an estimate rather than its
 # largest value (a step is stretched for them up to a cap; see capacity.http).

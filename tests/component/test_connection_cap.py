@@ -70,3 +70,19 @@ async def test_the_cli_splits_the_cap_over_its_workers() -> None:
     assert any(
         f"one of the {CAP} connections the client is allowed" in s["reason"] for s in data["steps"]
     )
+
+
+async def test_loadtest_holds_to_the_cap_it_is_given() -> None:
+    async with StubServerProcess(delay_ms=DELAY_MS) as stub:
+        process = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "batchpilot", "loadtest", stub.url, "--rate", "40",
+            "--duration", "2", "--arrival", "constant", "--max-connections", "1", "--json",
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+        )  # fmt: skip
+        out, err = await asyncio.wait_for(process.communicate(), 60)
+    assert process.returncode == 0, err.decode()
+    data = json.loads(out)
+    assert data["client"]["connection_cap"] == 1
+    # 40 req/s need 4 in flight at 100 ms each: with one connection, requests queue for it
+    assert data["client"]["conn_wait_p99_ms"] > 0
+    assert data["achieved_rps"] <= 1000.0 / DELAY_MS * 1.05

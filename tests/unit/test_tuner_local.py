@@ -197,6 +197,20 @@ def test_defaults_and_quick() -> None:
     )  # fmt: skip
     assert workers.measurement.workers == 3
     assert workers.measurement.step_duration_s == QUICK_MEASUREMENT.step_duration_s
+    # no cap on the client's connections unless asked; --quick keeps one the file set
+    assert config.measurement.max_connections is None
+    capped = build_config(
+        config.model_copy(
+            update={"measurement": config.measurement.model_copy(update={"max_connections": 4})}
+        ),
+        trials=None, sla_p99_ms=None, seed=None, sampler=None, mix=None, quick=True,
+    )  # fmt: skip
+    assert capped.measurement.max_connections == 4
+    flag = build_config(
+        config, trials=None, sla_p99_ms=None, seed=None, sampler=None, mix=None, quick=False,
+        max_connections=2,
+    )  # fmt: skip
+    assert flag.measurement.max_connections == 2
     space, mix = resolve(flagged)
     assert space.batch_bounds == (1, 64)
     assert mix.mean_size() == 1.0
@@ -321,3 +335,23 @@ async def test_a_refusal_after_accepted_measurements_fails_only_that_trial(
     expected = rf"^at {re.escape(CONFIG.label())} the target answered HTTP 500"
     with pytest.raises(TargetError, match=expected):
         await probe.measure(CONFIG, must_beat=None)
+
+
+async def test_the_probe_hands_its_connection_cap_to_every_measurement(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import batchpilot.capacity.http as http
+
+    seen: list[int | None] = []
+
+    async def fake(*_: object, max_connections: int | None = None, **__: object) -> object:
+        seen.append(max_connections)
+        return object()
+
+    monkeypatch.setattr(http, "measure_capacity", fake)
+    probe = LocalProbe(
+        "http://127.0.0.1:9", sla=SLA(p99_ms=100.0), mix=RequestMix.default(), precision=0.1,
+        step_duration_s=1.0, warmup_s=0.0, max_connections=3,
+    )  # fmt: skip
+    await probe.measure(BatchingConfig(max_batch_size=8, max_queue_time_ms=5.0), must_beat=None)
+    assert seen == [3]

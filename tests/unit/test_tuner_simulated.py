@@ -78,6 +78,8 @@ def test_a_saved_profile_is_fitted(tmp_path: Path) -> None:
         (["--simulator", "COST", "--storage", "j.journal"], "--storage applies to --local"),
         (["--simulator", "COST", "--workers", "2"], "--workers applies to --local"),
         (["--local", "--workers", "0"], "--workers"),
+        (["--simulator", "COST", "--max-connections", "2"], "--max-connections applies to"),
+        (["--local", "--max-connections", "0"], "--max-connections"),
         (["--simulator", "COST", "--arrival", "bursty"], "'bursty' is not one of"),
         (["--simulator", "COST", "--replicas", "0"], "--replicas"),
         (["--simulator", "COST", "--p99-ms", "-1"], "--p99-ms"),

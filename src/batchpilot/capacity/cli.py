@@ -18,6 +18,7 @@ from batchpilot.capacity.search import summarise_steps
 from batchpilot.clitools import SeeHelpErrors, fail, on_interrupt
 from batchpilot.loadgen.arrival_option import arrival_option
 from batchpilot.loadgen.arrivals import ArrivalKind
+from batchpilot.loadgen.connections_option import max_connections_option
 from batchpilot.loadgen.endpoints import UnreachableError, check_reachable, normalise_urls
 from batchpilot.loadgen.mix import parse_mix
 from batchpilot.loadgen.result import LoadResult
@@ -62,12 +63,7 @@ _POSITIVE = click.FloatRange(0, min_open=True)
     help="Load generator processes sharing each step's one schedule, to lift the client's "
     "ceiling; each one's health is in the JSON.",
 )  # fmt: skip
-@click.option(
-    "--max-connections", type=click.IntRange(1, 100_000), default=None,
-    help="Most connections (requests in flight) the client holds, split over --workers; "
-    "a step that needs more waits for a slot and is client-bound [default: a pool sized "
-    "for open loop].",
-)  # fmt: skip
+@max_connections_option(split=", split over --workers")
 @click.option("--start-rps", type=_POSITIVE, default=None, help="Default: from the warm-up.")
 @click.option("--timeout", type=_POSITIVE, default=None, help="Default: max(5 x SLA, 1 s).")
 @arrival_option()

@@ -12,6 +12,7 @@ from rich.console import Console
 from batchpilot.clitools import SeeHelpErrors, fail, on_interrupt
 from batchpilot.loadgen.arrival_option import arrival_option
 from batchpilot.loadgen.arrivals import ArrivalKind
+from batchpilot.loadgen.connections_option import max_connections_option
 from batchpilot.loadgen.endpoints import UnreachableError, check_reachable, normalise_urls
 from batchpilot.loadgen.generator import MAX_DURATION_S, MAX_RATE, run_load
 from batchpilot.loadgen.mix import parse_mix
@@ -54,6 +55,7 @@ INTERRUPTED_EXIT = 130
     help="Seconds a request may take from its scheduled time before it counts as a timeout.",
 )
 @click.option("--seed", type=int, default=0, show_default=True)
+@max_connections_option()
 @protocol_options()
 @click.option(
     "--worker",
@@ -80,6 +82,7 @@ def loadtest(
     arrival: ArrivalKind,
     timeout: float,
     seed: int,
+    max_connections: int | None,
     protocol: str | None,
     model: str | None,
     max_tokens: int | None,
@@ -130,6 +133,7 @@ def loadtest(
                 request,
                 share,
                 start_at,
+                max_connections,
             )
         )
     except (UnreachableError, ValueError) as e:
@@ -153,6 +157,7 @@ async def _run(
     request: RequestProtocol,
     share: tuple[int, int],
     start_at: float | None,
+    max_connections: int | None,
 ) -> LoadResult:
     stop = asyncio.Event()
     on_interrupt(stop.set)
@@ -169,6 +174,7 @@ async def _run(
             stop=stop,
             share=share,
             start_at=start_at,
+            max_connections=max_connections,
         )
 
 

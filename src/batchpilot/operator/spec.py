@@ -31,6 +31,7 @@ from batchpilot.loadgen.arrivals import (
 from batchpilot.models import (
     DEFAULT_MIN_REQUESTS,
     MAX_BATCH_SIZE_LIMIT,
+    MAX_CONNECTIONS,
     MAX_QUEUE_TIME_MS_LIMIT,
     SLA,
     BatchingConfig,
@@ -881,7 +882,7 @@ class LoadSpec(BaseModel):
         "client's limit, so the trial ends ClientBound with its capacity as a lower bound "
         "(about maxConnections / latency). Unset: a pool sized for open loop.",
         ge=1,
-        le=100_000,
+        le=MAX_CONNECTIONS,
     )
 
     @model_validator(mode="after")

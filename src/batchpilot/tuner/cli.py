@@ -15,6 +15,7 @@ from rich.console import Console
 from batchpilot.clitools import OneLineErrors
 from batchpilot.loadgen.arrival_option import ARRIVAL_HELP
 from batchpilot.loadgen.arrivals import ARRIVAL_SYNTAX, ArrivalKind
+from batchpilot.loadgen.connections_option import max_connections_option
 from batchpilot.models import MAX_LOAD_WORKERS, SLA, RequestMix
 from batchpilot.runtimes.registry import DEFAULT_RUNTIME, runtime_names
 from batchpilot.tuner.config import (
@@ -56,13 +57,19 @@ def build_config(
     min_gain_percent: float | None = None,
     workers: int | None = None,
     max_rounds: int | None = None,
+    max_connections: int | None = None,
 ) -> TuneConfig:
     """The file's configuration with the flags applied; --quick first, so an explicit
     --trials still wins over it."""
     tuning = base.tuning
     measurement = base.measurement
     if quick:
-        measurement = QUICK_MEASUREMENT.model_copy(update={"workers": measurement.workers})
+        measurement = QUICK_MEASUREMENT.model_copy(
+            update={
+                "workers": measurement.workers,
+                "max_connections": measurement.max_connections,
+            }
+        )
         tuning = tuning.model_copy(
             update={
                 "trials": QUICK_TRIALS,
@@ -92,6 +99,8 @@ def build_config(
     tuning = tuning.model_copy(update=updates)
     if workers is not None:
         measurement = measurement.model_copy(update={"workers": workers})
+    if max_connections is not None:
+        measurement = measurement.model_copy(update={"max_connections": max_connections})
     check_rounds(tuning.rounds, tuning.max_rounds)
     sla = base.sla
     if sla_p99_ms is not None:
@@ -312,6 +321,7 @@ def _storage(spec: str | None) -> str | BaseStorage | None:
     help="Load generator processes sharing each step's schedule (--local) [default 1: "
     "the server runs on this machine too].",
 )
+@max_connections_option(split=", split over --workers (--local, --url)")
 @click.option("--arrival", default=None, help=ARRIVAL_HELP + " [default poisson]")
 @click.option("--seed", type=int, default=None, help="Seed of the sampler and the load.")
 @click.option(
@@ -348,6 +358,7 @@ def tune(
     max_rounds: int | None,
     min_gain_percent: float | None,
     workers: int | None,
+    max_connections: int | None,
 ) -> None:
     """Find the dynamic-batching configuration with the most effective throughput
     within the p99 SLA, measured in the same run against the baseline and the rule of
@@ -400,6 +411,10 @@ def tune(
         raise TuneError("--storage applies to --local runs; a simulated run takes seconds")
     elif workers is not None:
         raise TuneError("--workers applies to --local runs; a simulated run sends no load")
+    elif max_connections is not None:
+        raise TuneError(
+            "--max-connections applies to --local and --url runs; a simulated run sends no load"
+        )
     try:
         base = load_config(config_path) if config_path is not None else TuneConfig()
         config = build_config(
@@ -416,6 +431,7 @@ def tune(
             min_gain_percent=min_gain_percent,
             workers=workers,
             max_rounds=max_rounds,
+            max_connections=max_connections,
         )
         space, request_mix = resolve(config)
         process = resolve_arrival(config)

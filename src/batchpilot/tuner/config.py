@@ -13,6 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from batchpilot.datafiles import load_yaml_or_json
 from batchpilot.models import (
     MAX_BATCH_SIZE_LIMIT,
+    MAX_CONNECTIONS,
     MAX_LOAD_WORKERS,
     MAX_QUEUE_TIME_MS_LIMIT,
     SLA,
@@ -81,6 +82,10 @@ class Measurement(Strict):
     # takes CPU from the server it measures; one process drives several thousand req/s,
     # far above what the reference server reaches there.
     workers: Annotated[int, Field(ge=1, le=MAX_LOAD_WORKERS)] = 1
+    # A cap on the client's connections (requests in flight), split over the workers:
+    # None, a pool sized for open loop. Under a cap a wait for a connection is the
+    # client's limit (a client-bound step), e.g. when sparing a production server.
+    max_connections: Annotated[int, Field(ge=1, le=MAX_CONNECTIONS)] | None = None
 
 
 class Tuning(Strict):

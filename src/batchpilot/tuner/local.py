@@ -55,6 +55,7 @@ class LocalProbe:
         protocol: RequestProtocol | None = None,
         workers: int = 1,
         source: StepSource | None = None,
+        max_connections: int | None = None,
     ) -> None:
         self.url = url.rstrip("/")
         # where steps are decided: None, the client's own figures; else e.g. Prometheus
@@ -63,6 +64,7 @@ class LocalProbe:
         # set once a measurement got past the warm-up: the target accepts our requests
         self.accepted = False
         self.workers = workers
+        self.max_connections = max_connections
         self.min_requests = min_requests
         self.arrival = arrival
         self.sla = sla
@@ -97,6 +99,7 @@ class LocalProbe:
                     arrival=self.arrival,
                     workers=self.workers,
                     source=self.source,
+                    max_connections=self.max_connections,
                 )
             except RejectedError as exc:
                 if not self.accepted:

@@ -218,6 +218,7 @@ async def tune_local(run: LocalRun, console: Console) -> TuneSummary:
             protocol=runtime.protocol(model),
             workers=cfg.measurement.workers,
             source=run.source,
+            max_connections=cfg.measurement.max_connections,
         )
         warm = SimulatorWarmStart(tuner, target, run, rules)
         progress = TrialProgress(console, cfg.tuning.trials)
