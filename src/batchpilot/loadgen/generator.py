@@ -32,6 +32,7 @@ from batchpilot.loadgen.result import (
     OK,
     OVERLOAD,
     TIMEOUT,
+    TLS,
     LoadResult,
     summarise,
 )
@@ -357,6 +358,9 @@ class _Run:
             outcome = TIMEOUT  # the reaper's cancellation: this request ran out of time
         except TimeoutError:
             outcome = TIMEOUT
+        except aiohttp.ClientSSLError:
+            # told apart from a refused connection: a missing CA bundle, not the server
+            outcome = TLS
         except (aiohttp.ClientConnectionError, OSError):
             outcome = CONNECTION
         except aiohttp.ClientError as e:
