@@ -23,7 +23,7 @@ JSON_HEADERS: Mapping[str, str] = MappingProxyType({"Content-Type": "application
 REFERENCE_PATH = "/v1/predict"
 CA_BUNDLE = "the load's CA bundle"
 # A CA bundle is sent to every load worker with each share: a few certificates are a few
-# KiB, and even a whole public trust store is about 200 KiB.
+# KiB, and even a whole public trust store is about 230 KiB.
 MAX_CA_BUNDLE_BYTES = 1024 * 1024
 SIZE_PLACEHOLDER = "{size}"
 # The v2 protocol's tensor datatypes a float input may take.
