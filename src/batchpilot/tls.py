@@ -7,6 +7,10 @@ from __future__ import annotations
 import ssl
 
 
+class _NotPem(Exception):
+    """Text without a certificate block, which OpenSSL would only call empty."""
+
+
 def verifying_context(
     *, ca_pem: str | None = None, ca_file: str | None = None, what: str = "the CA bundle"
 ) -> ssl.SSLContext:
@@ -17,14 +21,17 @@ def verifying_context(
         raise ValueError(f"give {what} as PEM text or as a file, not both")
     if ca_pem is None and ca_file is None:
         return ssl.create_default_context()
+    problem: str
     try:
         if ca_pem is not None:
             if "-----BEGIN CERTIFICATE-----" not in ca_pem:
-                raise ssl.SSLError("no PEM certificate block")
+                raise _NotPem
             return ssl.create_default_context(cadata=ca_pem)
         return ssl.create_default_context(cafile=ca_file)
+    except _NotPem:
+        problem = "no PEM certificate block"
     except ssl.SSLError as exc:
-        problem: str = getattr(exc, "reason", None) or str(exc)
+        problem = getattr(exc, "reason", None) or str(exc)
     except OSError as exc:
         problem = exc.strerror or str(exc)
     where = f"file {ca_file}" if ca_file is not None else "text"

@@ -1,10 +1,12 @@
 """Load-worker processes (`batchpilot load-worker`) driven over HTTP as the operator
 drives its worker pods: shares merged exactly, the token enforced, a late or dead
-worker making the step invalid."""
+worker making the step invalid, an https target behind a private CA verified with the
+CA bundle the share carries."""
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import os
 import sys
 import time
@@ -12,9 +14,12 @@ from collections.abc import AsyncIterator
 
 import aiohttp
 import pytest
+from aiohttp import web
 
-from batchpilot.capacity.http import measure_capacity
+from batchpilot.capacity.http import measure_capacity, share_spec
 from batchpilot.loadgen.arrivals import Constant, schedule
+from batchpilot.loadgen.protocols import REFERENCE, REFERENCE_PATH, RequestProtocol, speaking
+from batchpilot.loadgen.result import TLS
 from batchpilot.loadgen.serve_worker import (
     SHARE_PATH,
     TOKEN_ENV,
@@ -25,6 +30,8 @@ from batchpilot.loadgen.stub_server import StubServerProcess
 from batchpilot.loadgen.workers import ShareSpec, WorkerError
 from batchpilot.models import SLA, RequestMix
 from batchpilot.server.process import free_port
+
+from .tls_support import https_context, make_tls
 
 pytestmark = [pytest.mark.component, pytest.mark.timeout(180)]
 
@@ -123,3 +130,61 @@ async def test_a_dead_worker_makes_every_step_it_misses_invalid(
     assert all("load worker 1" in s.reason for s in result.steps)
     assert not result.feasible
     assert alive.returncode is None
+
+
+async def _answer(request: web.Request) -> web.Response:
+    await request.read()
+    return web.json_response({"ok": True})
+
+
+@pytest.fixture
+async def private_ca_target(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> AsyncIterator[tuple[str, str]]:
+    """An https server on loopback whose certificate a throw-away CA signed: its URL and
+    the CA's PEM file."""
+    tls = make_tls(tmp_path_factory.mktemp("tls"))
+    app = web.Application()
+    app.router.add_post("/v1/predict", _answer)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", 0, ssl_context=https_context(tls)).start()
+    try:
+        yield f"https://127.0.0.1:{runner.addresses[0][1]}", str(tls.ca)
+    finally:
+        await runner.cleanup()
+
+
+async def test_workers_verify_a_private_ca_target_with_the_bundle_the_share_carries(
+    workers: list[tuple[asyncio.subprocess.Process, str]],
+    private_ca_target: tuple[str, str],
+) -> None:
+    url, ca_file = private_ca_target
+    addresses = [a for _, a in workers]
+
+    def step(protocol: RequestProtocol) -> ShareSpec:
+        """One step's share as the operator builds it, with `protocol` in force."""
+        with speaking(protocol):
+            return share_spec(
+                [url], 40.0, 1.0, RequestMix.default(), "constant", 5.0, 7, REFERENCE_PATH
+            )
+
+    trusted = await run_remote_shares(
+        addresses, TOKEN, step(dataclasses.replace(REFERENCE, ca_file=ca_file))
+    )
+    assert trusted.requests > 0
+    assert trusted.ok == trusted.requests, trusted.errors
+    untrusted = await run_remote_shares(addresses, TOKEN, step(REFERENCE))
+    assert untrusted.requests > 0
+    assert untrusted.errors == {TLS: untrusted.requests}
+
+
+async def test_a_share_with_a_bundle_that_is_not_pem_is_refused_by_name(
+    workers: list[tuple[asyncio.subprocess.Process, str]],
+) -> None:
+    spec = spec_for("https://127.0.0.1:1").model_copy(update={"ca_pem": "not a certificate"})
+    with pytest.raises(WorkerError, match="400") as refused:
+        await run_remote_shares([workers[0][1]], TOKEN, spec)
+    assert "spec.ca_pem" in str(refused.value)
+    assert "no PEM certificate block" in str(refused.value)
+    assert all(proc.returncode is None for proc, _ in workers)  # refused, not crashed

@@ -1,7 +1,8 @@
 """Least privilege on the real API server: the admission policy of manifests/admission
 lets the operator's ServiceAccount create and delete canaries only; the namespaced
 overlay (manifests/namespaced) runs a study with a Role in the watched namespace and
-nothing cluster-wide but reading CRDs; both overlays pass a server-side dry run."""
+nothing cluster-wide but reading CRDs; both overlays, and the load workers' optional
+NetworkPolicy, pass a server-side dry run."""
 
 from __future__ import annotations
 
@@ -97,9 +98,16 @@ def test_both_overlays_pass_a_server_side_dry_run(
     kubectl.run("create", "namespace", OVERLAY_WATCHED_NAMESPACE, check=False)
     try:
         out = kubectl("apply", "-k", str(REPO / "manifests" / "namespaced"), "--dry-run=server")
+        # the optional load-worker NetworkPolicy, placed in that same example namespace
+        policy = kubectl(
+            "apply", "-k", str(REPO / "manifests" / "load-workers"), "--dry-run=server"
+        )
     finally:
         kubectl.run("delete", "namespace", OVERLAY_WATCHED_NAMESPACE, "--wait=false", check=False)
     assert "role.rbac.authorization.k8s.io/batchpilot-operator created (server dry run)" in out
+    assert "networkpolicy.networking.k8s.io/batchpilot-load-workers created (server dry run)" in (
+        policy
+    )
     assert "validatingadmissionpolicy.admissionregistration.k8s.io/" in out
 
 

@@ -284,3 +284,41 @@ def test_namespaced_overlay_swaps_the_cluster_role_for_roles() -> None:
     # the admission policy and the user roles come along
     assert one(docs, "ValidatingAdmissionPolicy")
     assert named(docs, "ClusterRole", "batchpilot-editor")
+
+
+def test_load_worker_policy_lets_the_operator_in_and_the_workers_out() -> None:
+    from batchpilot.loadgen.serve_worker import DEFAULT_PORT
+    from batchpilot.operator import workerjob
+    from batchpilot.operator.spec import WorkersSpec
+
+    [policy] = render("load-workers")
+    assert policy["kind"] == "NetworkPolicy"
+    # the example namespace is the one the namespaced overlay watches
+    watched = named(render("namespaced"), "Role", OPERATOR_ROLE)["metadata"]["namespace"]
+    assert policy["metadata"]["namespace"] == watched
+    owner = {
+        "apiVersion": "batchpilot.dev/v1alpha1",
+        "kind": "InferenceService",
+        "metadata": {"name": "web", "namespace": watched, "uid": "u-1"},
+    }
+    job = workerjob.job_manifest(
+        "web-load-x", watched, owner, workers=2, spec=WorkersSpec(max=2), image="img:1"
+    )
+    worker_labels = job["spec"]["template"]["metadata"]["labels"]
+    spec = policy["spec"]
+    # it selects every worker pod, of any fleet, and nothing but worker pods
+    assert spec["podSelector"]["matchLabels"].items() <= worker_labels.items()
+    assert set(spec["podSelector"]["matchLabels"]) == {"app.kubernetes.io/name"}
+    assert spec["policyTypes"] == ["Ingress", "Egress"]
+    # in: the port the workers listen on, from the operator's pods in its namespace only
+    [ingress] = spec["ingress"]
+    assert ingress["ports"] == [{"protocol": "TCP", "port": DEFAULT_PORT}]
+    [peer] = ingress["from"]
+    default = render("default")
+    operator_pod = one(default, "Deployment")["spec"]["template"]["metadata"]["labels"]
+    assert peer["podSelector"]["matchLabels"].items() <= operator_pod.items()
+    assert peer["namespaceSelector"]["matchLabels"] == {
+        "kubernetes.io/metadata.name": one(default, "Namespace")["metadata"]["name"]
+    }
+    # out: the pods of the namespace, where the targets are
+    assert spec["egress"] == [{"to": [{"podSelector": {}}]}]

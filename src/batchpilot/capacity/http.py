@@ -158,7 +158,7 @@ def share_spec(
     path: str,
 ) -> ShareSpec:
     """The whole schedule of one step, as remote workers rebuild it, with the request
-    protocol in force carried along (a CA bundle is a file of this machine: not sent)."""
+    protocol in force carried along, its CA bundle as PEM text."""
     spec = ShareSpec(
         urls=list(urls), rate=rate, duration_s=duration_s, mix=mix, arrival=as_arrival(arrival),
         timeout_s=timeout_s, seed=seed, path=path, warmup_s=step_warmup_s(duration_s),
@@ -166,7 +166,7 @@ def share_spec(
     protocol = in_force()
     if protocol is None:
         return spec
-    return spec.model_copy(update={**forwarded_protocol(protocol, spec), "ca_file": None})
+    return spec.model_copy(update=forwarded_protocol(protocol, spec))
 
 
 def worker_failed_step(rate: float, duration_s: float, why: str) -> StepResult:

@@ -32,6 +32,7 @@ from batchpilot.loadgen.result import (
     OK,
     OVERLOAD,
     TIMEOUT,
+    TLS,
     LoadResult,
     summarise,
 )
@@ -392,6 +393,9 @@ class _Run:
                 self.conn_waits_ms.append(slot.waited_ms)
         except TimeoutError:
             outcome = TIMEOUT
+        except aiohttp.ClientSSLError:
+            # told apart from a refused connection: a missing CA bundle, not the server
+            outcome = TLS
         except (aiohttp.ClientConnectionError, OSError):
             outcome = CONNECTION
         except aiohttp.ClientError as e:

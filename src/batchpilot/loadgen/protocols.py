@@ -21,6 +21,10 @@ from batchpilot.tls import verifying_context
 
 JSON_HEADERS: Mapping[str, str] = MappingProxyType({"Content-Type": "application/json"})
 REFERENCE_PATH = "/v1/predict"
+CA_BUNDLE = "the load's CA bundle"
+# A CA bundle is sent to every load worker with each share: a few certificates are a few
+# KiB, and even a whole public trust store is about 230 KiB.
+MAX_CA_BUNDLE_BYTES = 1024 * 1024
 SIZE_PLACEHOLDER = "{size}"
 # The v2 protocol's tensor datatypes a float input may take.
 V2_DATATYPES = ("FP32", "FP64")
@@ -36,13 +40,15 @@ class RequestProtocol:
     """How every request of a run is sent: POST `path` (appended to each base URL)
     with `body(size)` and `headers`. https URLs are always verified: against the
     system's trust store, or only against the CA certificates in the PEM file `ca_file`
-    (a server behind a private CA)."""
+    or the PEM text `ca_pem` (a server behind a private CA)."""
 
     name: str
     path: str
     body: Callable[[int], bytes]
     headers: Mapping[str, str] = field(default_factory=lambda: JSON_HEADERS)
     ca_file: str | None = None
+    # what a load worker got from its sender, which read it from its own file
+    ca_pem: str | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         if not self.path.startswith("/"):
@@ -50,10 +56,30 @@ class RequestProtocol:
 
     def tls(self) -> ssl.SSLContext | bool:
         """What the client's connector verifies https with (True: the system's trust
-        store). ValueError when `ca_file` is not a usable PEM bundle."""
-        if self.ca_file is None:
+        store). ValueError when the CA bundle is not a usable PEM bundle."""
+        if self.ca_file is None and self.ca_pem is None:
             return True
-        return verifying_context(ca_file=self.ca_file, what="the load's CA bundle")
+        return verifying_context(ca_pem=self.ca_pem, ca_file=self.ca_file, what=CA_BUNDLE)
+
+    def ca_bundle_pem(self) -> str | None:
+        """The CA bundle's PEM text (None: the system's trust store), as it is sent to
+        load workers. ValueError when its file cannot be read or is over
+        MAX_CA_BUNDLE_BYTES."""
+        if self.ca_pem is not None or self.ca_file is None:
+            return self.ca_pem
+        try:
+            with open(self.ca_file, "rb") as bundle:
+                data = bundle.read(MAX_CA_BUNDLE_BYTES + 1)
+        except OSError as exc:
+            raise ValueError(
+                f"{CA_BUNDLE} (file {self.ca_file}) cannot be read: {exc.strerror or exc}"
+            ) from None
+        if len(data) > MAX_CA_BUNDLE_BYTES:
+            raise ValueError(
+                f"{CA_BUNDLE} (file {self.ca_file}) is over {MAX_CA_BUNDLE_BYTES} bytes, the "
+                "most sent to load workers; give only the CA certificates that sign the target"
+            )
+        return data.decode("ascii", errors="replace")
 
 
 def client_tls() -> ssl.SSLContext | bool:

@@ -17,6 +17,7 @@ from batchpilot.models import ClientHealth, LatencySummary
 OK = "ok"
 TIMEOUT = "timeout"
 CONNECTION = "connection"
+TLS = "tls"  # the target's certificate was not verified (or the handshake failed)
 CANCELLED = "cancelled"  # in flight when the run was interrupted: neither ok nor an error
 OVERLOAD = "client_overload"  # not sent: the generator's in-flight bound was reached
 
@@ -58,7 +59,7 @@ class LoadResult(BaseModel):
     requests: int  # completed attempts: ok + errors
     ok: int
     error_rate: float
-    errors: dict[str, int]  # by kind: HTTP status code, "timeout", "connection", ...
+    errors: dict[str, int]  # by kind: HTTP status code, "timeout", "connection", "tls", ...
     timeouts: int
     latency: LatencySummary  # from each request's scheduled time: what users would see
     # From the moment each request actually left, as closed-loop tools measure it: the

@@ -67,6 +67,15 @@ def lateness_s(start_at: float, now: float) -> float:
     return now - start_at
 
 
+def validation_problems(exc: ValidationError) -> str:
+    """What was wrong with a share, field by field, without the values sent: a share
+    carries headers (perhaps credentials) and a CA bundle that errors must not echo."""
+    return "; ".join(
+        f"{'.'.join(str(part) for part in error['loc']) or 'body'}: {error['msg']}"
+        for error in exc.errors(include_url=False, include_input=False)
+    )
+
+
 class Activity:
     """When the worker last held a share, for its idle exit."""
 
@@ -95,7 +104,9 @@ def worker_app(token: str, activity: Activity | None = None) -> web.Application:
         try:
             body = ShareRequest.model_validate_json(await request.read())
         except ValidationError as exc:
-            return web.json_response({"error": f"not a share request: {exc}"}, status=400)
+            return web.json_response(
+                {"error": f"not a share request: {validation_problems(exc)}"}, status=400
+            )
         if not math.isfinite(body.start_at):
             return web.json_response({"error": "startAt must be a Unix time"}, status=400)
         late = lateness_s(body.start_at, time.time())

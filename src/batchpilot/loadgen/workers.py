@@ -29,14 +29,21 @@ import time
 from collections.abc import Sequence
 from typing import Annotated
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from batchpilot.loadgen.arrivals import ArrivalKind, ArrivalProcess, as_arrival, schedule
 from batchpilot.loadgen.endpoints import normalise_urls
 from batchpilot.loadgen.generator import run_load
-from batchpilot.loadgen.protocols import RequestProtocol, in_force, speaking
+from batchpilot.loadgen.protocols import (
+    CA_BUNDLE,
+    MAX_CA_BUNDLE_BYTES,
+    RequestProtocol,
+    in_force,
+    speaking,
+)
 from batchpilot.loadgen.result import LoadResult, merge_results
 from batchpilot.models import MAX_LOAD_WORKERS, Frozen, RequestMix
+from batchpilot.tls import verifying_context
 
 MAX_WORKERS = MAX_LOAD_WORKERS
 # A worker imports aiohttp, numpy and pydantic and builds its schedule before it is
@@ -73,16 +80,30 @@ class ShareSpec(Frozen):
     # because a protocol builds bodies with code a worker process cannot receive.
     headers: dict[str, str] | None = None
     bodies: dict[int, str] | None = None
-    ca_file: str | None = None  # the protocol's CA bundle, a file this machine holds
     # the connections the whole client may hold, split over the shares (share_connections)
     max_connections: Annotated[int, Field(ge=1)] | None = None
+    # The protocol's CA bundle as PEM text (public certificates), so a worker on another
+    # machine verifies the target as its sender would; kept out of reprs and errors.
+    ca_pem: Annotated[str | None, Field(repr=False)] = None
+
+    @field_validator("ca_pem")
+    @classmethod
+    def _usable_ca_bundle(cls, pem: str | None) -> str | None:
+        if pem is None:
+            return None
+        if len(pem) > MAX_CA_BUNDLE_BYTES:
+            raise ValueError(
+                f"{CA_BUNDLE} is {len(pem)} characters, at most {MAX_CA_BUNDLE_BYTES} are accepted"
+            )
+        verifying_context(ca_pem=pem, what=CA_BUNDLE)  # ValueError naming the problem
+        return pem
 
     def protocol(self) -> RequestProtocol | None:
         if self.bodies is None:
             return None
         decoded = {size: base64.b64decode(body) for size, body in self.bodies.items()}
         return RequestProtocol(
-            "forwarded", self.path, decoded.__getitem__, self.headers or {}, self.ca_file
+            "forwarded", self.path, decoded.__getitem__, self.headers or {}, ca_pem=self.ca_pem
         )
 
 
@@ -182,14 +203,16 @@ async def run_load_workers(
 
 
 def forwarded_protocol(protocol: RequestProtocol, spec: ShareSpec) -> dict[str, object]:
-    """The fields that carry `protocol` to the workers of `spec`'s schedule."""
+    """The fields that carry `protocol` to the workers of `spec`'s schedule (its CA
+    bundle as PEM text: a worker may run on another machine). ValueError when the
+    bundle's file cannot be sent."""
     count = len(schedule(spec.rate, spec.duration_s, spec.arrival, spec.seed))
     sizes = spec.mix.sampler(spec.seed).draw(count)  # as run_load draws them
     return {
         "path": protocol.path,
         "headers": dict(protocol.headers),
         "bodies": {s: base64.b64encode(protocol.body(s)).decode() for s in set(sizes)},
-        "ca_file": protocol.ca_file,
+        "ca_pem": protocol.ca_bundle_pem(),
     }
 
 
