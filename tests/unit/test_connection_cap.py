@@ -5,30 +5,18 @@ in the generator's own pool the same wait stays the server's backpressure."""
 from __future__ import annotations
 
 import pytest
+from clienthealth import healthy_client
 from pydantic import ValidationError
 
 from batchpilot.capacity.steps import step_from_load
 from batchpilot.loadgen.result import OK, TIMEOUT, LoadResult, merge_health, summarise
 from batchpilot.loadgen.workers import share_connections
-from batchpilot.models import SLA, ClientHealth
+from batchpilot.models import SLA
 from batchpilot.operator import decisions
 from batchpilot.operator.spec import LoadSpec
 from batchpilot.operator.status import TrialEntry
 
 SLA_100 = SLA(p99_ms=100.0, max_error_rate=0.01)
-
-
-def _health(**update: object) -> ClientHealth:
-    base = ClientHealth(
-        lag_p99_ms=0.5,
-        lag_max_ms=1.0,
-        conn_wait_p99_ms=0.0,
-        conn_wait_max_ms=0.0,
-        loop_delay_p99_ms=0.2,
-        loop_delay_max_ms=0.5,
-        cpu=0.3,
-    )
-    return base.model_copy(update=update)
 
 
 def _queued_behind_slots(cap: int | None, *, server_ms: float = 40.0) -> LoadResult:
@@ -60,15 +48,17 @@ def _queued_behind_slots(cap: int | None, *, server_ms: float = 40.0) -> LoadRes
 
 
 def test_a_capped_clients_slot_wait_is_a_client_limit() -> None:
-    capped = _health(conn_wait_p99_ms=160.0, conn_wait_max_ms=300.0, connection_cap=4)
+    capped = healthy_client(conn_wait_p99_ms=160.0, conn_wait_max_ms=300.0, connection_cap=4)
     assert capped.limit_reason(SLA_100) == (
         "requests waited for one of the 4 connections the client is allowed: "
         "p99 wait 160.0 ms > 10% of SLA p99 (10 ms)"
     )
     # the same wait in the generator's own pool is the server holding its connections
-    assert _health(conn_wait_p99_ms=160.0, conn_wait_max_ms=300.0).limit_reason(SLA_100) == ""
+    assert (
+        healthy_client(conn_wait_p99_ms=160.0, conn_wait_max_ms=300.0).limit_reason(SLA_100) == ""
+    )
     # a cap that never made a request wait past the bound is no limit
-    assert _health(conn_wait_p99_ms=10.0, connection_cap=4).limit_reason(SLA_100) == ""
+    assert healthy_client(conn_wait_p99_ms=10.0, connection_cap=4).limit_reason(SLA_100) == ""
 
 
 def test_a_step_failed_by_waits_for_a_capped_slot_is_invalid_client_bound() -> None:
@@ -106,9 +96,9 @@ def test_a_cap_is_split_over_the_shares(cap: int | None, of: int, shares: list[i
 
 
 def test_merged_caps_add_and_one_uncapped_part_leaves_the_client_uncapped() -> None:
-    parts = [_health(connection_cap=3), _health(connection_cap=2)]
+    parts = [healthy_client(connection_cap=3), healthy_client(connection_cap=2)]
     assert merge_health(parts).connection_cap == 5
-    assert merge_health([*parts, _health()]).connection_cap is None
+    assert merge_health([*parts, healthy_client()]).connection_cap is None
 
 
 def _timeouts_held_in_slots(cap: int | None) -> LoadResult:

@@ -8,6 +8,7 @@ import math
 import random
 
 import pytest
+from clienthealth import healthy_client
 
 from batchpilot.capacity.http import MAX_STRETCH, step_warmup_s, step_window_s
 from batchpilot.capacity.search import search_capacity, summarise_steps
@@ -27,23 +28,10 @@ from batchpilot.loadgen.result import (
     merge_results,
     summarise,
 )
-from batchpilot.models import SLA, CapacityResult, ClientHealth, StepResult
+from batchpilot.models import SLA, CapacityResult, StepResult
 from batchpilot.tuner.outcome import CLIENT_BOUND, client_bound_reason, client_figures
 
 SLA_100 = SLA(p99_ms=100.0, max_error_rate=0.05)
-
-
-def _health(**update: float) -> ClientHealth:
-    base = ClientHealth(
-        lag_p99_ms=0.5,
-        lag_max_ms=1.0,
-        conn_wait_p99_ms=0.0,
-        conn_wait_max_ms=0.0,
-        loop_delay_p99_ms=0.2,
-        loop_delay_max_ms=0.5,
-        cpu=0.3,
-    )
-    return base.model_copy(update=update)
 
 
 def _load(
@@ -78,7 +66,7 @@ def _load(
 
 
 def test_a_healthy_client_has_no_limit() -> None:
-    assert _health().limit_reason(SLA_100) == ""
+    assert healthy_client().limit_reason(SLA_100) == ""
 
 
 @pytest.mark.parametrize(
@@ -92,26 +80,26 @@ def test_a_healthy_client_has_no_limit() -> None:
     ],
 )
 def test_each_client_limit_is_named(update: dict[str, float], phrase: str) -> None:
-    assert phrase in _health(**update).limit_reason(SLA_100)
+    assert phrase in healthy_client(**update).limit_reason(SLA_100)
 
 
 def test_a_stall_just_inside_the_bound_is_valid() -> None:
-    assert _health(loop_delay_p99_ms=10.0, cpu=0.89).limit_reason(SLA_100) == ""
+    assert healthy_client(loop_delay_p99_ms=10.0, cpu=0.89).limit_reason(SLA_100) == ""
 
 
 def test_send_lag_and_connection_wait_are_the_servers_backpressure_not_a_client_limit() -> None:
     # A slow server holds its connections: new requests wait for a slot and sends queue
     # behind them. Latency already runs from the schedule, so the server is charged; the
     # client is not blamed while its own loop and CPU are fine.
-    slow_server = _health(lag_p99_ms=80.0, lag_max_ms=200.0, conn_wait_p99_ms=160.0)
+    slow_server = healthy_client(lag_p99_ms=80.0, lag_max_ms=200.0, conn_wait_p99_ms=160.0)
     assert slow_server.limit_reason(SLA_100) == ""
 
 
 def test_cpu_bound_is_per_worker_process() -> None:
-    two = _health(cpu=1.5, workers=2, cpu_max_worker=0.75)
+    two = healthy_client(cpu=1.5, workers=2, cpu_max_worker=0.75)
     assert two.limit_reason(SLA_100) == ""
     # one saturated worker is enough, whatever the others do
-    lopsided = _health(cpu=1.2, workers=2, cpu_max_worker=0.92)
+    lopsided = healthy_client(cpu=1.2, workers=2, cpu_max_worker=0.92)
     assert "client CPU 92% of a core ≥ 90% (busiest worker)" in lopsided.limit_reason(SLA_100)
 
 
@@ -430,7 +418,7 @@ def test_summarise_steps_ignores_invalid_steps_but_flags_them() -> None:
 
 
 def test_a_client_bound_capacity_gets_the_client_bound_reason() -> None:
-    health = _health(lag_p99_ms=7.25, cpu=0.95)
+    health = healthy_client(lag_p99_ms=7.25, cpu=0.95)
     steps = [
         StepResult(
             offered_rps=40.0,
@@ -441,7 +429,7 @@ def test_a_client_bound_capacity_gets_the_client_bound_reason() -> None:
             requests=100,
             passed=True,
             duration_s=1.0,
-            client=_health(),
+            client=healthy_client(),
         ),
         StepResult(
             offered_rps=80.0,
