@@ -15,6 +15,7 @@ import pytest
 import yaml
 from aiohttp import ClientSession, web
 from kopf._cogs.clients.auth import APIContext
+from loopback import serving
 
 from batchpilot.operator import handlers
 from batchpilot.operator.identity import (
@@ -83,15 +84,8 @@ async def recorder() -> AsyncIterator[tuple[Recorder, str]]:
     recorder = Recorder()
     app = web.Application()
     app.router.add_route("*", "/api/v1/namespaces/default", recorder.handle)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-    try:
-        yield recorder, f"http://127.0.0.1:{port}"
-    finally:
-        await runner.cleanup()
+    async with serving(app) as url:
+        yield recorder, url
 
 
 @pytest.mark.parametrize("token", ["t0k3n", None])

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 from aiohttp import web
+from loopback import serving
 
 from batchpilot.operator.kube import Connection, Kube, KubeError
 
@@ -35,15 +36,8 @@ async def server() -> AsyncIterator[tuple[TokenServer, str]]:
     tokens = TokenServer("old")
     app = web.Application()
     app.router.add_get("/api/v1/namespaces/default", tokens.handle)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-    try:
-        yield tokens, f"http://127.0.0.1:{port}"
-    finally:
-        await runner.cleanup()
+    async with serving(app) as url:
+        yield tokens, url
 
 
 @pytest.fixture

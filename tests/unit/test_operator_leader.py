@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 from aiohttp import web
+from loopback import serving
 
 from batchpilot.operator.kube import Connection
 from batchpilot.operator.leader import (
@@ -141,15 +142,8 @@ async def api() -> AsyncIterator[tuple[LeaseServer, Connection]]:
     app.router.add_get(path, server.get)
     app.router.add_put(path, server.replace)
     app.router.add_post(leases_path("ops"), server.create)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-    try:
-        yield server, Connection(server=f"http://127.0.0.1:{port}", token="t")
-    finally:
-        await runner.cleanup()
+    async with serving(app) as url:
+        yield server, Connection(server=url, token="t")
 
 
 class Clock:
