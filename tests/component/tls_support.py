@@ -1,6 +1,6 @@
 """A throw-away certificate authority for the TLS tests (made with the `openssl`
 command): a CA, a second CA that signed nothing here, and a server certificate for
-127.0.0.1 signed by the first."""
+127.0.0.1 (or for a DNS name) signed by the first."""
 
 from __future__ import annotations
 
@@ -36,17 +36,21 @@ def _ca(directory: Path, name: str) -> tuple[Path, Path]:
     return cert, key
 
 
-def make_tls(directory: Path) -> Tls:
+def make_tls(directory: Path, *, server_name: str | None = None) -> Tls:
+    """The CAs and a server certificate for 127.0.0.1, or only for the DNS name
+    `server_name` when it is given (as a pod's certificate, which rarely names its IP)."""
+    san = "IP:127.0.0.1" if server_name is None else f"DNS:{server_name}"
+    subject = "127.0.0.1" if server_name is None else server_name
     ca, ca_key = _ca(directory, "test-ca")
     other_ca, _ = _ca(directory, "other-ca")
     key, csr, cert = directory / "server.key", directory / "server.csr", directory / "server.crt"
     ext = directory / "server.ext"
     ext.write_text(
         "basicConstraints=critical,CA:FALSE\nkeyUsage=critical,digitalSignature\n"
-        "extendedKeyUsage=serverAuth\nsubjectAltName=IP:127.0.0.1\n"
+        f"extendedKeyUsage=serverAuth\nsubjectAltName={san}\n"
     )
     _openssl("ecparam", "-name", "prime256v1", "-genkey", "-noout", "-out", str(key))
-    _openssl("req", "-new", "-key", str(key), "-subj", "/CN=127.0.0.1", "-out", str(csr))
+    _openssl("req", "-new", "-key", str(key), "-subj", f"/CN={subject}", "-out", str(csr))
     _openssl(
         "x509", "-req", "-in", str(csr), "-CA", str(ca), "-CAkey", str(ca_key),
         "-CAcreateserial", "-days", "1", "-out", str(cert), "-extfile", str(ext),

@@ -208,6 +208,24 @@ CEL_CASES = [
         cel_key="caBundle applies to https://",
     ),
     Case(
+        "load CA bundle over http",
+        _set("load.endpoint.caBundle", "-----BEGIN CERTIFICATE-----"),
+        cel_key="load.endpoint.caBundle applies to scheme https",
+    ),
+    Case(
+        "load server name over http",
+        _set("load.endpoint.serverName", "model.serving.svc"),
+        cel_key="load.endpoint.serverName applies to scheme https",
+    ),
+    Case(
+        "https load with Live admin on the same port",
+        _both(
+            _set("load.endpoint.scheme", "https"),
+            _set("apply", {"method": "Live", "live": {"port": 8080, "path": "/admin"}}),
+        ),
+        cel_key="load.endpoint.scheme https takes apply.method Env",
+    ),
+    Case(
         "Prometheus pod label not a label name",
         _set("load.prometheus", {"url": "http://prometheus:9090", "podLabel": "pod-name"}),
         cel_key="podLabel must be a Prometheus label name",

@@ -8,6 +8,8 @@ from collections.abc import Sequence
 import aiohttp
 from yarl import URL
 
+from batchpilot.loadgen.protocols import client_server_name, client_tls
+
 
 class UnreachableError(ConnectionError):
     """A target did not answer; the message says which and why."""
@@ -54,12 +56,17 @@ def base_of(url: str, path: str) -> str:
 
 async def check_reachable(urls: Sequence[str], *, timeout_s: float = 3.0) -> None:
     """Raise UnreachableError unless every base URL answers HTTP at all (any status will
-    do: only "nobody is listening" is an error here)."""
+    do: only "nobody is listening" is an error here). https is verified as the load's
+    requests will be, by the protocol in force."""
     timeout = aiohttp.ClientTimeout(total=timeout_s)
-    async with aiohttp.ClientSession(timeout=timeout) as session:
+    connector = aiohttp.TCPConnector(ssl=client_tls())
+    server_name = client_server_name()
+    async with aiohttp.ClientSession(timeout=timeout, connector=connector) as session:
         for url in urls:
             try:
-                async with session.get(url + "/", allow_redirects=False) as response:
+                async with session.get(
+                    url + "/", allow_redirects=False, server_hostname=server_name
+                ) as response:
                     await response.read()
             except TimeoutError:
                 raise UnreachableError(

@@ -94,8 +94,10 @@ async def run_load(
     (`loadgen.protocols.speaking`) decides the path, bodies and headers instead of `path`
     and `body_for_size`. Raises ValueError for bad arguments."""
     headers: Mapping[str, str] = JSON_HEADERS
+    server_name: str | None = None
     if (protocol := in_force()) is not None:
         path, body_for_size, headers = protocol.path, protocol.body, protocol.headers
+        server_name = protocol.server_name
     bases = normalise_urls(urls)
     process = as_arrival(arrival)
     _validate(rate, duration_s, timeout_s, max_in_flight, warmup_s)
@@ -120,6 +122,7 @@ async def run_load(
         max_in_flight=max_in_flight,
         stop=stop,
         headers=headers,
+        server_name=server_name,
         start_at=start_at,
         conn_waits_ms=health.conn_waits_ms,
     )
@@ -288,10 +291,14 @@ class _Run:
         max_in_flight: int,
         stop: asyncio.Event | None,
         headers: Mapping[str, str] = JSON_HEADERS,
+        server_name: str | None = None,
         start_at: float | None = None,
         conn_waits_ms: list[float] | None = None,
     ) -> None:
         n = len(offsets)
+        # https: the name the certificate is verified against and sent as SNI (None: the
+        # URL's host, aiohttp's default, so plain http passes the same argument as before)
+        self.server_name = server_name
         # where the wait of a request that timed out waiting for a connection goes
         self.conn_waits_ms = conn_waits_ms if conn_waits_ms is not None else []
         self.slot_waits_ms = [0.0] * n  # each request's own wait for a connection
@@ -378,7 +385,11 @@ class _Run:
         outcome: str
         try:
             async with session.post(
-                url, data=body, headers=self.headers, trace_request_ctx=slot
+                url,
+                data=body,
+                headers=self.headers,
+                server_hostname=self.server_name,
+                trace_request_ctx=slot,
             ) as response:
                 await response.read()
                 status = response.status

@@ -40,7 +40,8 @@ class RequestProtocol:
     """How every request of a run is sent: POST `path` (appended to each base URL)
     with `body(size)` and `headers`. https URLs are always verified: against the
     system's trust store, or only against the CA certificates in the PEM file `ca_file`
-    or the PEM text `ca_pem` (a server behind a private CA)."""
+    or the PEM text `ca_pem` (a server behind a private CA), for the URL's host or for
+    `server_name` when it is set."""
 
     name: str
     path: str
@@ -49,6 +50,9 @@ class RequestProtocol:
     ca_file: str | None = None
     # what a load worker got from its sender, which read it from its own file
     ca_pem: str | None = field(default=None, repr=False)
+    # The name https certificates are verified against and sent as SNI, where the URLs
+    # reach the server by an address its certificate does not carry (a pod IP).
+    server_name: str | None = None
 
     def __post_init__(self) -> None:
         if not self.path.startswith("/"):
@@ -86,6 +90,13 @@ def client_tls() -> ssl.SSLContext | bool:
     """The TLS verification of the protocol in force (True: the system's trust store)."""
     protocol = in_force()
     return True if protocol is None else protocol.tls()
+
+
+def client_server_name() -> str | None:
+    """The name the protocol in force verifies https certificates against (None: each
+    URL's host)."""
+    protocol = in_force()
+    return None if protocol is None else protocol.server_name
 
 
 REFERENCE = RequestProtocol("reference", REFERENCE_PATH, synthetic_body)

@@ -13,7 +13,13 @@ from collections.abc import Callable, Sequence
 import aiohttp
 
 from batchpilot.loadgen.endpoints import endpoint_url, normalise_urls
-from batchpilot.loadgen.protocols import JSON_HEADERS, client_tls, in_force, synthetic_body
+from batchpilot.loadgen.protocols import (
+    JSON_HEADERS,
+    client_server_name,
+    client_tls,
+    in_force,
+    synthetic_body,
+)
 from batchpilot.models import RequestMix
 
 
@@ -55,6 +61,7 @@ async def closed_loop_rate(
     headers = dict(JSON_HEADERS)
     if (protocol := in_force()) is not None:
         path, body_for_size, headers = protocol.path, protocol.body, dict(protocol.headers)
+    server_name = client_server_name()
     targets = itertools.cycle([endpoint_url(base, path) for base in normalise_urls(urls)])
     sizes = mix.sampler(seed)
     loop = asyncio.get_running_loop()
@@ -84,7 +91,9 @@ async def closed_loop_rate(
             try:
                 async with (
                     asyncio.timeout(timeout_s),
-                    session.post(url, data=body, headers=headers) as response,
+                    session.post(
+                        url, data=body, headers=headers, server_hostname=server_name
+                    ) as response,
                 ):
                     answer = await response.read()
                     if 200 <= response.status < 300:

@@ -85,6 +85,8 @@ class ShareSpec(Frozen):
     # The protocol's CA bundle as PEM text (public certificates), so a worker on another
     # machine verifies the target as its sender would; kept out of reprs and errors.
     ca_pem: Annotated[str | None, Field(repr=False)] = None
+    # the name the target's certificate is verified against (the URLs hold pod IPs)
+    server_name: Annotated[str, Field(min_length=1, max_length=253)] | None = None
 
     @field_validator("ca_pem")
     @classmethod
@@ -103,7 +105,12 @@ class ShareSpec(Frozen):
             return None
         decoded = {size: base64.b64decode(body) for size, body in self.bodies.items()}
         return RequestProtocol(
-            "forwarded", self.path, decoded.__getitem__, self.headers or {}, ca_pem=self.ca_pem
+            "forwarded",
+            self.path,
+            decoded.__getitem__,
+            self.headers or {},
+            ca_pem=self.ca_pem,
+            server_name=self.server_name,
         )
 
 
@@ -213,6 +220,7 @@ def forwarded_protocol(protocol: RequestProtocol, spec: ShareSpec) -> dict[str, 
         "headers": dict(protocol.headers),
         "bodies": {s: base64.b64encode(protocol.body(s)).decode() for s in set(sizes)},
         "ca_pem": protocol.ca_bundle_pem(),
+        "server_name": protocol.server_name,
     }
 
 

@@ -8,7 +8,7 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Final
 
-from batchpilot.loadgen.protocols import RequestProtocol, openai
+from batchpilot.loadgen.protocols import REFERENCE, REFERENCE_PATH, RequestProtocol, openai
 from batchpilot.operator.spec import InferenceServiceSpec, RuntimeKind, batching_config
 from batchpilot.operator.status import PersistAdvice
 from batchpilot.runtimes.base import Runtime, RuntimeControl
@@ -41,8 +41,16 @@ def live_adapter(spec: InferenceServiceSpec) -> Runtime | None:
     return adapter(spec)
 
 
+def pod_url(spec: InferenceServiceSpec, ip: str) -> str:
+    """The base URL the load is sent to on the pod at `ip`: load.endpoint's scheme and port
+    (an IPv6 address bracketed, as a URL needs it)."""
+    host = f"[{ip}]" if ":" in ip else ip
+    return f"{spec.load.endpoint.scheme}://{host}:{spec.load.endpoint.port}"
+
+
 def control_url(spec: InferenceServiceSpec, ip: str) -> str:
-    """The base URL of a pod's inference server (the load's port)."""
+    """The base URL of a pod's inference server (the load's port) as a runtime's live
+    control reaches it: plain http, the spec refusing Live control of an https endpoint."""
     return f"http://{ip}:{spec.load.endpoint.port}"
 
 
@@ -69,21 +77,30 @@ def control_for(runtime: Runtime, spec: InferenceServiceSpec, ip: str) -> Runtim
 
 def load_protocol(spec: InferenceServiceSpec) -> RequestProtocol | None:
     """The requests a trial sends: the runtime's own protocol for its model, on
-    load.endpoint.path when that is set. None keeps the reference server's requests on
-    load.endpoint.path (kinds Reference and Generic)."""
+    load.endpoint.path when that is set, verifying an https endpoint with its CA bundle
+    and server name. None keeps the reference server's requests on load.endpoint.path
+    (kinds Reference and Generic over plain http)."""
     kind, model = spec.runtime.kind, spec.runtime.model
-    protocol: RequestProtocol | None
+    endpoint = spec.load.endpoint
+    protocol: RequestProtocol
     if kind == "VLLM":
         assert model is not None  # the spec's rule
         protocol = openai(model)
     elif kind in ("Reference", "Generic"):
-        return None
+        if endpoint.scheme == "http":
+            return None
+        protocol = dataclasses.replace(REFERENCE, path=endpoint.path or REFERENCE_PATH)
     else:
         runtime = adapter(spec)
         assert runtime is not None
         protocol = runtime.protocol(model)
-    path = spec.load.endpoint.path
-    return protocol if path is None else dataclasses.replace(protocol, path=path)
+    if endpoint.path is not None:
+        protocol = dataclasses.replace(protocol, path=endpoint.path)
+    if endpoint.scheme == "https":
+        protocol = dataclasses.replace(
+            protocol, ca_pem=endpoint.ca_bundle, server_name=endpoint.server_name
+        )
+    return protocol
 
 
 def persist_advice(

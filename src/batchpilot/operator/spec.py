@@ -352,13 +352,41 @@ class HTTPEndpoint(BaseModel):
     path: str = Field(description="HTTP path.", max_length=256, pattern=HTTP_PATH_PATTERN)
 
 
+_ENDPOINT_CA_MESSAGE = "load.endpoint.caBundle applies to scheme https only"
+_ENDPOINT_SERVER_NAME_MESSAGE = "load.endpoint.serverName applies to scheme https only"
+
+
 class LoadEndpoint(BaseModel):
     """The port the load is sent to on every pod, and the path when the runtime's own
     inference path is not the one to use."""
 
-    model_config = _model_config()
+    model_config = _model_config(
+        cel("!has(self.caBundle) || self.scheme == 'https'", _ENDPOINT_CA_MESSAGE),
+        cel("!has(self.serverName) || self.scheme == 'https'", _ENDPOINT_SERVER_NAME_MESSAGE),
+    )
 
     port: int = Field(description="Container port.", ge=1, le=65535)
+    scheme: Literal["http", "https"] = Field(
+        default="http",
+        description="https: the pods serve TLS on the port; their certificate is always "
+        "verified (see caBundle, serverName).",
+    )
+    ca_bundle: str | None = Field(
+        default=None,
+        description="PEM CA certificates that sign the pods' certificate (scheme https); "
+        "the operator's trust store when unset. CA certificates are public, so they are "
+        "given here rather than read from a Secret.",
+        min_length=1,
+        max_length=65536,
+    )
+    server_name: str | None = Field(
+        default=None,
+        description="The name the pods' certificate is verified against, sent as SNI "
+        "(scheme https): pods are reached by IP, and certificates rarely carry pod IPs. "
+        "Unset: the certificate must be valid for the pod IP.",
+        max_length=253,
+        pattern=DNS_SUBDOMAIN_PATTERN,
+    )
     path: str | None = Field(
         default=None,
         description="HTTP path of the inference requests. Required for runtime.kind "
@@ -368,6 +396,22 @@ class LoadEndpoint(BaseModel):
         max_length=256,
         pattern=HTTP_PATH_PATTERN,
     )
+
+    @model_validator(mode="after")
+    def _tls_fields_usable(self) -> LoadEndpoint:
+        from batchpilot.loadgen.protocols import CA_BUNDLE
+        from batchpilot.tls import verifying_context
+
+        if self.ca_bundle is not None:
+            if self.scheme != "https":
+                raise ValueError(_ENDPOINT_CA_MESSAGE)
+            try:
+                verifying_context(ca_pem=self.ca_bundle, what=CA_BUNDLE)
+            except ValueError as exc:
+                raise ValueError(f"load.endpoint.caBundle: {exc}") from None
+        if self.server_name is not None and self.scheme != "https":
+            raise ValueError(_ENDPOINT_SERVER_NAME_MESSAGE)
+        return self
 
 
 class ApplySpec(BaseModel):
@@ -1192,6 +1236,11 @@ _LIVE_EXTRA_MESSAGE = (
     "parameters.extra needs apply.method Env or runtime.kind Reference: a runtime's live "
     "control sets maxBatchSize and maxQueueTimeMs only"
 )
+_HTTPS_LIVE_MESSAGE = (
+    "load.endpoint.scheme https takes apply.method Env, or Live with runtime.kind Reference "
+    "and an apply.live port other than load.endpoint.port: Live admin calls are plain http, "
+    "and a runtime's live control is reached on the inference port"
+)
 _PATH_MESSAGE = (
     f"load.endpoint.path is required for runtime.kind {_kinds(PATHLESS_RUNTIMES)}; the "
     "other runtimes default it to their own inference path"
@@ -1209,6 +1258,12 @@ def runtime_problems(spec: InferenceServiceSpec) -> list[tuple[bool, str]]:
         (live and not reference and kind not in LIVE_RUNTIMES, _ROLLOUT_MESSAGE),
         (live and not reference and bool(spec.parameters.extra), _LIVE_EXTRA_MESSAGE),
         (spec.load.endpoint.path is None and kind in PATHLESS_RUNTIMES, _PATH_MESSAGE),
+        (
+            live
+            and spec.load.endpoint.scheme == "https"
+            and (spec.apply.live is None or spec.apply.live.port == spec.load.endpoint.port),
+            _HTTPS_LIVE_MESSAGE,
+        ),
     ]
 
 
@@ -1255,6 +1310,12 @@ class InferenceServiceSpec(BaseModel):
             "has(self.load.endpoint.path) || (has(self.runtime) && "
             f"!(self.runtime.kind in {_cel_list(PATHLESS_RUNTIMES)}))",
             _PATH_MESSAGE,
+        ),
+        cel(
+            "!has(self.load.endpoint.scheme) || self.load.endpoint.scheme != 'https' || "
+            "self.apply.method != 'Live' || "
+            "(has(self.apply.live) && self.apply.live.port != self.load.endpoint.port)",
+            _HTTPS_LIVE_MESSAGE,
         ),
         cel(
             "!has(self.tuning) || !has(self.tuning.retune) || "

@@ -573,6 +573,8 @@ class KubeWorld:
     def _admin_url(self, ip: str) -> str:
         live = self._spec.apply.live
         assert live is not None  # the spec's validation guarantees it for method Live
+        # plain http even when the load is https: the spec keeps apply.live off an https
+        # load port, so an admin port is never the TLS one
         return f"http://{ip}:{live.port}{live.path}"
 
     async def _live_get(self, ip: str) -> Params:
@@ -680,13 +682,12 @@ class KubeWorld:
         since: datetime,
         seed: int | None = None,
     ) -> CapacityResult:
-        load = self._spec.load
         workload = await self._measured()
         pods = await self._pods(workload)
         ips = decisions.ready_pod_ips(pods)
         if not ips:
             raise TargetProblem("NoReadyPods", "no ready pods to measure")
-        urls = [f"http://{ip}:{load.endpoint.port}" for ip in ips]
+        urls = [operator_runtimes.pod_url(self._spec, ip) for ip in ips]
         names = [str(p["metadata"]["name"]) for p in pods if decisions.ready_pod_ips([p])]
         source = await self._checked_prometheus_source(names)
         self.measured_pods = len(ips)
