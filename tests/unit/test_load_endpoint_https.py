@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 from pydantic import ValidationError
+from testca import TEST_CA_PEM
 
 from batchpilot.loadgen.arrivals import as_arrival
 from batchpilot.loadgen.protocols import REFERENCE_PATH
@@ -17,19 +18,6 @@ from batchpilot.models import RequestMix
 from batchpilot.operator import runtimes
 from batchpilot.operator.spec import InferenceServiceSpec, parse_spec
 
-# A throw-away CA's certificate (public; its key was discarded when it was made).
-TEST_CA_PEM = """-----BEGIN CERTIFICATE-----
-MIIBijCCATCgAwIBAgIUVukEoNhGBcD3ZKVqwNajUwMB/zcwCgYIKoZIzj0EAwIw
-IjEgMB4GA1UEAwwXYmF0Y2hwaWxvdC11bml0LXRlc3QtY2EwIBcNMjYxMjAxMTY0
-MDQ4WhgPMjEyNjExMDcxNjQwNDhaMCIxIDAeBgNVBAMMF2JhdGNocGlsb3QtdW5p
-dC10ZXN0LWNhMFkwEwYHKoZIzj0CAQYIKoZIzj0DAQcDQgAEHGRVzeMpalt4jaY2
-qVTqKf/y5SxkAVtKrnLhjkCDyyEbJmKOVd66QhjKroDDXZu4NpKLIjaQQJxPfNzA
-trX1RKNCMEAwDwYDVR0TAQH/BAUwAwEB/zAOBgNVHQ8BAf8EBAMCAQYwHQYDVR0O
-BBYEFCImrch4EU6BeftICC91T35ISJgdMAoGCCqGSM49BAMCA0gAMEUCIFxuZp3F
-lQR1KegP8M6GyqBcOOULfHIGcjUWwRFAVRbIAiEAxVC2UuB/ncUK6fQaWX4JWMeu
-Z6jNxG1g9xtpi0q6Ilg=
------END CERTIFICATE-----
-"""
 SERVER_NAME = "model.serving.svc"
 
 

@@ -10,26 +10,13 @@ from pathlib import Path
 
 import pytest
 from pydantic import ValidationError
+from testca import TEST_CA_PEM
 
 from batchpilot.loadgen.arrivals import as_arrival
 from batchpilot.loadgen.protocols import MAX_CA_BUNDLE_BYTES, REFERENCE
 from batchpilot.loadgen.serve_worker import ShareRequest, validation_problems
 from batchpilot.loadgen.workers import ShareSpec, forwarded_protocol
 from batchpilot.models import RequestMix
-
-# A throw-away CA's certificate (public; its key was discarded when it was made).
-TEST_CA_PEM = """-----BEGIN CERTIFICATE-----
-MIIBijCCATCgAwIBAgIUVukEoNhGBcD3ZKVqwNajUwMB/zcwCgYIKoZIzj0EAwIw
-IjEgMB4GA1UEAwwXYmF0Y2hwaWxvdC11bml0LXRlc3QtY2EwIBcNMjYxMjAxMTY0
-MDQ4WhgPMjEyNjExMDcxNjQwNDhaMCIxIDAeBgNVBAMMF2JhdGNocGlsb3QtdW5p
-dC10ZXN0LWNhMFkwEwYHKoZIzj0CAQYIKoZIzj0DAQcDQgAEHGRVzeMpalt4jaY2
-qVTqKf/y5SxkAVtKrnLhjkCDyyEbJmKOVd66QhjKroDDXZu4NpKLIjaQQJxPfNzA
-trX1RKNCMEAwDwYDVR0TAQH/BAUwAwEB/zAOBgNVHQ8BAf8EBAMCAQYwHQYDVR0O
-BBYEFCImrch4EU6BeftICC91T35ISJgdMAoGCCqGSM49BAMCA0gAMEUCIFxuZp3F
-lQR1KegP8M6GyqBcOOULfHIGcjUWwRFAVRbIAiEAxVC2UuB/ncUK6fQaWX4JWMeu
-Z6jNxG1g9xtpi0q6Ilg=
------END CERTIFICATE-----
-"""
 
 
 def _spec() -> ShareSpec:
