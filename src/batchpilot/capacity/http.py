@@ -28,6 +28,7 @@ from batchpilot.loadgen.workers import (
 )
 from batchpilot.models import (
     DEFAULT_MIN_REQUESTS,
+    MAX_CONNECTIONS,
     SLA,
     CapacityResult,
     RequestMix,
@@ -126,8 +127,9 @@ async def measure_step(
     (remote load workers; its WorkerError passes through)."""
     start_unix = time.time()
     if sender is not None:
-        spec = share_spec(urls, rate, duration_s, mix, arrival, timeout_s, seed, path)
-        load = await sender(spec.model_copy(update={"max_connections": max_connections}))
+        load = await sender(
+            share_spec(urls, rate, duration_s, mix, arrival, timeout_s, seed, path, max_connections)
+        )
     elif workers == 1:
         load = await run_load(
             urls, rate=rate, duration_s=duration_s, mix=mix, arrival=arrival,
@@ -156,12 +158,15 @@ def share_spec(
     timeout_s: float,
     seed: int,
     path: str,
+    max_connections: int | None = None,
 ) -> ShareSpec:
     """The whole schedule of one step, as remote workers rebuild it, with the request
-    protocol in force carried along, its CA bundle as PEM text."""
+    protocol in force carried along, its CA bundle as PEM text, and the client's
+    connection cap (split over the workers)."""
     spec = ShareSpec(
         urls=list(urls), rate=rate, duration_s=duration_s, mix=mix, arrival=as_arrival(arrival),
         timeout_s=timeout_s, seed=seed, path=path, warmup_s=step_warmup_s(duration_s),
+        max_connections=max_connections,
     )  # fmt: skip
     protocol = in_force()
     if protocol is None:
@@ -256,9 +261,7 @@ async def measure_capacity(
     if warmup_s > 0:
         estimate = await closed_loop_rate(
             bases,
-            concurrency=min(
-                WARMUP_CONCURRENCY * len(bases), max_connections or WARMUP_CONCURRENCY * len(bases)
-            ),
+            concurrency=min(WARMUP_CONCURRENCY * len(bases), max_connections or MAX_CONNECTIONS),
             duration_s=warmup_s,
             mix=mix,
             timeout_s=timeout,
