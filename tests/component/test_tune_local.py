@@ -116,7 +116,8 @@ def test_ctrl_c_keeps_the_best_so_far_and_storage_resumes(tmp_path: Path) -> Non
     assert "Interrupted: this is the best so far." in rest
     assert "Recommendation: max_batch_size=8 max_queue_time_ms=5" in rest  # the baseline
 
-    done = _tune(["--storage", str(journal), "--trials", "2", "--json", "--seed", "4"])
+    resume = ["--storage", str(journal), "--trials", "2", "--json", "--seed", "4"]
+    done = _tune([*resume, "--finalists", "1"])  # one finalist: the resume is under test
     assert done.returncode == 0, done.stderr[-3000:]
     assert "Resuming: 1 trials already in the storage" in done.stderr
     out = json.loads(done.stdout)

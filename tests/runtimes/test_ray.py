@@ -178,7 +178,10 @@ async def test_capacity_is_measured_with_the_apps_protocol(ray: RayServeProcess)
     await control_of(ray).apply(START)
     probe = LocalProbe(
         ray.url,
-        sla=SLA(p99_ms=300.0),
+        # What is under test is the protocol: every request accepted and answered. A
+        # generous SLA keeps one stall of Ray's own background processes in a short
+        # window on a 2-core machine from failing every step of the ramp.
+        sla=SLA(p99_ms=2000.0),
         mix=RequestMix.default(),
         precision=0.3,
         step_duration_s=1.0,
@@ -186,7 +189,8 @@ async def test_capacity_is_measured_with_the_apps_protocol(ray: RayServeProcess)
         protocol=runtime.protocol(runtime.default_model),
     )
     result = await probe.measure(START, must_beat=None)
-    assert result.feasible
+    steps = [(round(s.offered_rps, 1), s.requests, s.error_rate, s.reason) for s in result.steps]
+    assert result.feasible, steps
     assert result.effective_rps > 0
 
 
