@@ -29,6 +29,11 @@ other processes: the measured figures move by tens of percent between runs when 
 machine is busy. The JSON carries every repeat, not only the median.
 
     python benchmarks/simulator_validation.py [--json] [--p99-ms 100] [--step-s 3] [--repeats 2]
+        [--save FILE | --replay FILE]
+
+`--save` keeps every measurement and profile; `--replay` fits and predicts from such a
+file without a server (the same --p99-ms and --precision), so a change to the model is
+judged on the same measurements.
 """
 
 from __future__ import annotations
@@ -39,17 +44,18 @@ import json
 import os
 import statistics
 import time
-from typing import Any
+from pathlib import Path
+from typing import Any, Literal
 
 import aiohttp
-from pydantic import BaseModel
+from pydantic import BaseModel, ValidationError
 
 from batchpilot.capacity.http import measure_capacity
 from batchpilot.models import SLA, BatchingConfig, CapacityResult, RequestMix
 from batchpilot.server.process import ServerProcess
 from batchpilot.simulator.calibrate import calibrate_cost
 from batchpilot.simulator.capacity import simulate_capacity
-from batchpilot.simulator.cost import LinearCost, fit_cost_model
+from batchpilot.simulator.cost import LinearCost, TableCost, fit_cost_model
 from batchpilot.simulator.profile import fetch_profile
 from batchpilot.simulator.scenario import (
     REFERENCE_AHEAD,
@@ -58,6 +64,7 @@ from batchpilot.simulator.scenario import (
     Traffic,
 )
 
+CostKind = Literal["linear", "table"]
 TOLERANCE = 0.15
 HTTP_TIMEOUT_S = 10.0
 SIM_REQUESTS = 8_000
@@ -80,6 +87,20 @@ class Calibration(BaseModel):
     measured_repeats_rps: list[float]
 
 
+class Runs(BaseModel):
+    config: BatchingConfig
+    results: list[CapacityResult]
+
+
+class Measured(BaseModel):
+    """Everything the server gave: `--save` writes it, `--replay` fits it again."""
+
+    load_average_1m_before: float
+    measure_s: float
+    runs: list[Runs]
+    profiles: list[dict[str, Any]]  # GET /admin/profile after each anchor calibration run
+
+
 class Row(BaseModel):
     config: BatchingConfig
     measured_rps: float  # the median of the repeats
@@ -98,7 +119,7 @@ class Report(BaseModel):
     sla: SLA
     mix: RequestMix
     load_average_1m_before: float
-    cost_model: LinearCost
+    cost_model: LinearCost | TableCost
     calibrations: list[Calibration]
     tolerance: float
     rows: list[Row]
@@ -137,8 +158,13 @@ def median_run(runs: list[CapacityResult]) -> CapacityResult:
 
 
 async def run(
-    sla: SLA, mix: RequestMix, step_s: float, warmup_s: float, precision: float, repeats: int
-) -> Report:
+    sla: SLA,
+    mix: RequestMix,
+    step_s: float,
+    warmup_s: float,
+    precision: float,
+    repeats: int,
+) -> Measured:
     started = time.monotonic()
     load_before = os.getloadavg()[0]
     async with ServerProcess(
@@ -174,13 +200,28 @@ async def run(
                     # The batches of this calibration run alone.
                     profiles.append(await fetch_profile(server.url))
 
+    raw = Measured(
+        load_average_1m_before=round(load_before, 2),
+        measure_s=round(time.monotonic() - started, 1),
+        runs=[Runs(config=c, results=r) for c, r in measured.items()],
+        profiles=profiles,
+    )
+    return raw
+
+
+def analyse(
+    raw: Measured, sla: SLA, mix: RequestMix, precision: float, cost_kind: CostKind
+) -> Report:
+    """The fit and the predictions from the measurements alone (no server)."""
+    started = time.monotonic()
+    measured = {r.config: list(r.results) for r in raw.runs}
+    profiles = raw.profiles
     anchor_runs = measured.pop(CALIBRATION)
     anchor = median_run(anchor_runs)
     second_runs = measured.pop(SECOND_CALIBRATION)
     # compute times from the calibration run the anchor's figure comes from
     profile = profiles[anchor_runs.index(anchor)]
-    compute = fit_cost_model(profile)
-    assert isinstance(compute, LinearCost)
+    compute = fit_cost_model(profile, kind=cost_kind)
     base = Scenario(
         cost=compute,
         mix=mix,
@@ -188,13 +229,8 @@ async def run(
         ahead=REFERENCE_AHEAD,
         queue_limit=REFERENCE_QUEUE_LIMIT,
     )
-    cost = await asyncio.to_thread(
-        calibrate_cost,
-        base,
-        CALIBRATION,
-        anchor,
-        sla,
-        more=[(SECOND_CALIBRATION, median_run(second_runs))],
+    cost = calibrate_cost(
+        base, CALIBRATION, anchor, sla, more=[(SECOND_CALIBRATION, median_run(second_runs))]
     )
     calibrated = Traffic(base.model_copy(update={"cost": cost}))
     compute_only = Traffic(base.model_copy(update={"cost": compute, "ahead": 0}))
@@ -204,7 +240,7 @@ async def run(
         middle = median_run(runs)
         rps = statistics.median(r.effective_rps for r in runs)
         predicted = simulate_capacity(calibrated, config, sla, precision=precision)
-        raw = simulate_capacity(compute_only, config, sla, precision=precision)
+        bare = simulate_capacity(compute_only, config, sla, precision=precision)
         ratio = predicted.effective_rps / rps if rps else 0.0
         rows.append(
             Row(
@@ -214,8 +250,8 @@ async def run(
                 predicted_rps=round(predicted.effective_rps, 1),
                 ratio=round(ratio, 3),
                 within_tolerance=abs(ratio - 1) <= TOLERANCE,
-                compute_only_rps=round(raw.effective_rps, 1),
-                compute_only_ratio=round(raw.effective_rps / rps if rps else 0.0, 3),
+                compute_only_rps=round(bare.effective_rps, 1),
+                compute_only_ratio=round(bare.effective_rps / rps if rps else 0.0, 3),
                 measured_p99_ms=middle.p99_ms,
                 predicted_p99_ms=predicted.p99_ms,
             )
@@ -224,7 +260,7 @@ async def run(
         model=str(profile.get("model", "mlp")),
         sla=sla,
         mix=mix,
-        load_average_1m_before=round(load_before, 2),
+        load_average_1m_before=raw.load_average_1m_before,
         cost_model=cost,
         calibrations=[
             Calibration(
@@ -239,7 +275,7 @@ async def run(
         within_tolerance=sum(r.within_tolerance for r in rows),
         all_within_tolerance=all(r.within_tolerance for r in rows),
         max_abs_error=round(max(abs(r.ratio - 1) for r in rows), 3),
-        elapsed_s=round(time.monotonic() - started, 1),
+        elapsed_s=round(raw.measure_s + time.monotonic() - started, 1),
     )
 
 
@@ -251,6 +287,16 @@ def main() -> None:
     parser.add_argument("--warmup-s", type=float, default=1.0)
     parser.add_argument("--precision", type=float, default=0.05)
     parser.add_argument("--repeats", type=int, default=3, help="measurements per configuration")
+    parser.add_argument(
+        "--cost-kind",
+        choices=["linear", "table"],
+        default="linear",
+        help="the compute model fitted to the profile: a line, or its points",
+    )
+    parser.add_argument("--save", type=Path, help="also write every measurement to this file")
+    parser.add_argument(
+        "--replay", type=Path, help="fit and predict from a --save file instead of measuring"
+    )
     args = parser.parse_args()
     if (
         args.p99_ms <= 0
@@ -262,16 +308,17 @@ def main() -> None:
         parser.error(
             "need --p99-ms > 0, --step-s > 0, --warmup-s >= 0, 0 < --precision < 1, --repeats >= 1"
         )
-    report = asyncio.run(
-        run(
-            SLA(p99_ms=args.p99_ms),
-            RequestMix.default(),
-            args.step_s,
-            args.warmup_s,
-            args.precision,
-            args.repeats,
-        )
-    )
+    sla, mix = SLA(p99_ms=args.p99_ms), RequestMix.default()
+    if args.replay is not None:
+        try:
+            raw = Measured.model_validate_json(args.replay.read_text())
+        except (OSError, ValidationError) as exc:
+            parser.error(f"--replay {args.replay}: not a file --save wrote ({exc})")
+    else:
+        raw = asyncio.run(run(sla, mix, args.step_s, args.warmup_s, args.precision, args.repeats))
+        if args.save is not None:
+            args.save.write_text(raw.model_dump_json())
+    report = analyse(raw, sla, mix, args.precision, args.cost_kind)
     if args.json:
         print(json.dumps(report.model_dump(mode="json")))
         return

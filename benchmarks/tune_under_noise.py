@@ -37,7 +37,7 @@ errors), and its workers also stop on their own when the benchmark process is go
 or the longest possible benchmark has passed.
 
     python benchmarks/tune_under_noise.py [--json] [--runs 3] [--seed 0] [--burst-threads N]
-        [--rounds 3] [--step-s 2] [--warmup-s 0.5] [--precision 0.1]
+        [--tune-max-rounds N] [--rounds 3] [--step-s 2] [--warmup-s 0.5] [--precision 0.1]
         [--tune-timeout-s 1200] [--remeasure-timeout-s 1800]
 """
 
@@ -426,24 +426,23 @@ class RunError(Exception):
     pass
 
 
-def tune_command(seed: int) -> list[str]:
+def tune_command(seed: int, max_rounds: int | None = None) -> list[str]:
+    """The run's command; `max_rounds` lets the quick run's fixed 3 rounds grow while its
+    verdict is undecided, as a default run's do."""
+    rounds = [] if max_rounds is None else ["--max-rounds", str(max_rounds)]
     return [
-        sys.executable,
-        "-m",
-        "batchpilot",
-        "tune",
-        "--local",
-        "--quick",
-        "--json",
-        "--seed",
-        str(seed),
+        *(sys.executable, "-m", "batchpilot", "tune", "--local", "--quick", "--json"),
+        *rounds,
+        *("--seed", str(seed)),
     ]
 
 
-async def run_tune(seed: int, timeout_s: float) -> TuneSummary:
+async def run_tune(seed: int, timeout_s: float, max_rounds: int | None) -> TuneSummary:
     """`tune --local --quick --json` as a subprocess; its progress goes to our stderr."""
     process = await asyncio.create_subprocess_exec(
-        *tune_command(seed), stdout=asyncio.subprocess.PIPE, stdin=asyncio.subprocess.DEVNULL
+        *tune_command(seed, max_rounds),
+        stdout=asyncio.subprocess.PIPE,
+        stdin=asyncio.subprocess.DEVNULL,
     )
     try:
         stdout, _ = await asyncio.wait_for(process.communicate(), timeout_s)
@@ -519,7 +518,7 @@ async def one_run(run: int, args: argparse.Namespace) -> RunResult:
     print(f"run {run + 1}/{args.runs}: tune --local --quick --seed {tune_seed}", file=sys.stderr)
     started = time.monotonic()
     try:
-        summary = await run_tune(tune_seed, args.tune_timeout_s)
+        summary = await run_tune(tune_seed, args.tune_timeout_s, args.tune_max_rounds)
     except RunError as exc:
         return failed_run(run, tune_seed, str(exc), time.monotonic() - started)
     tune_s = time.monotonic() - started
@@ -589,7 +588,11 @@ def report_of(
             warmup_s=args.warmup_s,
             precision=args.precision,
             level=0.95,
-            tune_command=["batchpilot", *tune_command(args.seed)[3:-1], "<seed + run>"],
+            tune_command=[
+                "batchpilot",
+                *tune_command(args.seed, args.tune_max_rounds)[3:-1],
+                "<seed + run>",
+            ],
             tune_timeout_s=args.tune_timeout_s,
             remeasure_timeout_s=args.remeasure_timeout_s,
         ),
@@ -617,6 +620,11 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         help="most processes a burst spins (default: the cores)",
     )
     parser.add_argument("--rounds", type=int, default=3, help="re-measured rounds (3-20)")
+    parser.add_argument(
+        "--tune-max-rounds",
+        type=int,
+        help="passed to each tune run as --max-rounds (3-20; default the quick run's 3)",
+    )
     parser.add_argument("--step-s", type=float, default=2.0, help="re-measurement step seconds")
     parser.add_argument("--warmup-s", type=float, default=0.5)
     parser.add_argument("--precision", type=float, default=0.1)
@@ -629,6 +637,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
             (args.runs < 1, "--runs must be >= 1"),
             (args.burst_threads < 1, "--burst-threads must be >= 1"),
             (not 3 <= args.rounds <= 20, "--rounds must be 3-20"),
+            (
+                args.tune_max_rounds is not None and not 3 <= args.tune_max_rounds <= 20,
+                "--tune-max-rounds must be 3-20",
+            ),
             (args.step_s <= 0, "--step-s must be > 0"),
             (args.warmup_s < 0, "--warmup-s must be >= 0"),
             (not 0 < args.precision < 1, "--precision must be between 0 and 1"),

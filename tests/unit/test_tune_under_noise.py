@@ -274,6 +274,7 @@ def test_a_kept_run_is_checked_without_a_re_measured_gain() -> None:
         (["--runs", "0"], "--runs must be >= 1"),
         (["--burst-threads", "0"], "--burst-threads must be >= 1"),
         (["--rounds", "2"], "--rounds must be 3-20"),
+        (["--tune-max-rounds", "21"], "--tune-max-rounds must be 3-20"),
         (["--precision", "1.5"], "--precision must be between 0 and 1"),
         (["--tune-timeout-s", "0"], "--tune-timeout-s must be > 0"),
     ],
@@ -290,6 +291,13 @@ def test_bad_options_are_refused_with_what_is_allowed(
 def test_the_defaults_are_the_issue_s() -> None:
     args: argparse.Namespace = tun.parse_args([])
     assert (args.runs, args.seed, args.burst_threads) == (3, 0, os.cpu_count() or 1)
+    assert "--max-rounds" not in tun.tune_command(0, args.tune_max_rounds)
+
+
+def test_tune_max_rounds_reaches_the_tune_run_before_its_seed() -> None:
+    command = tun.tune_command(4, 6)
+    assert command[-4:] == ["--max-rounds", "6", "--seed", "4"]
+    assert command[3:7] == ["tune", "--local", "--quick", "--json"]
 
 
 # ---------------------------------------------------------------- the stealer's lifetime

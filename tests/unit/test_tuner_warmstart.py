@@ -76,12 +76,14 @@ def test_nothing_to_calibrate_against_leaves_the_fit_as_it_is() -> None:
     assert "cut short" in note
 
 
-def test_a_table_model_is_not_calibrated() -> None:
-    table = TableCost(rows=(1.0, 8.0), compute_ms=(2.0, 4.0))
+def test_a_table_model_is_calibrated_too() -> None:
+    table = TableCost(rows=(1.0, 8.0, 64.0), compute_ms=(2.13, 4.09, 19.77))  # TRUE's rows
     measured = _capacity(TRUE, BASELINE, seed=7)
     cost, note = calibrated_cost(table, mix=MIX, sla=SLA_100, baseline=BASELINE, measured=measured)
-    assert cost == table
-    assert "table" in note
+    assert isinstance(cost, TableCost)
+    assert cost.compute_ms == table.compute_ms
+    assert cost.per_request_ms > 0.5  # the work the profile does not see
+    assert note.startswith("calibrated to the baseline's")
 
 
 class ProfiledServer:

@@ -26,7 +26,7 @@ from collections.abc import Callable, Sequence
 
 from batchpilot.models import SLA, BatchingConfig, CapacityResult
 from batchpilot.simulator.capacity import simulate_capacity
-from batchpilot.simulator.cost import LinearCost
+from batchpilot.simulator.cost import LinearCost, TableCost
 from batchpilot.simulator.scenario import Scenario, Traffic, simulate_step
 
 PER_REQUEST_MS_MAX = 50.0
@@ -44,13 +44,13 @@ def calibrate_cost(
     sla: SLA,
     *,
     more: Sequence[Point] = (),
-) -> LinearCost:
-    """The scenario's linear cost model with `per_request_ms`, `handover_ms` and
+) -> LinearCost | TableCost:
+    """The scenario's cost model (linear or a table) with `per_request_ms`, `handover_ms` and
     `overhead_ms` fitted to the measurement of `config` (the anchor) and of the
     configurations in `more`; its other coefficients as they were."""
     cost = scenario.cost
-    if not isinstance(cost, LinearCost):
-        raise ValueError("calibration needs a linear cost model (per_request_ms is its term)")
+    # the hand-over is part of every batch's time, so at most the smallest batch's
+    smallest_batch_ms = cost.fixed_ms if isinstance(cost, LinearCost) else cost.compute_ms[0]
     points: list[Point] = [(config, measured), *more]
     for point_config, result in points:
         if not result.feasible or not result.steps:
@@ -96,13 +96,13 @@ def calibrate_cost(
             handover_ms = _bisect_up(
                 lambda h: capacity(with_costs(0.0, h, overhead_ms), config),
                 measured.effective_rps,
-                cost.fixed_ms,
+                smallest_batch_ms,
             )
         else:
             handover_ms = 0.0
     elif hideable:
         handover_ms = _best_handover(
-            [cost.fixed_ms * k / HANDOVER_GRID for k in range(HANDOVER_GRID + 1)],
+            [smallest_batch_ms * k / HANDOVER_GRID for k in range(HANDOVER_GRID + 1)],
             lambda h: per_request_for(h, overhead_ms),
             lambda h, x: _log_error(points, lambda c: capacity(with_costs(x, h, overhead_ms), c)),
         )

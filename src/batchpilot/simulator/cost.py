@@ -67,6 +67,7 @@ class TableCost(Frozen):
     kind: Literal["table"] = "table"
     rows: Annotated[tuple[float, ...], Field(min_length=2)]
     compute_ms: Annotated[tuple[float, ...], Field(min_length=2)]
+    per_request_ms: Annotated[float, Field(ge=0.0)] = 0.0  # as LinearCost's, on top
     overhead_ms: Annotated[float, Field(ge=0.0)] = 0.0
     handover_ms: Annotated[float, Field(ge=0.0)] = 0.0  # as LinearCost's
     rows_basis: RowsBasis = "sum"
@@ -87,27 +88,34 @@ class TableCost(Frozen):
         inside: FloatArray = np.interp(rows, xs, ys)
         slope = (ys[-1] - ys[-2]) / (xs[-1] - xs[-2])
         beyond = ys[-1] + max(slope, 0.0) * (rows - xs[-1])
-        return np.where(rows > xs[-1], beyond, inside)
+        computed: FloatArray = np.where(rows > xs[-1], beyond, inside)
+        return computed + self.per_request_ms * batch_sizes
 
     def scalar_s(self) -> Callable[[int, float], float]:
         """t(b, rows) in seconds on plain floats, for the per-batch loop."""
         xs = list(self.rows)
         ys = [t / 1e3 for t in self.compute_ms]
         last_slope = max((ys[-1] - ys[-2]) / (xs[-1] - xs[-2]), 0.0)
+        request = self.per_request_ms / 1e3
 
         def seconds(b: int, rows: float) -> float:
             if rows >= xs[-1]:
-                return ys[-1] + last_slope * (rows - xs[-1])
+                return ys[-1] + last_slope * (rows - xs[-1]) + request * b
             if rows <= xs[0]:
-                return ys[0]
+                return ys[0] + request * b
             j = bisect.bisect_right(xs, rows)
             frac = (rows - xs[j - 1]) / (xs[j] - xs[j - 1])
-            return ys[j - 1] + frac * (ys[j] - ys[j - 1])
+            return ys[j - 1] + frac * (ys[j] - ys[j - 1]) + request * b
 
         return seconds
 
     def label(self) -> str:
-        return f"table of {len(self.rows)} points, rows {self.rows[0]:g}..{self.rows[-1]:g}"
+        return (
+            f"table of {len(self.rows)} points, rows {self.rows[0]:g}..{self.rows[-1]:g}"
+            + (f" + {self.per_request_ms:.3g} ms/request" if self.per_request_ms else "")
+            + (f" (+{self.overhead_ms:.3g} ms outside the worker)" if self.overhead_ms else "")
+            + (f" ({self.handover_ms:.3g} ms of each batch hand-over)" if self.handover_ms else "")
+        )
 
 
 CostModel = Annotated[LinearCost | TableCost, Field(discriminator="kind")]

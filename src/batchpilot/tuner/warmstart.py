@@ -41,8 +41,6 @@ def calibrated_cost(
         return cost, "not calibrated: the baseline has no feasible measurement"
     if measured.pruned:
         return cost, "not calibrated: the baseline's measurement was cut short"
-    if not isinstance(cost, LinearCost):
-        return cost, "not calibrated: a table cost model has no per-request term"
     scenario = Scenario(
         cost=cost,
         mix=mix,
