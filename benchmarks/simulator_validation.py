@@ -200,13 +200,12 @@ async def run(
                     # The batches of this calibration run alone.
                     profiles.append(await fetch_profile(server.url))
 
-    raw = Measured(
+    return Measured(
         load_average_1m_before=round(load_before, 2),
         measure_s=round(time.monotonic() - started, 1),
         runs=[Runs(config=c, results=r) for c, r in measured.items()],
         profiles=profiles,
     )
-    return raw
 
 
 def analyse(

@@ -29,6 +29,15 @@ IntArray = npt.NDArray[np.int64]
 RowsBasis = Literal["sum", "padded"]
 
 
+def _calibrated_terms(per_request_ms: float, overhead_ms: float, handover_ms: float) -> str:
+    """The label's tail for the terms calibration sets (empty when none is)."""
+    return (
+        (f" + {per_request_ms:.3g} ms/request" if per_request_ms else "")
+        + (f" (+{overhead_ms:.3g} ms outside the worker)" if overhead_ms else "")
+        + (f" ({handover_ms:.3g} ms of it hand-over)" if handover_ms else "")
+    )
+
+
 class LinearCost(Frozen):
     kind: Literal["linear"] = "linear"
     fixed_ms: Annotated[float, Field(ge=0.0)]
@@ -52,11 +61,8 @@ class LinearCost(Frozen):
         return lambda b, rows: fixed + row * rows + request * b
 
     def label(self) -> str:
-        return (
-            f"t = {self.fixed_ms:.3g} ms + {self.per_row_ms:.3g} ms/row"
-            + (f" + {self.per_request_ms:.3g} ms/request" if self.per_request_ms else "")
-            + (f" (+{self.overhead_ms:.3g} ms outside the worker)" if self.overhead_ms else "")
-            + (f" ({self.handover_ms:.3g} ms of it hand-over)" if self.handover_ms else "")
+        return f"t = {self.fixed_ms:.3g} ms + {self.per_row_ms:.3g} ms/row" + _calibrated_terms(
+            self.per_request_ms, self.overhead_ms, self.handover_ms
         )
 
 
@@ -98,23 +104,21 @@ class TableCost(Frozen):
         last_slope = max((ys[-1] - ys[-2]) / (xs[-1] - xs[-2]), 0.0)
         request = self.per_request_ms / 1e3
 
-        def seconds(b: int, rows: float) -> float:
+        def compute(rows: float) -> float:
             if rows >= xs[-1]:
-                return ys[-1] + last_slope * (rows - xs[-1]) + request * b
+                return ys[-1] + last_slope * (rows - xs[-1])
             if rows <= xs[0]:
-                return ys[0] + request * b
+                return ys[0]
             j = bisect.bisect_right(xs, rows)
             frac = (rows - xs[j - 1]) / (xs[j] - xs[j - 1])
-            return ys[j - 1] + frac * (ys[j] - ys[j - 1]) + request * b
+            return ys[j - 1] + frac * (ys[j] - ys[j - 1])
 
-        return seconds
+        return lambda b, rows: compute(rows) + request * b
 
     def label(self) -> str:
         return (
             f"table of {len(self.rows)} points, rows {self.rows[0]:g}..{self.rows[-1]:g}"
-            + (f" + {self.per_request_ms:.3g} ms/request" if self.per_request_ms else "")
-            + (f" (+{self.overhead_ms:.3g} ms outside the worker)" if self.overhead_ms else "")
-            + (f" ({self.handover_ms:.3g} ms of each batch hand-over)" if self.handover_ms else "")
+            + _calibrated_terms(self.per_request_ms, self.overhead_ms, self.handover_ms)
         )
 
 

@@ -34,7 +34,7 @@ def calibrated_cost(
     """`cost` calibrated against the baseline's measured capacity, and a note saying
     what was done. The profile's fit is returned as it is, with the reason, when the
     baseline gives nothing to calibrate against (infeasible, or pruned: a pruned figure
-    is only a lower bound) or the model is a table. `more`: other measured
+    is only a lower bound). `more`: other measured
     configurations (infeasible or pruned ones are left out); `ahead`, `queue_limit`: the
     server's batcher, as in `Scenario`."""
     if not measured.feasible:
