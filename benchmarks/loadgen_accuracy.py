@@ -1,7 +1,7 @@
 """How fast and how truthful the load generator is.
 
-1. Client choice: closed-loop request rate and CPU per request of aiohttp and httpx
-   against the same trivial endpoint.
+1. Client choice: closed-loop request rate and CPU per request of the generator's own
+   HTTP/1.1 client (loadgen.http1), aiohttp and httpx against the same trivial endpoint.
 2. Highest offered rate the generator sustains on one core (achieved ≥ 99% of offered)
    against a trivial endpoint (the stub server, no delay) and against the reference
    server, with its CPU time per request (1e6 / that = what one whole core would carry).
@@ -47,9 +47,11 @@ import aiohttp
 import httpx
 from rich.console import Console
 from rich.table import Table
+from yarl import URL
 
 import versus_perf_analyzer
 from batchpilot.loadgen.generator import run_load, synthetic_body
+from batchpilot.loadgen.http1 import Http1Client, prepare
 from batchpilot.loadgen.stub_server import StubServerProcess
 from batchpilot.models import RequestMix
 from batchpilot.server.process import ServerProcess
@@ -57,6 +59,9 @@ from batchpilot.server.process import ServerProcess
 VEGETA_VERSION = "v12.12.0"
 VEGETA_MODULE = "github.com/tsenart/vegeta/v12"
 TARGET_RPS = 3000.0
+CLIENTS = ("batchpilot", "aiohttp", "httpx")
+# --target triton: requests a run holds at least, so that its p99 is not its fifth slowest
+MIN_REQUESTS = 2000
 P99_TOLERANCE = 0.10
 MIX = RequestMix.uniform(1)
 GENERATOR_CPU = 0
@@ -93,6 +98,14 @@ async def closed_loop(name: str, url: str, requests: int, concurrency: int) -> d
         done = per_worker * concurrency
         return {"rps": done / wall, "cpu_us_per_request": cpu / done * 1e6}
 
+    if name == "batchpilot":
+        async with Http1Client(limit=concurrency) as ours:
+            prepared = prepare(URL(url), body, headers)
+
+            async def one_ours() -> None:
+                await ours.request(prepared)
+
+            return await run(one_ours)
     if name == "aiohttp":
         connector = aiohttp.TCPConnector(limit=concurrency)
         async with aiohttp.ClientSession(connector=connector) as session:
@@ -113,8 +126,8 @@ async def closed_loop(name: str, url: str, requests: int, concurrency: int) -> d
 
 
 async def client_choice(url: str, requests: int) -> dict[str, Any]:
-    results: dict[str, list[dict[str, float]]] = {"aiohttp": [], "httpx": []}
-    for _ in range(3):  # alternate, so drifting background load hits both alike
+    results: dict[str, list[dict[str, float]]] = {name: [] for name in CLIENTS}
+    for _ in range(3):  # alternate, so drifting background load hits all alike
         for name in results:
             results[name].append(await closed_loop(name, url + "/v1/predict", requests, 32))
     summary: dict[str, Any] = {
@@ -122,7 +135,10 @@ async def client_choice(url: str, requests: int) -> dict[str, Any]:
         for name, runs in results.items()
     }
     summary["aiohttp_over_httpx_rps"] = summary["aiohttp"]["rps"] / summary["httpx"]["rps"]
-    summary["chosen"] = "aiohttp" if summary["aiohttp_over_httpx_rps"] >= 1 else "httpx"
+    summary["batchpilot_over_aiohttp_rps"] = (
+        summary["batchpilot"]["rps"] / summary["aiohttp"]["rps"]
+    )
+    summary["fastest"] = max(CLIENTS, key=lambda name: summary[name]["rps"])
     return summary
 
 
@@ -273,7 +289,7 @@ async def main(quick: bool) -> dict[str, Any]:
     async with StubServerProcess(cpus={SERVER_CPU}) as trivial:
         report["client_choice"] = await client_choice(trivial.url, 1000 if quick else 3000)
         report["trivial_endpoint"] = await sustained(
-            trivial.url, [500, 1000, 2000, 3000, 4000, 5000, 6000, 8000], step_s
+            trivial.url, [500, 1000, 2000, 3000, 4000, 6000, 8000, 10000, 12000], step_s
         )
     async with StubServerProcess(delay_ms=10, cpus={SERVER_CPU}) as delayed:
         report["versus_vegeta"] = await versus_vegeta(
@@ -305,7 +321,7 @@ def show(report: dict[str, Any]) -> None:
     table = Table(title="HTTP client, closed loop against the trivial endpoint (medians)")
     for column in ("client", "req/s", "CPU µs/request"):
         table.add_column(column, justify="right")
-    for name in ("aiohttp", "httpx"):
+    for name in CLIENTS:
         table.add_row(
             name, f"{choice[name]['rps']:,.0f}", f"{choice[name]['cpu_us_per_request']:,.0f}"
         )
@@ -396,6 +412,13 @@ if __name__ == "__main__":
         help="triton: Perf Analyzer's window; each run measures three (default 3000)",
     )
     parser.add_argument(
+        "--min-requests",
+        type=int,
+        default=None,
+        help="triton: lengthen the windows at a rate so each run holds at least this many "
+        "requests (default 2000; --quick 0: the windows as given)",
+    )
+    parser.add_argument(
         "--tensor-format",
         choices=("json", "binary"),
         default="json",
@@ -406,6 +429,8 @@ if __name__ == "__main__":
         parser.error(f"--repeats must be >= 1, got {args.repeats}")
     if args.interval_ms is not None and args.interval_ms < 100:
         parser.error(f"--interval-ms must be >= 100, got {args.interval_ms}")
+    if args.min_requests is not None and args.min_requests < 0:
+        parser.error(f"--min-requests must be >= 0, got {args.min_requests}")
     # A terminated benchmark still stops the servers it started.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     if args.target == "triton":
@@ -416,6 +441,11 @@ if __name__ == "__main__":
                 args.repeats or (3 if args.quick else 5),
                 args.interval_ms or (2000 if args.quick else 3000),
                 args.tensor_format,
+                min_requests=(
+                    args.min_requests
+                    if args.min_requests is not None
+                    else (0 if args.quick else MIN_REQUESTS)
+                ),
                 pin=pin,
                 generator_cpu=GENERATOR_CPU,
                 server_cpu=SERVER_CPU,

@@ -17,6 +17,7 @@ latter, ours over theirs."""
 from __future__ import annotations
 
 import json
+import math
 import os
 import resource
 import statistics
@@ -259,12 +260,22 @@ def summarise(
     }
 
 
+def window_ms(rate: float, interval_ms: int, min_requests: int) -> int:
+    """Perf Analyzer's window at `rate`: `interval_ms`, lengthened so that a run (WINDOWS
+    windows, ours as long) holds at least `min_requests` requests. A p99 over a few hundred
+    requests is about the fifth slowest, and moves by tens of percent between runs."""
+    if rate <= 0:
+        raise ValueError(f"rate must be > 0, got {rate:g}")
+    return max(interval_ms, math.ceil(min_requests * 1000 / (WINDOWS * rate)))
+
+
 async def versus_perf_analyzer(
     rates: Sequence[float],
     repeats: int,
     interval_ms: int,
     tensor_format: str,
     *,
+    min_requests: int = 0,
     pin: Pin,
     generator_cpu: int,
     server_cpu: int,
@@ -275,7 +286,6 @@ async def versus_perf_analyzer(
     except pa.PerfAnalyzerError as exc:
         return {"skipped": str(exc)}
     protocol = protocol_for(tensor_format)
-    duration_s = WINDOWS * interval_ms / 1000
     triton = TritonProcess(BATCHING, threads=1)
     # Triton's threads and its python stub inherit this process's CPU at their start.
     pin(0, server_cpu)
@@ -295,16 +305,22 @@ async def versus_perf_analyzer(
             await ours(triton.url, rates[0], 1.0, 10_000, protocol)
             await theirs(analyzer, triton.url, rates[0], 500, input_file, tensor_format)
             for rate in rates:
+                window = window_ms(rate, interval_ms, min_requests)
+                duration_s = WINDOWS * window / 1000
                 ours_runs: list[dict[str, float]] = []
                 theirs_runs: list[dict[str, float]] = []
                 for repeat in range(repeats):
 
-                    async def our_run(seed: int = repeat, rate: float = rate) -> dict[str, float]:
+                    async def our_run(
+                        seed: int = repeat, rate: float = rate, duration_s: float = duration_s
+                    ) -> dict[str, float]:
                         return await ours(triton.url, rate, duration_s, seed, protocol)
 
-                    async def their_run(rate: float = rate) -> dict[str, float]:
+                    async def their_run(
+                        rate: float = rate, window: int = window
+                    ) -> dict[str, float]:
                         return await theirs(
-                            analyzer, triton.url, rate, interval_ms, input_file, tensor_format
+                            analyzer, triton.url, rate, window, input_file, tensor_format
                         )
 
                     if repeat % 2 == 0:
@@ -312,7 +328,9 @@ async def versus_perf_analyzer(
                     theirs_runs.append(await server_side(control, their_run))
                     if repeat % 2 == 1:
                         ours_runs.append(await server_side(control, our_run))
-                per_rate.append(summarise(rate, ours_runs, theirs_runs))
+                per_rate.append(
+                    {**summarise(rate, ours_runs, theirs_runs), "measured_s_per_run": duration_s}
+                )
     except pa.PerfAnalyzerError as exc:
         return {"failed": str(exc), "triton_log": triton.stderr_tail(1500)}
     finally:
@@ -325,7 +343,7 @@ async def versus_perf_analyzer(
         ),
         "request": f"{INPUT_NAME} FP32 [1, {WIDTH}] of ones, tensors as {tensor_format}",
         "arrivals": "poisson, open loop (--async)",
-        "measured_s_per_run": duration_s,
+        "min_requests_per_run": min_requests,
         "repeats": repeats,
         "rates": per_rate,
     }
@@ -354,6 +372,7 @@ async def main(
     interval_ms: int,
     tensor_format: str,
     *,
+    min_requests: int = 0,
     pin: Pin,
     generator_cpu: int,
     server_cpu: int,
@@ -364,6 +383,7 @@ async def main(
         repeats,
         interval_ms,
         tensor_format,
+        min_requests=min_requests,
         pin=pin,
         generator_cpu=generator_cpu,
         server_cpu=server_cpu,

@@ -249,3 +249,24 @@ def test_the_table_shows_every_rate_side_by_side() -> None:
     out = io.StringIO()
     vpa.show({"versus_perf_analyzer": {"skipped": "not installed"}}, Console(file=out, width=200))
     assert "not installed" in out.getvalue()
+
+
+@pytest.mark.parametrize(
+    ("rate", "interval_ms", "min_requests", "window"),
+    [
+        (400.0, 3000, 2000, 3000),  # 3 windows of 3 s already hold 3,600 requests
+        (100.0, 3000, 2000, 6667),  # lengthened: 3 x 6.667 s x 100 req/s ≥ 2,000
+        (50.0, 3000, 2000, 13334),
+        (50.0, 3000, 0, 3000),  # no minimum: the windows as given
+    ],
+)
+def test_a_window_is_lengthened_until_a_run_holds_the_minimum(
+    rate: float, interval_ms: int, min_requests: int, window: int
+) -> None:
+    assert vpa.window_ms(rate, interval_ms, min_requests) == window
+    assert vpa.WINDOWS * window * rate / 1000 >= min_requests
+
+
+def test_a_window_needs_a_positive_rate() -> None:
+    with pytest.raises(ValueError, match="rate must be > 0"):
+        vpa.window_ms(0.0, 3000, 2000)

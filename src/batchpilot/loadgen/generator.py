@@ -5,8 +5,10 @@ its latency runs from that scheduled time, so a slow server cannot slow the gene
 and hide its own tail (no coordinated omission). When the generator itself falls behind,
 the lag is measured and reported rather than silently under-driving.
 
-The HTTP client is aiohttp: measured against httpx on the same endpoint it sustained over
-ten times the request rate per core (see benchmarks/loadgen_accuracy.py)."""
+The load's requests go through the lean HTTP/1.1 client in `loadgen.http1` (prepared bytes,
+responses timed in the protocol callback) and sends wake on a timerfd (`loadgen.waker`):
+against Triton beside NVIDIA's Perf Analyzer the general-purpose client and asyncio's
+millisecond timers cost over a third of a 3 ms p50 (benchmarks/loadgen_accuracy.py)."""
 
 from __future__ import annotations
 
@@ -15,16 +17,15 @@ import contextlib
 import gc
 import math
 import resource
+import ssl
 import time
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
-from types import SimpleNamespace
-
-import aiohttp
-from yarl import URL
+from typing import Any
 
 from batchpilot.loadgen.arrivals import ArrivalKind, as_arrival, describe_arrival, schedule
 from batchpilot.loadgen.endpoints import endpoint_url, normalise_urls
+from batchpilot.loadgen.http1 import BadResponseError, Http1Client, Prepared, prepare
 from batchpilot.loadgen.protocols import JSON_HEADERS, client_tls, in_force, synthetic_body
 from batchpilot.loadgen.result import (
     CANCELLED,
@@ -36,6 +37,7 @@ from batchpilot.loadgen.result import (
     LoadResult,
     summarise,
 )
+from batchpilot.loadgen.waker import Waker
 from batchpilot.models import RequestMix, SizeSampler
 
 MAX_RATE = 1_000_000.0
@@ -109,39 +111,34 @@ async def run_load(
     offsets, sizes, positions = share_of_schedule(
         schedule(rate, duration_s, process, seed), mix.sampler(seed), index, of
     )
-    bodies = {size: body_for_size(size) for size in set(sizes)}
     targets = [endpoint_url(base, path) for base in bases]
+    bodies = {size: body_for_size(size) for size in set(sizes)}
+    # one prepared request per URL and size, shared by every request that has both
+    prepared = {
+        (t, size): prepare(target, body, headers)
+        for t, target in enumerate(targets)
+        for size, body in bodies.items()
+    }
     health = _HealthProbe()
     run = _Run(
         offsets=offsets,
         # the URL is the one the request has in the single schedule: round-robin by position
-        requests=[
-            (targets[k % len(targets)], bodies[s]) for k, s in zip(positions, sizes, strict=True)
-        ],
+        requests=[prepared[(k % len(targets), s)] for k, s in zip(positions, sizes, strict=True)],
         timeout_s=timeout_s,
         max_in_flight=max_in_flight,
         stop=stop,
-        headers=headers,
-        server_name=server_name,
         start_at=start_at,
         conn_waits_ms=health.conn_waits_ms,
     )
-    connector = aiohttp.TCPConnector(
+    # Deadlines run from each request's scheduled time; the run's reaper enforces them.
+    async with Http1Client(
         limit=max_connections or default_max_connections(),
-        limit_per_host=0,
-        ssl=client_tls(),
-    )
-    async with aiohttp.ClientSession(
-        connector=connector,
-        cookie_jar=aiohttp.DummyCookieJar(),
-        auto_decompress=False,
-        # Deadlines run from each request's scheduled time; the run's reaper enforces them.
-        timeout=aiohttp.ClientTimeout(total=None),
-        trace_configs=[health.trace_config()],
-    ) as session:
+        tls=client_tls(),
+        server_name=server_name,
+    ) as client:
         with _rare_gc():
             async with health.sampling():
-                window_s = await run.execute(session, duration_s)
+                window_s = await run.execute(client, duration_s)
     return summarise(
         urls=bases,
         arrival=describe_arrival(process),
@@ -178,44 +175,38 @@ def share_of_schedule(
 
 class _SlotWait:
     """One request's wait for a free connection: since when it is waiting (None: not
-    waiting) and how long it waited. A request that times out still waiting never
-    reaches the end of its wait, which would otherwise be missing from the figures."""
+    waiting) and how long it waited, also added to the run's list of waits. A request that
+    times out still waiting never reaches the end of its wait, which would otherwise be
+    missing from the figures (see `gave_up`)."""
 
-    __slots__ = ("queued_at", "waited_ms")
+    __slots__ = ("queued_at", "waited_ms", "waits_ms")
 
-    def __init__(self) -> None:
+    def __init__(self, waits_ms: list[float]) -> None:
+        self.waits_ms = waits_ms
         self.queued_at: float | None = None
         self.waited_ms = 0.0
+
+    def started(self, queued_at: float) -> None:
+        self.queued_at = queued_at
+
+    def ended(self, waited_ms: float) -> None:
+        self.queued_at, self.waited_ms = None, waited_ms
+        self.waits_ms.append(waited_ms)
+
+    def gave_up(self, now: float) -> None:
+        if self.queued_at is not None:
+            self.ended((now - self.queued_at) * 1000.0)
 
 
 class _HealthProbe:
     """The client's own health during a run: time requests wait for a free connection
-    (from aiohttp's connection-queue trace), the event loop's stalls (a task that sleeps
+    (reported by each request's `_SlotWait`), the event loop's stalls (a task that sleeps
     a fixed period and records how late it wakes) and the process's CPU share."""
 
     def __init__(self) -> None:
         self.conn_waits_ms: list[float] = []
         self.loop_delays_ms: list[float] = []
         self.cpu = 0.0
-
-    def trace_config(self) -> aiohttp.TraceConfig:
-        trace = aiohttp.TraceConfig()
-        waits = self.conn_waits_ms
-
-        async def queued(_: object, ctx: SimpleNamespace, __: object) -> None:
-            ctx.queued_at = time.monotonic()
-            if isinstance(slot := ctx.trace_request_ctx, _SlotWait):
-                slot.queued_at = ctx.queued_at
-
-        async def dequeued(_: object, ctx: SimpleNamespace, __: object) -> None:
-            waited_ms = (time.monotonic() - ctx.queued_at) * 1000.0
-            waits.append(waited_ms)
-            if isinstance(slot := ctx.trace_request_ctx, _SlotWait):
-                slot.queued_at, slot.waited_ms = None, waited_ms
-
-        trace.on_connection_queued_start.append(queued)
-        trace.on_connection_queued_end.append(dequeued)
-        return trace
 
     @contextlib.asynccontextmanager
     async def sampling(self) -> AsyncIterator[None]:
@@ -252,6 +243,20 @@ def _rare_gc() -> Iterator[None]:
         gc.set_threshold(*thresholds)
 
 
+def _failure(exc: BaseException) -> str:
+    """The outcome of a request that raised `exc`."""
+    if isinstance(exc, TimeoutError):
+        return TIMEOUT
+    if isinstance(exc, ssl.SSLError):
+        # told apart from a refused connection: a missing CA bundle, not the server
+        return TLS
+    if isinstance(exc, OSError):
+        return CONNECTION
+    if isinstance(exc, BadResponseError):
+        return type(exc).__name__
+    raise exc
+
+
 def _validate(
     rate: float, duration_s: float, timeout_s: float, max_in_flight: int, warmup_s: float
 ) -> None:
@@ -286,23 +291,17 @@ class _Run:
         self,
         *,
         offsets: list[float],
-        requests: list[tuple[URL, bytes]],
+        requests: list[Prepared],
         timeout_s: float,
         max_in_flight: int,
         stop: asyncio.Event | None,
-        headers: Mapping[str, str] = JSON_HEADERS,
-        server_name: str | None = None,
         start_at: float | None = None,
         conn_waits_ms: list[float] | None = None,
     ) -> None:
         n = len(offsets)
-        # https: the name the certificate is verified against and sent as SNI (None: the
-        # URL's host, aiohttp's default, so plain http passes the same argument as before)
-        self.server_name = server_name
         # where the wait of a request that timed out waiting for a connection goes
         self.conn_waits_ms = conn_waits_ms if conn_waits_ms is not None else []
         self.slot_waits_ms = [0.0] * n  # each request's own wait for a connection
-        self.headers = dict(headers)
         self.start_at = start_at
         self.offsets = offsets
         self.requests = requests
@@ -316,12 +315,13 @@ class _Run:
         self.elapsed_s = 0.0
         self.interrupted = False
         self._timed_out = [False] * n
-        # (deadline, index, task) in dispatch order, hence in deadline order
-        self._pending: deque[tuple[float, int, asyncio.Task[None]]] = deque()
+        # (deadline, index, request's future or task) in dispatch order, hence in deadline
+        # order
+        self._pending: deque[tuple[float, int, asyncio.Future[Any]]] = deque()
         self._in_flight = 0
         self._t0 = 0.0
 
-    async def execute(self, session: aiohttp.ClientSession, duration_s: float) -> float:
+    async def execute(self, client: Http1Client, duration_s: float) -> float:
         """Run the schedule; returns the scheduling window actually covered (shorter than
         `duration_s` when stopped)."""
         loop = asyncio.get_running_loop()
@@ -330,7 +330,8 @@ class _Run:
         window_s = duration_s
         reaper = loop.create_task(self._reap(loop))
         try:
-            stopped_at = await self._dispatch(session, loop, t0)
+            with Waker() as waker:
+                stopped_at = await self._dispatch(client, loop, t0, waker)
             if stopped_at is not None:
                 self.interrupted = True
                 window_s = max(stopped_at - t0, 1e-3)
@@ -345,76 +346,108 @@ class _Run:
         return window_s
 
     async def _dispatch(
-        self, session: aiohttp.ClientSession, loop: asyncio.AbstractEventLoop, t0: float
+        self,
+        client: Http1Client,
+        loop: asyncio.AbstractEventLoop,
+        t0: float,
+        waker: Waker,
     ) -> float | None:
-        """Send every request at its time; returns the loop time of a stop, if any."""
+        """Send every request at its time; returns the loop time of a stop, if any.
+
+        The sends run in the waker's callback itself rather than in a task it wakes, and a
+        request with an idle connection to go on is written there and then: each hop
+        through the event loop would add its own delay to every request's latency."""
         offsets = self.offsets
         n = len(offsets)
         pending = self._pending
         timeout_s = self.timeout_s
         stop = self.stop
-        i = 0
-        while i < n:
-            if stop is not None and stop.is_set():
-                return loop.time()
-            now = loop.time()
-            due = t0 + offsets[i]
-            if due > now:
-                await asyncio.sleep(min(due - now, _MAX_SLEEP_S))
-                continue
-            # Everything already due goes out now, then the loop yields once so responses
-            # are read even while the generator is behind.
-            while i < n and t0 + offsets[i] <= now:
-                due = t0 + offsets[i]
-                if self._in_flight >= self.max_in_flight:
-                    self.outcomes[i] = OVERLOAD
-                    self.lags_ms[i] = 0.0
-                else:
-                    self._in_flight += 1
-                    task = loop.create_task(self._fire(session, i, due))
-                    pending.append((due + timeout_s, i, task))
-                i += 1
-            await asyncio.sleep(0)
-        return None
+        finished: asyncio.Future[float | None] = loop.create_future()
+        position = 0
 
-    async def _fire(self, session: aiohttp.ClientSession, i: int, due: float) -> None:
-        loop_time = asyncio.get_running_loop().time
-        self.lags_ms[i] = (loop_time() - due) * 1000.0
-        url, body = self.requests[i]
-        slot = _SlotWait()
+        def wake() -> None:
+            nonlocal position
+            if finished.done():  # cancelled from outside
+                return
+            try:
+                now = loop.time()
+                if stop is not None and stop.is_set():
+                    finished.set_result(now)
+                    return
+                # Everything already due goes out now; if the generator is behind, the
+                # waker fires again on the next pass, after responses ready meanwhile.
+                i = position
+                while i < n and (due := t0 + offsets[i]) <= now:
+                    if self._in_flight >= self.max_in_flight:
+                        self.outcomes[i] = OVERLOAD
+                        self.lags_ms[i] = 0.0
+                    else:
+                        self._in_flight += 1
+                        pending.append((due + timeout_s, i, self._launch(client, loop, i, due)))
+                    i += 1
+                position = i
+                if i >= n:
+                    finished.set_result(None)
+                else:
+                    waker.call_at(min(t0 + offsets[i], now + _MAX_SLEEP_S), wake)
+            except BaseException as exc:  # never leave the run waiting on a dead callback
+                finished.set_exception(exc)
+
+        waker.call_at(t0, wake)
+        return await finished
+
+    def _launch(
+        self, client: Http1Client, loop: asyncio.AbstractEventLoop, i: int, due: float
+    ) -> asyncio.Future[Any]:
+        """Send request i: at once on an idle connection, else in a task that connects or
+        waits for one. What is returned ends when the request does; cancelling it is how
+        the reaper times the request out."""
+        sent = client.send_now(self.requests[i])
+        if sent is None:
+            return loop.create_task(self._fire(client, i, due))
+        self.lags_ms[i] = (loop.time() - due) * 1000.0  # it has left
+        sent.add_done_callback(lambda done: self._record(i, due, *self._outcome(i, done)))
+        return sent
+
+    def _outcome(self, i: int, sent: asyncio.Future[tuple[int, float]]) -> tuple[str, float | None]:
+        """What a request sent without a task came to, and when its response completed."""
+        if sent.cancelled():
+            return (TIMEOUT if self._timed_out[i] else CANCELLED), None
+        if (exc := sent.exception()) is not None:
+            return _failure(exc), None
+        status, done = sent.result()
+        return (OK if 200 <= status < 300 else str(status)), done
+
+    async def _fire(self, client: Http1Client, i: int, due: float) -> None:
+        """A request that had to connect or wait for a free connection first."""
+        self.lags_ms[i] = (asyncio.get_running_loop().time() - due) * 1000.0
+        slot = _SlotWait(self.conn_waits_ms)
         outcome: str
+        # the response is timed where it completed, not when this task next runs
+        done: float | None = None
         try:
-            async with session.post(
-                url,
-                data=body,
-                headers=self.headers,
-                server_hostname=self.server_name,
-                trace_request_ctx=slot,
-            ) as response:
-                await response.read()
-                status = response.status
+            status, done = await client.request(
+                self.requests[i], on_wait=slot.started, on_waited=slot.ended
+            )
             outcome = OK if 200 <= status < 300 else str(status)
         except asyncio.CancelledError:
             if not self._timed_out[i]:
-                self.outcomes[i] = CANCELLED
+                self._record(i, due, CANCELLED, None)
                 raise
             outcome = TIMEOUT  # the reaper's cancellation: this request ran out of time
-            if slot.queued_at is not None:  # it timed out still waiting for a connection
-                slot.waited_ms = (time.monotonic() - slot.queued_at) * 1000.0
-                self.conn_waits_ms.append(slot.waited_ms)
-        except TimeoutError:
-            outcome = TIMEOUT
-        except aiohttp.ClientSSLError:
-            # told apart from a refused connection: a missing CA bundle, not the server
-            outcome = TLS
-        except (aiohttp.ClientConnectionError, OSError):
-            outcome = CONNECTION
-        except aiohttp.ClientError as e:
-            outcome = type(e).__name__
+            slot.gave_up(asyncio.get_running_loop().time())  # if still waiting for a slot
+        except Exception as exc:
+            outcome = _failure(exc)
         finally:
-            self._in_flight -= 1
             self.slot_waits_ms[i] = slot.waited_ms
-        now = loop_time()
+        self._record(i, due, outcome, done)
+
+    def _record(self, i: int, due: float, outcome: str, done: float | None) -> None:
+        self._in_flight -= 1
+        if outcome == CANCELLED:
+            self.outcomes[i] = CANCELLED
+            return
+        now = asyncio.get_running_loop().time() if done is None else done
         latency_s = now - due
         if outcome == TIMEOUT:
             latency_s = max(latency_s, self.timeout_s)
