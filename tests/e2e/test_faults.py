@@ -4,6 +4,8 @@ server pod crashes mid-trial and only that trial fails."""
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
+
 import pytest
 
 from batchpilot.operator.status import INTERRUPTED_REASON
@@ -69,12 +71,17 @@ def test_server_pod_dies_mid_trial(
     cluster.kubectl.apply(dump(isvc), "-n", namespace)
 
     crashed = wait_running_trial(cluster, namespace, "crash", operator, at_least=1)
+    killed_at = datetime.now(UTC)
     cluster.agent.kill_container(namespace, pod["metadata"]["name"])
 
     status = wait_converged(cluster, namespace, "crash", operator)
     assert status["phase"] == "Converged", diagnostics(cluster, operator)
     [failed] = [t for t in status["trials"] if t["number"] == crashed]
-    assert failed["state"] == "Failed", failed
+    assert failed["state"] == "Failed", (
+        f"killed at {killed_at:%H:%M:%S.%f}",
+        status["trials"],
+        diagnostics(cluster, operator),
+    )
     assert failed["reason"], failed
     # The study went on after the crash and finished its trials on the restarted pod.
     assert any(t["number"] > crashed and t["state"] != "Failed" for t in status["trials"])

@@ -463,6 +463,11 @@ def test_crashes_during_a_trial_are_named() -> None:
     assert decisions.crashed_since([pod("2026-01-01T12:00:05Z")], start) == (
         "container server of pod p exited (OOMKilled)"
     )
+    # the status has whole seconds: a crash 0.3 s into a trial that started at .7 s
+    mid_second = datetime(2026, 1, 1, 12, 0, 5, 700_000, tzinfo=UTC)
+    assert decisions.crashed_since([pod("2026-01-01T12:00:06Z")], mid_second) != ""
+    assert decisions.crashed_since([pod("2026-01-01T12:00:05Z")], mid_second) != ""
+    assert decisions.crashed_since([pod("2026-01-01T12:00:04Z")], mid_second) == ""
 
 
 def at(number: int, batch: int, wait: float, rps: float, state: str = "Complete") -> TrialEntry:

@@ -738,6 +738,9 @@ def crashed_since(pods: Sequence[Mapping[str, Any]], since: datetime) -> str:
     """Containers of these pods whose last run ended at or after `since` (a crash, an
     OOM kill): during a trial that means its figures, or its configuration, are bad."""
     crashes: list[str] = []
+    # finishedAt is written in whole seconds: a crash in the trial's first second reads as
+    # before its start, so the start is taken down to its second too
+    since = since.replace(microsecond=0)
     for pod in pods:
         name = pod.get("metadata", {}).get("name", "?")
         for container in (pod.get("status", {}) or {}).get("containerStatuses", []) or []:
