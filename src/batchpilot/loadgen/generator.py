@@ -243,6 +243,11 @@ def _rare_gc() -> Iterator[None]:
         gc.set_threshold(*thresholds)
 
 
+def _answered(status: int) -> str:
+    """The outcome of a request the server answered with `status`."""
+    return OK if 200 <= status < 300 else str(status)
+
+
 def _failure(exc: BaseException) -> str:
     """The outcome of a request that raised `exc`."""
     if isinstance(exc, TimeoutError):
@@ -416,7 +421,7 @@ class _Run:
         if (exc := sent.exception()) is not None:
             return _failure(exc), None
         status, done = sent.result()
-        return (OK if 200 <= status < 300 else str(status)), done
+        return _answered(status), done
 
     async def _fire(self, client: Http1Client, i: int, due: float) -> None:
         """A request that had to connect or wait for a free connection first."""
@@ -429,7 +434,7 @@ class _Run:
             status, done = await client.request(
                 self.requests[i], on_wait=slot.started, on_waited=slot.ended
             )
-            outcome = OK if 200 <= status < 300 else str(status)
+            outcome = _answered(status)
         except asyncio.CancelledError:
             if not self._timed_out[i]:
                 self._record(i, due, CANCELLED, None)

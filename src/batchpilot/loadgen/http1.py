@@ -329,11 +329,8 @@ class Http1Client:
             return None
         if isinstance(self._tls, ssl.SSLContext):
             return self._tls
-        if self._context is None:
+        if self._context is None:  # https is always verified: the system's trust store
             self._context = ssl.create_default_context()
-            if self._tls is False:
-                self._context.check_hostname = False
-                self._context.verify_mode = ssl.CERT_NONE
         return self._context
 
     def _release(self, conn: _Connection) -> None:
