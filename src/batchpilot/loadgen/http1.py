@@ -283,7 +283,8 @@ class Http1Client:
                     self._release(got)
                 else:
                     self._free_slot()
-            else:
+            elif waiter in self._waiters:
+                # else a release in the same pass already popped it and skipped it as done
                 self._waiters.remove(waiter)
             raise
         if on_waited is not None:
