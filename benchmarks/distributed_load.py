@@ -21,7 +21,7 @@ all workers); one worker's CPU per request at 2,000 req/s against a stub that an
 at once, which gives the per-core ceiling of one worker process on this machine; the
 first run's encoded sizes (HDR histograms, timeline, the whole result), what one worker
 reports per step; and the encoded size of a wide latency histogram of 2k, 100k and 1M
-samples (docs/load-scaling.md uses these).
+samples (docs/operator/load-scaling.md uses these).
 
     python benchmarks/distributed_load.py [--json] [--quick] [--rate 500] [--repeats 5]
 """
@@ -190,7 +190,7 @@ async def ceiling(duration_s: float, repeats: int) -> dict[str, Any]:
         "one_core_rps": round(1e6 / cpu_us),
         # a worker at or above the client CPU limit makes its step invalid
         "at_client_limit_rps": round(CLIENT_MAX_CPU * 1e6 / cpu_us),
-        # the operator's sizing target: 60 % of that ceiling (docs/load-workers.md)
+        # the operator's sizing target: 60 % of that ceiling (docs/operator/load-workers.md)
         "at_60pct_of_ceiling_rps": round(0.6 * CLIENT_MAX_CPU * 1e6 / cpu_us),
     }
 

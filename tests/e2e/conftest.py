@@ -2,7 +2,7 @@
 runs pods as local processes, a real Prometheus, kubectl, and a namespace per test.
 
 Set BATCHPILOT_E2E_EXISTING_CLUSTER=1 with KUBECONFIG pointing at a cluster to run the
-tests there instead (see the README's e2e section for what that cluster needs)."""
+tests there instead (docs/testing.md, the e2e tier, says what that cluster needs)."""
 
 from __future__ import annotations
 

@@ -54,8 +54,9 @@ def deploy_server(cluster: Cluster, namespace: str, name: str = "server", **kwar
 
 def describe(cluster: Cluster, namespace: str, name: str, label: str) -> str:
     """`kubectl describe inferenceservice`, also saved as `<label>.txt` under
-    $BATCHPILOT_DESCRIBE_DIR (else the session's work directory): the README's examples
-    of a failed, a rolled-back and a converged study are these files."""
+    $BATCHPILOT_DESCRIBE_DIR (else the session's work directory): the examples of a
+    failed, a rolled-back and a converged study in docs/operator/kubectl.md are these
+    files."""
     text = cluster.kubectl("describe", "inferenceservice", name, "-n", namespace)
     chosen = os.environ.get(DESCRIBE_DIR_ENV)
     directory = Path(chosen) if chosen else cluster.workdir / "describe"

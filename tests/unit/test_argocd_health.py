@@ -1,4 +1,4 @@
-"""The Argo CD health check in docs/gitops.md, run by a Lua interpreter on statuses the
+"""The Argo CD health check in docs/operator/gitops.md, run by a Lua interpreter on statuses the
 operator's own code writes. Skipped outside CI where no `lua` is installed (Argo CD embeds its
 own; the check only needs plain Lua 5.x)."""
 
@@ -18,7 +18,7 @@ import pytest
 from batchpilot.operator import decisions, kstatus
 from batchpilot.operator.status import InferenceServiceStatus
 
-DOC = Path(__file__).resolve().parents[2] / "docs" / "gitops.md"
+DOC = Path(__file__).resolve().parents[2] / "docs" / "operator" / "gitops.md"
 NOW = datetime(2026, 1, 1, tzinfo=UTC)
 LUA = shutil.which("lua") or shutil.which("lua5.4") or shutil.which("lua5.3")
 

@@ -1,5 +1,5 @@
 """A long-lived load worker (`batchpilot load-worker`) and the client that drives a fleet
-of them: the transport of the operator's load-worker pods (docs/load-workers.md).
+of them: the transport of the operator's load-worker pods (docs/operator/load-workers.md).
 
 A worker listens on one port. The operator POSTs each step's share to every worker at
 once, `{"spec": ShareSpec, "startAt": UNIX_S}` with `Authorization: Bearer TOKEN` (the

@@ -3,7 +3,9 @@ enforces and the one the operator validates against are the same.
 
     python -m batchpilot.operator.crd > crds/inferenceservices.batchpilot.dev.yaml
 
-A test fails when the committed file and this output differ.
+A test fails when the committed file and this output differ. The CRD reference page is
+rendered from that file in turn: `python -m batchpilot.operator.crdref >
+docs/operator/crd-reference.md` (batchpilot.operator.crdref).
 """
 
 from __future__ import annotations

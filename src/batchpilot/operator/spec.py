@@ -790,7 +790,7 @@ class WorkerToleration(BaseModel):
 
 class WorkersSpec(BaseModel):
     """Load-worker pods: a step's schedule split over an Indexed Job when one client
-    cannot drive the rates the search reaches (docs/load-workers.md)."""
+    cannot drive the rates the search reaches (docs/operator/load-workers.md)."""
 
     model_config = _model_config()
 

@@ -124,7 +124,10 @@ async def json_errors(request: web.Request, handler: Handler) -> web.StreamRespo
             raise
         message = exc.reason
         if exc.status == 404:
-            message = f"no such endpoint {request.path}: see the server's README for the API"
+            message = (
+                f"no such endpoint {request.path}: "
+                "see docs/runtimes/reference-server.md for the API"
+            )
         elif exc.status == 405:
             allowed = ", ".join(sorted(getattr(exc, "allowed_methods", ())))
             message = f"{request.method} is not allowed on {request.path}: use {allowed}"

@@ -1,5 +1,7 @@
-"""The README's Spec and Status tables and the CRD's schema name the same fields: a field
-added to the models without a row, or a row left behind by a removed field, fails here."""
+"""The hand-written Spec and Status tables of docs/operator/spec-status.md and the models
+name the same fields: a field added to the models without a row, or a row left behind by a
+removed field, fails here. (docs/operator/crd-reference.md is generated from the CRD and
+complete by construction; these tables say what the operator does with each field.)"""
 
 from __future__ import annotations
 
@@ -11,7 +13,7 @@ from typing import Any
 from batchpilot.operator.spec import InferenceServiceSpec
 from batchpilot.operator.status import InferenceServiceStatus
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+PAGE = Path(__file__).resolve().parents[2] / "docs" / "operator" / "spec-status.md"
 
 
 def schema_fields() -> set[str]:
@@ -49,12 +51,16 @@ def schema_fields() -> set[str]:
     return found
 
 
-def readme_rows() -> set[str]:
-    """The first cell of every row of the README's Spec table, `{a,b}` spelled out."""
-    text = README.read_text()
-    section = text.split("\n### Spec\n", 1)[1].split("\n### ", 1)[0]
+def section(title: str) -> str:
+    """The text under the page's `## title` heading, up to the next heading of that level."""
+    return PAGE.read_text().split(f"\n## {title}\n", 1)[1].split("\n## ", 1)[0]
+
+
+def spec_rows() -> set[str]:
+    """The first cell of every row of the page's Spec table, `{a,b}` spelled out."""
+    text = section("Spec")
     rows: set[str] = set()
-    for cell in re.findall(r"^\| `([^`]+)` \|", section, flags=re.MULTILINE):
+    for cell in re.findall(r"^\| `([^`]+)` \|", text, flags=re.MULTILINE):
         parts = re.split(r"\{([^}]*)\}", cell)
         # split's odd parts are the alternatives inside braces
         choices = [[p] if i % 2 == 0 else p.split(",") for i, p in enumerate(parts)]
@@ -67,41 +73,40 @@ def documented(field: str, rows: set[str]) -> bool:
     return any(field == row or field.startswith((f"{row}.", f"{row}[")) for row in rows)
 
 
-def test_every_spec_field_has_a_row_in_the_readme() -> None:
-    rows = readme_rows()
+def test_every_spec_field_has_a_row_in_the_page() -> None:
+    rows = spec_rows()
     missing = sorted(f for f in schema_fields() if not documented(f, rows))
-    assert not missing, f"spec fields with no row in README.md's Spec table: {missing}"
+    assert not missing, f"spec fields with no row in {PAGE.name}'s Spec table: {missing}"
 
 
-def test_every_row_of_the_readme_names_a_spec_field() -> None:
+def test_every_row_of_the_page_names_a_spec_field() -> None:
     fields = schema_fields()
     stale = sorted(
         row
-        for row in readme_rows()
+        for row in spec_rows()
         if not any(documented(field, {row.removesuffix("[]")}) for field in fields)
     )
-    assert not stale, f"README.md's Spec table names fields the spec does not have: {stale}"
+    assert not stale, f"{PAGE.name}'s Spec table names fields the spec does not have: {stale}"
 
 
 def test_the_check_sees_a_missing_row() -> None:
-    rows = readme_rows() - {"tuning.seed"}
+    rows = spec_rows() - {"tuning.seed"}
     assert not documented("tuning.seed", rows)
     assert documented("load.workers.image", rows)  # covered by its object's row
     assert documented("parameters.extra[].env", rows)
 
 
 def status_rows() -> set[str]:
-    """The names in the first cell of every row of the README's Status table (a row may
+    """The names in the first cell of every row of the page's Status table (a row may
     name several: `canary`, `applied`, `restored`), `[]` dropped."""
-    section = README.read_text().split("\n### Status\n", 1)[1].split("\n### ", 1)[0]
     rows: set[str] = set()
-    for cell in re.findall(r"^\| (`[^|]+) \|", section, flags=re.MULTILINE):
+    for cell in re.findall(r"^\| (`[^|]+) \|", section("Status"), flags=re.MULTILINE):
         rows.update(name.removesuffix("[]") for name in re.findall(r"`([^`]+)`", cell))
     return rows
 
 
-def test_every_status_field_has_a_row_in_the_readme_and_every_row_a_field() -> None:
+def test_every_status_field_has_a_row_in_the_page_and_every_row_a_field() -> None:
     fields = {field.alias or name for name, field in InferenceServiceStatus.model_fields.items()}
     rows = status_rows()
-    assert not sorted(fields - rows), f"status fields with no row in README.md: {fields - rows}"
-    assert not sorted(rows - fields), f"README.md's Status rows with no field: {rows - fields}"
+    assert not sorted(fields - rows), f"status fields with no row in {PAGE.name}: {fields - rows}"
+    assert not sorted(rows - fields), f"{PAGE.name}'s Status rows with no field: {rows - fields}"
