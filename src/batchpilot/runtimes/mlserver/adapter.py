@@ -5,17 +5,14 @@ and verified by what the bundled model reports in its answers (recommend-only pe
 from __future__ import annotations
 
 import json
-from typing import ClassVar
 
 from batchpilot.loadgen.protocols import RequestProtocol, kserve_v2
 from batchpilot.models import BatchingConfig
 from batchpilot.runtimes.base import (
     ControlEndpoint,
-    HowApplied,
-    Knob,
-    LaunchError,
     LocalServer,
     Metrics,
+    NativeValues,
     Persistence,
     Runtime,
     to_native,
@@ -34,12 +31,12 @@ from batchpilot.runtimes.mlserver.process import MLServerProcess
 INFER_PATH = 'path="/v2/models/{model_name}/infer"'
 
 
-class MLServerRuntime(Runtime):
-    name: ClassVar[str] = "mlserver"
-    title: ClassVar[str] = "MLServer 1.7.1"
-    knobs: ClassVar[tuple[Knob, Knob]] = KNOBS
-    how_applied: ClassVar[HowApplied] = "reload"
-    metrics: ClassVar[Metrics] = Metrics(
+class MLServerRuntime(Runtime[MLServerControl, MLServerProcess]):
+    name = "mlserver"
+    title = "MLServer 1.7.1"
+    knobs = KNOBS
+    how_applied = "reload"
+    metrics = Metrics(
         port_note="metrics_port (default 8082), /metrics",
         latency_histogram="rest_server_request_duration_seconds",
         latency_unit="s",
@@ -49,42 +46,29 @@ class MLServerRuntime(Runtime):
         ok_requests=f'rest_server_requests_total{{{INFER_PATH},status_code=~"2.."}}',
         total_requests=f"rest_server_requests_total{{{INFER_PATH}}}",
     )
-    default_model: ClassVar[str | None] = MODEL
+    default_model = MODEL
     # MLServer has no management port: its repository API shares the inference port
-    control_endpoint: ClassVar[ControlEndpoint] = ControlEndpoint(
+    control_endpoint = ControlEndpoint(
         what="MLServer's model repository API (/v2/repository/models/M/load)",
         default="the inference URL itself",
     )
+    server_name = "MLServer"
+    serves = f"its bundled model {MODEL}"
 
     def protocol(self, model: str | None = None) -> RequestProtocol:
         return kserve_v2(model or MODEL, input_name=INPUT_NAME, features=FEATURES)
 
-    def control(
-        self,
-        url: str,
-        *,
-        model: str | None = None,
-        server: LocalServer | None = None,
-        control_url: str | None = None,
+    def _control(
+        self, url: str, model: str | None, server: LocalServer | None, control_url: str | None
     ) -> MLServerControl:
         repository = server.repository if isinstance(server, MLServerProcess) else None
         return MLServerControl(
             url, model=model or MODEL, repository=repository, control_url=control_url
         )
 
-    def launcher(
-        self,
-        start: BatchingConfig,
-        *,
-        threads: int | None = None,
-        workload: str | None = None,
+    def _launch(
+        self, start: BatchingConfig, native: NativeValues, threads: int | None, workload: str | None
     ) -> MLServerProcess:
-        if workload is not None:
-            raise LaunchError(f"MLServer serves its bundled model {MODEL}, not {workload!r}")
-        try:
-            to_native(KNOBS, start)
-        except ValueError as exc:
-            raise LaunchError(f"cannot start MLServer at {start.label()}: {exc}") from None
         return MLServerProcess(start, threads=threads)
 
     def unchangeable_from_elsewhere(self, model: str | None = None) -> str:

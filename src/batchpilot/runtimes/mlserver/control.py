@@ -14,22 +14,27 @@ batch into the response parameters), from a burst of concurrent requests."""
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import json
 import math
 import shutil
 import time
-from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-import aiohttp
-
-from batchpilot.loadgen.protocols import v2_body, v2_path
-from batchpilot.models import MAX_BATCH_SIZE_LIMIT, MAX_QUEUE_TIME_MS_LIMIT, BatchingConfig
-from batchpilot.runtimes.base import Knob, NativeValues, Verification, from_native, to_native
+from batchpilot.loadgen.protocols import JSON_HEADERS, v2_body, v2_path
+from batchpilot.models import BatchingConfig
+from batchpilot.runtimes import burst
+from batchpilot.runtimes.base import (
+    Knob,
+    NativeValues,
+    Verification,
+    batch_knob,
+    from_native,
+    to_native,
+    wait_knob,
+)
 from batchpilot.runtimes.http import ControlClient
 from batchpilot.tuner.interfaces import TargetError
 
@@ -39,29 +44,9 @@ IMPLEMENTATION = "mlserver_batch_model.BatchRecordingMLP"
 INPUT_NAME = "INPUT"
 FEATURES = 8  # per row; the bundled model's input width
 SETTINGS_FILE = "model-settings.json"
-# A verification burst: this many concurrent single-row requests per unit of batch cap,
-# at most _BURST_MAX; enough for the batcher to fill batches if it is on.
-_BURST_PER_BATCH = 2
-_BURST_MIN = 8
-_BURST_MAX = 64
-
 KNOBS: tuple[Knob, Knob] = (
-    Knob(
-        canonical="max_batch_size",
-        native="max_batch_size",
-        unit="requests",
-        integer=True,
-        minimum=1,
-        maximum=MAX_BATCH_SIZE_LIMIT,
-    ),
-    Knob(
-        canonical="max_queue_time_ms",
-        native="max_batch_time",
-        unit="s",
-        integer=False,
-        minimum=0.0,
-        maximum=MAX_QUEUE_TIME_MS_LIMIT / 1000.0,
-    ),
+    batch_knob("max_batch_size"),
+    wait_knob("max_batch_time", "s"),
 )
 
 
@@ -115,19 +100,11 @@ class ModelRepository:
         return self.write(previous)
 
 
-class Observed:
-    """What one verification burst saw: the parameters of every answer."""
+class Observed(burst.Observed):
+    """What one verification burst saw: the parameters of every answer, each with the
+    rows of the batch it was computed in (`batch_rows`)."""
 
-    def __init__(self, answers: Sequence[Mapping[str, Any]]) -> None:
-        self.answers = list(answers)
-
-    def one(self, key: str) -> set[Any]:
-        return {a.get(key) for a in self.answers}
-
-    def batch_sizes(self) -> dict[int, int]:
-        """Batch size -> batches: every request of a batch of n rows reports n."""
-        rows = Counter(int(a["batch_rows"]) for a in self.answers)
-        return {n: math.ceil(count / n) for n, count in sorted(rows.items())}
+    batch_key = "batch_rows"
 
 
 def check_observed(
@@ -160,6 +137,15 @@ def check_observed(
     return problems
 
 
+def _record(answer: Any) -> dict[str, Any] | None:
+    """The bundled model's record in an answer: its parameters and the model version."""
+    if not isinstance(answer, dict):
+        return None
+    params = dict(answer.get("parameters") or {})
+    params["model_version"] = answer.get("model_version")
+    return params if "batch_rows" in params else None
+
+
 class MLServerControl:
     """The tuner's Target for one MLServer. Changes need the model repository on this
     machine (`repository`); without one the control reads and verifies only."""
@@ -186,31 +172,16 @@ class MLServerControl:
     async def burst(self, n: int) -> Observed:
         """`n` concurrent single-row inference requests; their answers' parameters (plus
         the model version). TargetError on any non-2xx answer."""
-        url = self.url + v2_path(self.model)
-        body = v2_body(1, input_name=INPUT_NAME, features=FEATURES)
-        headers = {"Content-Type": "application/json"}
-        timeout = aiohttp.ClientTimeout(total=self._timeout_s)
-
-        async def one(session: aiohttp.ClientSession) -> Mapping[str, Any]:
-            async with session.post(url, data=body, headers=headers) as response:
-                text = await response.text()
-                if response.status != 200:
-                    raise TargetError(f"POST {url} answered HTTP {response.status}: {text[:200]}")
-            data = json.loads(text)
-            params = dict(data.get("parameters") or {})
-            params["model_version"] = data.get("model_version")
-            if "batch_rows" not in params:
-                raise TargetError(
-                    f"{url} does not report its batches (not the bundled model?): {text[:200]}"
-                )
-            return params
-
-        try:
-            async with aiohttp.ClientSession(timeout=timeout) as session:
-                answers = await asyncio.gather(*(one(session) for _ in range(n)))
-        except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
-            raise TargetError(f"inference on {url} failed: {exc or type(exc).__name__}") from exc
-        return Observed(list(answers))
+        answers = await burst.burst(
+            self.url + v2_path(self.model),
+            v2_body(1, input_name=INPUT_NAME, features=FEATURES),
+            JSON_HEADERS,
+            n,
+            timeout_s=self._timeout_s,
+            record=_record,
+            bundled="bundled model",
+        )
+        return Observed(answers)
 
     async def native(self) -> NativeValues:
         answer = (await self.burst(1)).answers[0]
@@ -252,7 +223,7 @@ class MLServerControl:
     async def _verify(
         self, config: BatchingConfig, native: NativeValues, version: str, started: float
     ) -> Verification:
-        n = min(max(_BURST_PER_BATCH * int(native["max_batch_size"]), _BURST_MIN), _BURST_MAX)
+        n = burst.burst_size(int(native["max_batch_size"]))
         problems: list[str] = []
         for _ in range(self._verify_attempts):
             observed = await self.burst(n)
