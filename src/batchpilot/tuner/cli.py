@@ -16,12 +16,13 @@ from batchpilot.clitools import OneLineErrors
 from batchpilot.loadgen.arrival_option import ARRIVAL_HELP
 from batchpilot.loadgen.arrivals import ARRIVAL_SYNTAX, ArrivalKind
 from batchpilot.loadgen.connections_option import max_connections_option
-from batchpilot.models import MAX_LOAD_WORKERS, SLA, RequestMix
+from batchpilot.models import DEFAULT_MIN_REQUESTS, MAX_LOAD_WORKERS, SLA, RequestMix
 from batchpilot.runtimes.registry import DEFAULT_RUNTIME, runtime_names
 from batchpilot.tuner.config import (
     QUICK_FINALISTS,
     QUICK_MAX_ROUNDS,
     QUICK_MEASUREMENT,
+    QUICK_MIN_REQUESTS,
     QUICK_SIMULATOR_WARM_STARTS,
     QUICK_TIME_BUDGET_S,
     QUICK_TRIALS,
@@ -58,6 +59,7 @@ def build_config(
     workers: int | None = None,
     max_rounds: int | None = None,
     max_connections: int | None = None,
+    min_requests: int | None = None,
 ) -> TuneConfig:
     """The file's configuration with the flags applied; --quick first, so an explicit
     --trials still wins over it."""
@@ -101,6 +103,8 @@ def build_config(
         measurement = measurement.model_copy(update={"workers": workers})
     if max_connections is not None:
         measurement = measurement.model_copy(update={"max_connections": max_connections})
+    if min_requests is not None:
+        measurement = measurement.model_copy(update={"min_requests": min_requests})
     check_rounds(tuning.rounds, tuning.max_rounds)
     sla = base.sla
     if sla_p99_ms is not None:
@@ -322,6 +326,14 @@ def _storage(spec: str | None) -> str | BaseStorage | None:
     "the server runs on this machine too].",
 )
 @max_connections_option(split=", split over --workers (--local, --url)")
+@click.option(
+    "--min-requests",
+    type=click.IntRange(0, 1_000_000),
+    default=None,
+    help="Measured requests a step holds at least: it is stretched up to 6-fold until it "
+    "does, and one still short is judged on the upper bound of its p99 (--local, --url) "
+    f"[default {DEFAULT_MIN_REQUESTS:,}; {QUICK_MIN_REQUESTS} with --quick].",
+)
 @click.option("--arrival", default=None, help=ARRIVAL_HELP + " [default poisson]")
 @click.option("--seed", type=int, default=None, help="Seed of the sampler and the load.")
 @click.option(
@@ -359,6 +371,7 @@ def tune(
     min_gain_percent: float | None,
     workers: int | None,
     max_connections: int | None,
+    min_requests: int | None,
 ) -> None:
     """Find the dynamic-batching configuration with the most effective throughput
     within the p99 SLA, measured in the same run against the baseline and the rule of
@@ -415,6 +428,10 @@ def tune(
         raise TuneError(
             "--max-connections applies to --local and --url runs; a simulated run sends no load"
         )
+    elif min_requests is not None:
+        raise TuneError(
+            "--min-requests applies to --local and --url runs; a simulated run sends no load"
+        )
     try:
         base = load_config(config_path) if config_path is not None else TuneConfig()
         config = build_config(
@@ -432,6 +449,7 @@ def tune(
             workers=workers,
             max_rounds=max_rounds,
             max_connections=max_connections,
+            min_requests=min_requests,
         )
         space, request_mix = resolve(config)
         process = resolve_arrival(config)

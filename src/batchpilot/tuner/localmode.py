@@ -219,6 +219,7 @@ async def tune_local(run: LocalRun, console: Console) -> TuneSummary:
             workers=cfg.measurement.workers,
             source=run.source,
             max_connections=cfg.measurement.max_connections,
+            min_requests=cfg.measurement.min_requests,
         )
         warm = SimulatorWarmStart(tuner, target, run, rules)
         progress = TrialProgress(console, cfg.tuning.trials)
