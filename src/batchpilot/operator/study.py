@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Literal
 
+from batchpilot.errors import TargetError
 from batchpilot.models import BatchingConfig, CapacityResult
 from batchpilot.operator import (
     adopt,
@@ -46,7 +47,6 @@ from batchpilot.operator.status import (
     TrialEntry,
 )
 from batchpilot.operator.world import TargetProblem, World
-from batchpilot.tuner.interfaces import TargetError
 from batchpilot.tuner.space import ParameterSpec, SearchSpace
 from batchpilot.tuner.study import INTERRUPTED, INVALID, TrialRecord, Tuner
 from batchpilot.tuner.verdict import Estimate

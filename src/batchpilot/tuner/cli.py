@@ -468,10 +468,10 @@ def tune(
             report_dir=report_dir,
         )
         return
+    from batchpilot.errors import TargetError
     from batchpilot.runtimes.base import LaunchError
     from batchpilot.runtimes.registry import get_runtime
     from batchpilot.server.process import ServerStartError
-    from batchpilot.tuner.interfaces import TargetError
     from batchpilot.tuner.localmode import LocalRun, tune_local
     from batchpilot.tuner.progress import render_summary
 

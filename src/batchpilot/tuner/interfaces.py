@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Protocol
 
+from batchpilot.errors import TargetError
 from batchpilot.models import BatchingConfig, CapacityResult
 
 
@@ -34,11 +35,6 @@ class Probe(Protocol):
         early (returning a result with `pruned=True`) once this configuration
         provably cannot exceed it."""
         ...
-
-
-class TargetError(RuntimeError):
-    """The target could not be brought to the requested configuration; the trial fails
-    with this message as its reason."""
 
 
 class ServerDied(TargetError):

@@ -10,8 +10,9 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Collection, Sequence
 from dataclasses import dataclass
 
+from batchpilot.errors import TargetError
 from batchpilot.models import BatchingConfig, CapacityResult
-from batchpilot.tuner.interfaces import Probe, ServerDied, Target, TargetError
+from batchpilot.tuner.interfaces import Probe, ServerDied, Target
 from batchpilot.tuner.study import TrialRecord, Tuner
 
 
