@@ -31,6 +31,7 @@ from typing import IO, Any, ClassVar
 
 import aiohttp
 
+from batchpilot.capacity.promql import Metrics
 from batchpilot.errors import TargetError
 from batchpilot.loadgen.protocols import RequestProtocol, kserve_v2, v2_body, v2_path
 from batchpilot.models import MAX_BATCH_SIZE_LIMIT, MAX_QUEUE_TIME_MS_LIMIT, BatchingConfig
@@ -49,7 +50,6 @@ from batchpilot.runtimes.base import (
     Knob,
     LaunchError,
     LocalServer,
-    Metrics,
     NativeValues,
     Persistence,
     Runtime,

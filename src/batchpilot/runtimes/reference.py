@@ -7,6 +7,7 @@ import random
 import time
 from typing import Any, ClassVar
 
+from batchpilot.capacity.promql import Metrics
 from batchpilot.errors import TargetError
 from batchpilot.extras import torch_missing
 from batchpilot.loadgen.protocols import REFERENCE, RequestProtocol
@@ -17,7 +18,6 @@ from batchpilot.runtimes.base import (
     Knob,
     LaunchError,
     LocalServer,
-    Metrics,
     NativeValues,
     Persistence,
     Runtime,
