@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import math
 import random
-from collections.abc import Sequence
 from typing import Annotated, Self
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -258,8 +257,3 @@ def accelerator_hours_per_million(
     if effective_rps <= 0:
         return math.inf
     return replicas * accelerators_per_replica / (effective_rps * 3600.0) * 1e6
-
-
-def best_of(results: Sequence[CapacityResult]) -> CapacityResult | None:
-    feasible = [r for r in results if r.feasible]
-    return max(feasible, key=lambda r: r.effective_rps, default=None)
