@@ -3,7 +3,8 @@
 Each step reads nothing but its own status (kept in memory, written to the API server
 after every change) and the world, asks `decisions.plan` what comes next and does it.
 The tuner is rebuilt from the trial history for every trial, so a resumed operator
-takes exactly the path an uninterrupted one would (DESIGN.md §5).
+takes exactly the path an uninterrupted one would (the status is the study's only
+persistent state: `operator.status`).
 """
 
 from __future__ import annotations

@@ -1,7 +1,9 @@
-"""What the tuner needs from the world, and nothing more (DESIGN.md §2).
+"""What the tuner needs from the world, and nothing more (docs/architecture.md, "The
+parts").
 
-Local mode implements these against a reference-server subprocess; the operator
-implements them against Kubernetes workloads. The tuner never imports either.
+Local mode implements these against a runtime's server; the operator implements them
+against Kubernetes workloads. The tuner's study never imports either: only the modes
+that wire it to a world do (the `tuner-core` contract in pyproject.toml).
 """
 
 from __future__ import annotations
