@@ -15,10 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from batchpilot.capacity.prometheus_process import PrometheusProcess
 from batchpilot.models import BatchingConfig
 from batchpilot.runtimes.registry import get_runtime
 from batchpilot.server.process import ServerProcess, free_port
+from support.prometheus_process import PrometheusProcess
 
 # Bounds against a hang, not timing assertions: a quick run takes 2-4 minutes on 2 cores.
 pytestmark = [pytest.mark.component, pytest.mark.timeout(540)]

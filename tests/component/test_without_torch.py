@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 import batchpilot
-from batchpilot.loadgen.stub_server import StubServerProcess
+from support.stub_server import StubServerProcess
 
 pytestmark = [pytest.mark.component, pytest.mark.timeout(240)]
 

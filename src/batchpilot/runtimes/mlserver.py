@@ -31,6 +31,8 @@ from typing import IO, Any, ClassVar
 
 import aiohttp
 
+from batchpilot.capacity.promql import Metrics
+from batchpilot.errors import TargetError
 from batchpilot.loadgen.protocols import RequestProtocol, kserve_v2, v2_body, v2_path
 from batchpilot.models import MAX_BATCH_SIZE_LIMIT, MAX_QUEUE_TIME_MS_LIMIT, BatchingConfig
 from batchpilot.processes import (
@@ -48,7 +50,6 @@ from batchpilot.runtimes.base import (
     Knob,
     LaunchError,
     LocalServer,
-    Metrics,
     NativeValues,
     Persistence,
     Runtime,
@@ -58,7 +59,6 @@ from batchpilot.runtimes.base import (
 )
 from batchpilot.runtimes.http import ControlClient
 from batchpilot.runtimes.venvs import venv_executable
-from batchpilot.tuner.interfaces import TargetError
 
 VENV = "mlserver-1.7.1"
 MODEL = "batchpilot-mlp"

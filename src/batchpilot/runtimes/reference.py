@@ -7,6 +7,8 @@ import random
 import time
 from typing import Any, ClassVar
 
+from batchpilot.capacity.promql import Metrics
+from batchpilot.errors import TargetError
 from batchpilot.extras import torch_missing
 from batchpilot.loadgen.protocols import REFERENCE, RequestProtocol
 from batchpilot.models import MAX_BATCH_SIZE_LIMIT, MAX_QUEUE_TIME_MS_LIMIT, BatchingConfig
@@ -16,14 +18,12 @@ from batchpilot.runtimes.base import (
     Knob,
     LaunchError,
     LocalServer,
-    Metrics,
     NativeValues,
     Persistence,
     Runtime,
     Verification,
 )
 from batchpilot.runtimes.http import ControlClient
-from batchpilot.tuner.interfaces import TargetError
 
 ADMIN_PATH = "/admin/batching"
 PROFILE_PATH = "/admin/profile"

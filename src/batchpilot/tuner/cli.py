@@ -13,6 +13,7 @@ from optuna.storages import BaseStorage
 from rich.console import Console
 
 from batchpilot.clitools import OneLineErrors
+from batchpilot.extras import matplotlib_missing
 from batchpilot.loadgen.arrival_option import ARRIVAL_HELP
 from batchpilot.loadgen.arrivals import ARRIVAL_SYNTAX, ArrivalKind
 from batchpilot.loadgen.connections_option import max_connections_option
@@ -468,6 +469,9 @@ def tune(
         )
     if report_dir is not None and report_dir.exists() and not report_dir.is_dir():
         raise TuneError(f"--report {report_dir}: exists and is not a directory")
+    # before any trial: a run whose report cannot be drawn would be wasted
+    if report_dir is not None and (missing := matplotlib_missing("tune --report (its plots)")):
+        raise click.ClickException(missing)
 
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     import optuna
@@ -486,10 +490,10 @@ def tune(
             report_dir=report_dir,
         )
         return
+    from batchpilot.errors import TargetError
     from batchpilot.runtimes.base import LaunchError
     from batchpilot.runtimes.registry import get_runtime
     from batchpilot.server.process import ServerStartError
-    from batchpilot.tuner.interfaces import TargetError
     from batchpilot.tuner.localmode import LocalRun, tune_local
     from batchpilot.tuner.progress import render_summary
 

@@ -11,6 +11,7 @@ import json
 from typing import ClassVar
 from urllib.parse import urlsplit
 
+from batchpilot.capacity.promql import Metrics
 from batchpilot.loadgen.protocols import JSON_HEADERS, RequestProtocol
 from batchpilot.models import MAX_BATCH_SIZE_LIMIT, MAX_QUEUE_TIME_MS_LIMIT, BatchingConfig
 from batchpilot.runtimes.base import (
@@ -19,7 +20,6 @@ from batchpilot.runtimes.base import (
     Knob,
     LaunchError,
     LocalServer,
-    Metrics,
     Persistence,
     Runtime,
 )

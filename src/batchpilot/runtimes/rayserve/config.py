@@ -12,8 +12,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from batchpilot.errors import TargetError
 from batchpilot.runtimes.base import NativeValues
-from batchpilot.tuner.interfaces import TargetError
 
 APP_NAME = "batchpilot"
 DEPLOYMENT = "BatchModel"

@@ -14,6 +14,7 @@ from typing import Any
 
 import aiohttp
 
+from batchpilot.errors import TargetError
 from batchpilot.loadgen.protocols import RequestProtocol
 from batchpilot.models import BatchingConfig
 from batchpilot.runtimes.base import Knob, NativeValues, Verification, from_native, to_native
@@ -29,7 +30,6 @@ from batchpilot.runtimes.rayserve.config import (
     redeploy_config,
     same_values,
 )
-from batchpilot.tuner.interfaces import TargetError
 
 APPLICATIONS_PATH = "/api/serve/applications/"
 # A verification burst: twice the cap in concurrent requests fills at least one batch to

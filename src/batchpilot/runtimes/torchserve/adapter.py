@@ -9,6 +9,7 @@ import json
 from typing import ClassVar
 from urllib.parse import urlsplit, urlunsplit
 
+from batchpilot.capacity.promql import Metrics
 from batchpilot.loadgen.protocols import JSON_HEADERS, RequestProtocol
 from batchpilot.models import BatchingConfig
 from batchpilot.runtimes.base import (
@@ -17,7 +18,6 @@ from batchpilot.runtimes.base import (
     Knob,
     LaunchError,
     LocalServer,
-    Metrics,
     Persistence,
     Runtime,
     to_native,

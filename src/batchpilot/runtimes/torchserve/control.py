@@ -22,12 +22,12 @@ from urllib.parse import urlencode
 
 import aiohttp
 
+from batchpilot.errors import TargetError
 from batchpilot.loadgen.protocols import JSON_HEADERS
 from batchpilot.models import MAX_BATCH_SIZE_LIMIT, MAX_QUEUE_TIME_MS_LIMIT, BatchingConfig
 from batchpilot.runtimes.base import Knob, NativeValues, Verification, from_native, to_native
 from batchpilot.runtimes.http import ControlClient
 from batchpilot.runtimes.torchserve.archive import archive_name, handler_source, model_archive
-from batchpilot.tuner.interfaces import TargetError
 
 MODEL = "batchpilot-mlp"
 # A verification burst: this many concurrent single-row requests per unit of batch cap,

@@ -15,7 +15,7 @@ from urllib.parse import urlsplit
 
 import aiohttp
 
-from batchpilot.capacity.promql import with_matchers
+from batchpilot.capacity.promql import Metrics, with_matchers
 from batchpilot.loadgen.protocols import JSON_HEADERS, RequestProtocol, v2_path
 from batchpilot.models import MAX_BATCH_SIZE_LIMIT, MAX_QUEUE_TIME_MS_LIMIT, BatchingConfig
 from batchpilot.runtimes.base import (
@@ -24,7 +24,6 @@ from batchpilot.runtimes.base import (
     Knob,
     LaunchError,
     LocalServer,
-    Metrics,
     NativeValues,
     Persistence,
     Runtime,
