@@ -42,7 +42,8 @@ async def test_tune_url_tunes_a_running_server_and_puts_its_configuration_back()
         # a full endpoint URL is cut back to the server's base URL
         args = ["--url", f"{server.url}/v1/predict", "--runtime", "reference", "--quick"]
         args += ["--trials", "2", "--finalists", "1", "--seed", "5", "--sla-p99-ms", "1000"]
-        args += ["--json"]
+        # the restore is under test, not the figures: steps of 200 requests, not --quick's 500
+        args += ["--min-requests", "200", "--json"]
         done = await asyncio.to_thread(_tune, args)
         assert done.returncode == 0, done.stderr[-3000:]
         out = json.loads(done.stdout)
