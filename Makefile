@@ -11,5 +11,7 @@ tune: venv
 test:
 	scripts/test
 
+# Style, types, and the package's layers (docs/architecture.md, "Layers").
 lint: venv
-	.venv/bin/ruff check . && .venv/bin/ruff format --check . && .venv/bin/mypy
+	.venv/bin/ruff check . && .venv/bin/ruff format --check . && .venv/bin/mypy \
+		&& .venv/bin/lint-imports --no-cache --no-logo

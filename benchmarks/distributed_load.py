@@ -45,9 +45,9 @@ from rich.table import Table
 from batchpilot.loadgen.arrivals import as_arrival
 from batchpilot.loadgen.histogram import TOP_MS, LatencyHistogram, merge_encoded
 from batchpilot.loadgen.result import LoadResult
-from batchpilot.loadgen.stub_server import StubServerProcess
 from batchpilot.loadgen.workers import ShareSpec, run_load_workers
 from batchpilot.models import CLIENT_MAX_CPU, RequestMix
+from suite_support import StubServerProcess
 
 WORKER_COUNTS = (1, 2, 4)
 CEILING_RATE = 2000.0  # one worker against a stub with no delay, for its CPU per request

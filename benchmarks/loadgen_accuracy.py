@@ -52,9 +52,9 @@ from yarl import URL
 import versus_perf_analyzer
 from batchpilot.loadgen.generator import run_load, synthetic_body
 from batchpilot.loadgen.http1 import Http1Client, prepare
-from batchpilot.loadgen.stub_server import StubServerProcess
 from batchpilot.models import RequestMix
 from batchpilot.server.process import ServerProcess
+from suite_support import StubServerProcess
 
 VEGETA_VERSION = "v12.12.0"
 VEGETA_MODULE = "github.com/tsenart/vegeta/v12"

@@ -1,6 +1,7 @@
 """Optional dependencies (pyproject extras) and the message a command gives when one is
 missing. PyTorch is the `server` extra: only the reference server runs a model, so the
-operator, the load generator and the simulator install and run without gigabytes of it."""
+operator, the load generator and the simulator install and run without gigabytes of it.
+Matplotlib is the `plot` extra: only `capacity --plot` and `tune --report` draw."""
 
 from __future__ import annotations
 
@@ -8,20 +9,34 @@ import importlib.util
 
 SERVER_EXTRA = "server"
 INSTALL_SERVER = "pip install 'batchpilot[server]'"
+PLOT_EXTRA = "plot"
+INSTALL_PLOT = "pip install 'batchpilot[plot]'"
+
+
+def _installed(package: str) -> bool:
+    """Whether `package` can be imported here, looked up without importing it: importing
+    PyTorch or matplotlib takes seconds, which a caller that only checks should not pay."""
+    try:
+        return importlib.util.find_spec(package) is not None
+    except (ImportError, ValueError):  # a broken or blocked install counts as missing
+        return False
 
 
 def torch_missing(what: str) -> str | None:
-    """Why `what` cannot run here when PyTorch is not installed, else None.
-
-    Looks the package up without importing it: importing PyTorch takes seconds and
-    hundreds of MB, which a caller that only starts a server process should not pay."""
-    try:
-        found = importlib.util.find_spec("torch") is not None
-    except (ImportError, ValueError):  # a broken or blocked install counts as missing
-        found = False
-    if found:
+    """Why `what` cannot run here when PyTorch is not installed, else None."""
+    if _installed("torch"):
         return None
     return (
         f"{what} needs PyTorch, which is not installed here; it comes with the "
         f"`{SERVER_EXTRA}` extra: {INSTALL_SERVER}"
+    )
+
+
+def matplotlib_missing(what: str) -> str | None:
+    """Why `what` cannot run here when matplotlib is not installed, else None."""
+    if _installed("matplotlib"):
+        return None
+    return (
+        f"{what} needs matplotlib, which is not installed here; it comes with the "
+        f"`{PLOT_EXTRA}` extra: {INSTALL_PLOT}"
     )

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import math
 import random
-from collections.abc import Sequence
 from typing import Annotated, Self
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -49,8 +48,8 @@ class RequestClass(Frozen):
 
 
 class RequestMix(Frozen):
-    """Weighted request sizes. Uniform sizes give a fake p99 (DESIGN.md §1), so the
-    default mix is mostly short requests with a long tail."""
+    """Weighted request sizes. Uniform sizes give a fake p99 (every batch costs the same),
+    so the default mix is mostly short requests with a long tail."""
 
     classes: Annotated[tuple[RequestClass, ...], Field(min_length=1)]
 
@@ -236,8 +235,9 @@ def step_passes(
     sla: SLA,
     min_achieved_ratio: float = 0.97,
 ) -> tuple[bool, str]:
-    """The step rule of DESIGN.md §6: p99 within the SLA, errors within the bound, and the
-    server keeping up with the offered rate. Returns (passed, reason for failing)."""
+    """The step rule (docs/architecture.md, "How a measurement flows"): p99 within the SLA,
+    errors within the bound, and the server keeping up with the offered rate. Returns
+    (passed, reason for failing)."""
     reasons: list[str] = []
     if not math.isfinite(p99_ms) or p99_ms > sla.p99_ms:
         reasons.append(f"p99 {p99_ms:.1f} ms > SLA {sla.p99_ms:g} ms")
@@ -254,12 +254,7 @@ def step_passes(
 def accelerator_hours_per_million(
     effective_rps: float, replicas: int = 1, accelerators_per_replica: int = 1
 ) -> float:
-    """Accelerator-hours per million effective requests (DESIGN.md §1)."""
+    """Accelerator-hours per million effective requests: what a capacity result costs."""
     if effective_rps <= 0:
         return math.inf
     return replicas * accelerators_per_replica / (effective_rps * 3600.0) * 1e6
-
-
-def best_of(results: Sequence[CapacityResult]) -> CapacityResult | None:
-    feasible = [r for r in results if r.feasible]
-    return max(feasible, key=lambda r: r.effective_rps, default=None)

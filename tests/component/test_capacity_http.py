@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 
 from batchpilot.capacity.http import measure_capacity
-from batchpilot.loadgen.stub_server import StubServerProcess
 from batchpilot.models import SLA, RequestMix
 from batchpilot.server.process import ServerProcess
+from support.stub_server import StubServerProcess
 
 pytestmark = [pytest.mark.component, pytest.mark.timeout(240)]
 

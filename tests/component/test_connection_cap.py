@@ -11,8 +11,8 @@ import sys
 import pytest
 
 from batchpilot.capacity.http import measure_capacity
-from batchpilot.loadgen.stub_server import StubServerProcess
 from batchpilot.models import SLA, RequestMix
+from support.stub_server import StubServerProcess
 
 pytestmark = [pytest.mark.component, pytest.mark.timeout(180)]
 

@@ -26,10 +26,10 @@ from batchpilot.loadgen.serve_worker import (
     ShareRequest,
     run_remote_shares,
 )
-from batchpilot.loadgen.stub_server import StubServerProcess
 from batchpilot.loadgen.workers import ShareSpec, WorkerError
 from batchpilot.models import SLA, RequestMix
 from batchpilot.server.process import free_port
+from support.stub_server import StubServerProcess
 
 from .tls_support import https_context, make_tls
 

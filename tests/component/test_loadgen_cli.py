@@ -12,8 +12,8 @@ import time
 
 import pytest
 
-from batchpilot.loadgen.stub_server import StubServerProcess
 from batchpilot.server.process import free_port
+from support.stub_server import StubServerProcess
 
 pytestmark = [pytest.mark.component, pytest.mark.timeout(120)]
 

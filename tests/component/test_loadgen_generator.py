@@ -11,8 +11,8 @@ import pytest
 
 from batchpilot.loadgen.arrivals import MMPP
 from batchpilot.loadgen.generator import run_load
-from batchpilot.loadgen.stub_server import StubServerProcess
 from batchpilot.models import RequestMix
+from support.stub_server import StubServerProcess
 
 pytestmark = [pytest.mark.component, pytest.mark.timeout(120)]
 

@@ -13,7 +13,6 @@ import pytest
 
 from batchpilot.capacity.http import measure_step
 from batchpilot.capacity.prometheus import PrometheusQueryError, PrometheusStepSource
-from batchpilot.capacity.prometheus_process import PrometheusProcess
 from batchpilot.capacity.scrape import ScrapeWindowError
 from batchpilot.capacity.steps import step_from_load
 from batchpilot.models import SLA, RequestMix
@@ -21,6 +20,7 @@ from batchpilot.operator import promscope
 from batchpilot.operator.promsource import prometheus_source
 from batchpilot.operator.spec import parse_spec
 from batchpilot.server.process import ServerProcess, free_port
+from support.prometheus_process import PrometheusProcess
 
 pytestmark = [pytest.mark.component, pytest.mark.timeout(240)]
 

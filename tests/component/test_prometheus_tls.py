@@ -13,7 +13,7 @@ import pytest
 from aiohttp import web
 
 from batchpilot.capacity.prometheus import PrometheusQueryError, PrometheusStepSource
-from batchpilot.loadgen.stub_server import StubServerProcess
+from support.stub_server import StubServerProcess
 
 from .tls_support import Tls, https_context, make_tls
 

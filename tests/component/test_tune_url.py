@@ -15,10 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from batchpilot.capacity.prometheus_process import PrometheusProcess
 from batchpilot.models import BatchingConfig
 from batchpilot.runtimes.registry import get_runtime
 from batchpilot.server.process import ServerProcess, free_port
+from support.prometheus_process import PrometheusProcess
 
 # Bounds against a hang, not timing assertions: a quick run takes 2-4 minutes on 2 cores.
 pytestmark = [pytest.mark.component, pytest.mark.timeout(540)]
@@ -42,7 +42,8 @@ async def test_tune_url_tunes_a_running_server_and_puts_its_configuration_back()
         # a full endpoint URL is cut back to the server's base URL
         args = ["--url", f"{server.url}/v1/predict", "--runtime", "reference", "--quick"]
         args += ["--trials", "2", "--finalists", "1", "--seed", "5", "--sla-p99-ms", "1000"]
-        args += ["--json"]
+        # the restore is under test, not the figures: steps of 200 requests, not --quick's 500
+        args += ["--min-requests", "200", "--json"]
         done = await asyncio.to_thread(_tune, args)
         assert done.returncode == 0, done.stderr[-3000:]
         out = json.loads(done.stdout)

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 import batchpilot
-from batchpilot.loadgen.stub_server import StubServerProcess
+from support.stub_server import StubServerProcess
 
 pytestmark = [pytest.mark.component, pytest.mark.timeout(240)]
 
@@ -132,6 +132,9 @@ async def test_load_workers_and_capacity_run_without_torch(no_torch_env: dict[st
         code, out, err = await run(
             no_torch_env, "-m", "batchpilot", "capacity", stub.url, "--p99-ms", "200",
             "--workers", "2", "--json",
+            # short steps: what is under test is that the search runs, not its figure
+            "--step-seconds", "1", "--warmup-seconds", "0.5", "--min-requests", "100",
+            "--precision", "0.2",
         )  # fmt: skip
         assert code == 0, err
         assert json.loads(out)["effective_rps"] > 0

@@ -14,6 +14,7 @@ from aiohttp import web
 from kmock import KubernetesError, Request, ResourceInfo
 from kmock import method as http_method
 
+from batchpilot.errors import TargetError
 from batchpilot.models import BatchingConfig
 from batchpilot.operator import decisions
 from batchpilot.operator import runtimes as operator_runtimes
@@ -21,7 +22,6 @@ from batchpilot.operator.canary import canary_name
 from batchpilot.operator.kube import Connection, Kube, KubeError
 from batchpilot.operator.spec import InferenceServiceSpec, parse_spec
 from batchpilot.operator.world import KubeWorld, TargetProblem
-from batchpilot.tuner.interfaces import TargetError
 
 
 def register_neighbours(kmock: kmock.KubernetesEmulator) -> None:

@@ -19,7 +19,6 @@ import aiohttp
 import pytest
 
 from batchpilot.capacity.prometheus import PrometheusStepSource
-from batchpilot.capacity.prometheus_process import PrometheusProcess
 from batchpilot.capacity.promql import MS_PER_UNIT, with_matchers
 from batchpilot.capacity.steps import step_from_load
 from batchpilot.loadgen.generator import run_load
@@ -30,6 +29,7 @@ from batchpilot.runtimes.mlserver import VENV as MLSERVER_VENV
 from batchpilot.runtimes.rayserve.process import VENV as RAY_VENV
 from batchpilot.runtimes.registry import get_runtime
 from batchpilot.runtimes.triton.install import VENV_NAME as TRITON_VENV
+from support.prometheus_process import PrometheusProcess
 
 from .support import require_runtime
 

@@ -19,6 +19,7 @@ from pathlib import Path
 import aiohttp
 import pytest
 
+from batchpilot.errors import TargetError
 from batchpilot.models import SLA, BatchingConfig, RequestMix
 from batchpilot.runtimes.base import RuntimeControl, representable
 from batchpilot.runtimes.registry import get_runtime
@@ -30,7 +31,6 @@ from batchpilot.runtimes.triton.repository import (
     INPUT_NAME,
     TritonBatching,
 )
-from batchpilot.tuner.interfaces import TargetError
 from batchpilot.tuner.local import LocalProbe
 
 from .support import is_loopback, listening_addresses, require_runtime

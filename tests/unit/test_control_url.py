@@ -9,6 +9,7 @@ import pytest
 from click.testing import CliRunner
 from rich.console import Console
 
+from batchpilot.errors import TargetError
 from batchpilot.models import BatchingConfig
 from batchpilot.runtimes.mlserver import MLServerRuntime
 from batchpilot.runtimes.rayserve.adapter import RayServeRuntime
@@ -18,7 +19,6 @@ from batchpilot.runtimes.torchserve.adapter import TorchServeRuntime
 from batchpilot.runtimes.triton.adapter import TritonRuntime, metrics_endpoint
 from batchpilot.tuner.attached import check_attached
 from batchpilot.tuner.cli import tune
-from batchpilot.tuner.interfaces import TargetError
 from batchpilot.tuner.urlmode import AttachError, control_at
 
 

@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 from aiohttp import web
 
+from batchpilot.errors import TargetError
 from batchpilot.models import BatchingConfig
 from batchpilot.runtimes.base import LaunchError
 from batchpilot.runtimes.mlserver import (
@@ -24,7 +25,6 @@ from batchpilot.runtimes.mlserver import (
     check_observed,
 )
 from batchpilot.runtimes.registry import get_runtime
-from batchpilot.tuner.interfaces import TargetError
 
 
 def test_queue_wait_is_max_batch_time_in_seconds() -> None:

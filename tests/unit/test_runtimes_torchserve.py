@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 from aiohttp import web
 
+from batchpilot.errors import TargetError
 from batchpilot.models import BatchingConfig
 from batchpilot.runtimes.base import LaunchError
 from batchpilot.runtimes.registry import get_runtime, runtime_names
@@ -34,7 +35,6 @@ from batchpilot.runtimes.torchserve.control import (
     check_observed,
 )
 from batchpilot.runtimes.torchserve.process import launch_log
-from batchpilot.tuner.interfaces import TargetError
 
 
 def test_knobs_are_batch_size_and_whole_milliseconds_of_delay() -> None:

@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from batchpilot.errors import TargetError
 from batchpilot.models import BatchingConfig
 from batchpilot.runtimes.base import LaunchError, representable
 from batchpilot.runtimes.registry import get_runtime, runtime_names
@@ -25,7 +26,6 @@ from batchpilot.runtimes.triton.control import (
 )
 from batchpilot.runtimes.triton.process import TritonProcess
 from batchpilot.runtimes.triton.repository import TritonBatching
-from batchpilot.tuner.interfaces import TargetError
 
 
 def test_triton_is_registered() -> None:

@@ -10,11 +10,11 @@ import pytest
 from click.testing import CliRunner
 from rich.console import Console
 
+from batchpilot.errors import TargetError
 from batchpilot.models import BatchingConfig
 from batchpilot.runtimes.registry import get_runtime
 from batchpilot.tuner.attached import Attached, check_attached, final_config, leave_attached
 from batchpilot.tuner.cli import tune
-from batchpilot.tuner.interfaces import TargetError
 
 FOUND = BatchingConfig(max_batch_size=4, max_queue_time_ms=2.0)
 WINNER = BatchingConfig(max_batch_size=16, max_queue_time_ms=8.0)

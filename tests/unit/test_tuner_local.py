@@ -12,6 +12,7 @@ import pytest
 from aiohttp import web
 from click.testing import CliRunner
 
+from batchpilot.errors import TargetError
 from batchpilot.loadgen.warmup import RejectedError
 from batchpilot.models import SLA, BatchingConfig, RequestMix
 from batchpilot.runtimes.reference import ReferenceControl as LocalTarget
@@ -27,7 +28,6 @@ from batchpilot.tuner.config import (
     TuneConfig,
     load_config,
 )
-from batchpilot.tuner.interfaces import TargetError
 from batchpilot.tuner.local import LocalProbe, start_rate
 
 

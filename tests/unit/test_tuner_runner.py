@@ -7,8 +7,8 @@ import math
 
 import pytest
 
+from batchpilot.errors import TargetError
 from batchpilot.models import SLA, BatchingConfig, CapacityResult, StepResult
-from batchpilot.tuner.interfaces import TargetError
 from batchpilot.tuner.rules import rule_of_thumb, rules_of_thumb, short_request_rule
 from batchpilot.tuner.runner import (
     RoundDone,

@@ -7,8 +7,9 @@ from __future__ import annotations
 
 import pytest
 
+from batchpilot.errors import TargetError
 from batchpilot.models import SLA, BatchingConfig, CapacityResult, StepResult
-from batchpilot.tuner.interfaces import ServerDied, TargetError
+from batchpilot.tuner.interfaces import ServerDied
 from batchpilot.tuner.runner import run_trial
 from batchpilot.tuner.study import SearchSpace, Tuner
 from batchpilot.tuner.watch import Watch, WatchedProbe, WatchedTarget, answered_nothing

@@ -1,2 +1,3 @@
 """Effective-throughput search: the highest sustained rate that keeps the SLA
-(DESIGN.md §6), over steps measured by the load generator, Prometheus or a simulator."""
+over steps measured by the load generator, Prometheus or a simulator
+(docs/architecture.md, "How a measurement flows")."""

@@ -16,6 +16,7 @@ from batchpilot.capacity.prometheus import PrometheusQueryError, PrometheusStepS
 from batchpilot.capacity.report import capacity_json, render_capacity, step_line
 from batchpilot.capacity.search import summarise_steps
 from batchpilot.clitools import SeeHelpErrors, fail, on_interrupt
+from batchpilot.extras import matplotlib_missing
 from batchpilot.loadgen.arrival_option import arrival_option
 from batchpilot.loadgen.arrivals import ArrivalKind
 from batchpilot.loadgen.connections_option import max_connections_option
@@ -128,6 +129,9 @@ def capacity(
             raise ValueError("--prometheus-ca-bundle applies with --prometheus only")
         if plot_path is not None and Path(plot_path).suffix.lower() not in (".png", ".svg", ".pdf"):
             raise ValueError(f"--plot must name a .png, .svg or .pdf file, got {plot_path!r}")
+        # before any load: a run whose plot cannot be drawn would be wasted
+        if plot_path is not None and (missing := matplotlib_missing("capacity --plot")):
+            raise ValueError(missing)
     except ValueError as e:
         raise fail(str(e)) from None
     sla = SLA(p99_ms=p99_ms, max_error_rate=max_error_rate)

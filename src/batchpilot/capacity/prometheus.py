@@ -8,19 +8,26 @@ from __future__ import annotations
 import asyncio
 import math
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from batchpilot.capacity.prometheus_http import PrometheusHTTP, PrometheusQueryError
-from batchpilot.capacity.promql import MS_PER_UNIT, with_matchers
+from batchpilot.capacity.promql import MS_PER_UNIT, Metrics, with_matchers
 from batchpilot.capacity.scrape import check_window, scrape_interval_from_config
 from batchpilot.loadgen.result import LoadResult
 from batchpilot.models import SLA, StepResult, step_passes
-from batchpilot.runtimes.base import Metrics
-
-if TYPE_CHECKING:
-    from batchpilot.runtimes.base import Runtime
 
 __all__ = ["PrometheusQueryError", "PrometheusStepSource"]
+
+
+class HasMetrics(Protocol):
+    """What `PrometheusStepSource.for_runtime` reads of a runtime adapter
+    (`runtimes.base.Runtime`): its name for people and its metrics for a model. The
+    capacity search sits below the runtimes, so it names only what it uses."""
+
+    @property
+    def title(self) -> str: ...
+
+    def metrics_for(self, model: str | None = None) -> Metrics: ...
 
 
 class NoLatencyHistogram(ValueError):
@@ -105,7 +112,7 @@ class PrometheusStepSource:
     def for_runtime(
         cls,
         url: str,
-        runtime: Runtime,
+        runtime: HasMetrics,
         *,
         model: str | None = None,
         selector: str = "",

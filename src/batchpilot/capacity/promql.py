@@ -1,14 +1,41 @@
-"""PromQL text for the step source: label matchers added to a runtime's counter
-selectors, and the latency units runtimes export. Pure functions, no Prometheus."""
+"""PromQL text for the step source: where a runtime's p99 and request rates come from
+(`Metrics`, which each runtime adapter fills in), label matchers added to its counter
+selectors, and the latency units runtimes export. Pure functions and one value type, no
+Prometheus."""
 
 from __future__ import annotations
 
 import re
+from typing import Annotated, Literal
+
+from pydantic import Field
+
+from batchpilot.models import Frozen
 
 # A plain instant selector: `name`, `name{...}` or `{...}` (the form `Metrics` takes).
 _SELECTOR = re.compile(r"^\s*([A-Za-z_:][A-Za-z0-9_:]*)?\s*(\{(.*)\})?\s*$", re.DOTALL)
 # how many milliseconds one of a histogram's unit is
 MS_PER_UNIT: dict[str, float] = {"s": 1000.0, "ms": 1.0, "us": 1e-3}
+
+
+class Metrics(Frozen):
+    """Where p99 and the request rates come from in the runtime's Prometheus metrics.
+    Each request expression is a PromQL counter (selector included) whose `rate()` over
+    a window gives requests per second."""
+
+    port_note: str  # where they are served, e.g. ":8002/metrics"
+    latency_histogram: str | None  # the histogram's name without _bucket; None: none
+    latency_unit: Literal["s", "ms", "us"] = "s"
+    # label matchers that keep the histogram to inference requests, e.g. 'path="/infer"'
+    latency_matchers: str = ""
+    ok_requests: str
+    total_requests: str
+    batch_size: str | None = None  # PromQL for the mean batch size, where there is one
+    # a summary (name, with a `quantile` label) the runtime keeps over its own sliding
+    # window, where it has one: a cross-check only, the window is not the step's
+    latency_summary: str | None = None
+    # how late a request shows in the exported figures (Ray pushes its every ~10 s)
+    export_delay_s: Annotated[float, Field(ge=0.0)] = 0.0
 
 
 def join_matchers(*matchers: str) -> str:

@@ -21,7 +21,8 @@ def capacity_json(
     plot: str | None = None,
     workers: int = 1,
 ) -> dict[str, Any]:
-    """The result's JSON plus the cost line (DESIGN.md §1) and how it was obtained."""
+    """The result's JSON plus the cost line (accelerator-hours per million effective
+    requests) and how it was obtained."""
     cost = accelerator_hours_per_million(
         result.effective_rps, replicas=replicas, accelerators_per_replica=accelerators_per_replica
     )

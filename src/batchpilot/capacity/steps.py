@@ -1,4 +1,5 @@
-"""Turning a measured window into a step decision (DESIGN.md §6)."""
+"""Turning a measured window into a step decision (the step rule: docs/architecture.md,
+"How a measurement flows")."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The open-loop generator (DESIGN.md §6).
+"""The open-loop generator (docs/architecture.md, "How a measurement flows").
 
 Every request has a scheduled send time from the arrival process, computed before the run;
 its latency runs from that scheduled time, so a slow server cannot slow the generator down

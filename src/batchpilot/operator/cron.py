@@ -6,6 +6,13 @@ re-tune schedules, so a small parser is kept here rather than a dependency. Synt
 `*`, numbers, ranges `a-b`, steps `*/n` and `a-b/n`, lists `a,b-c`, month names
 (jan..dec) and weekday names (sun..sat; 0 and 7 are both Sunday). As in Vixie cron, a
 day matches when day-of-month OR day-of-week matches if both are restricted.
+
+Daylight-saving transitions follow Vixie cron (the rule Debian's cron(8) documents). An
+expression whose minute and hour fields are both fixed (neither starts with `*`) fires
+once a day per time it names: a time the clock skips forward over fires at the moment
+of the jump, and a time the clock repeats fires at its first occurrence only. Any
+other expression (`*/15 * * * *`, `0 * * * *`) runs on the clock as it goes: a skipped
+time does not occur, and a repeated one fires at both occurrences.
 """
 
 from __future__ import annotations
@@ -27,6 +34,9 @@ _FIELDS: tuple[tuple[str, int, int, tuple[str, ...], int], ...] = (
 # pattern that never matches (Feb 30) is refused at parse time, so this only bounds
 # a search that cannot otherwise end
 _SEARCH_DAYS = 366 * 28
+# longer than any clock change the time zone database holds (two hours, Antarctica/Troll):
+# how far ahead a repeated wall-clock time is looked for, and a skipped one's jump
+_LONGEST_SHIFT = timedelta(hours=3)
 
 
 class CronError(ValueError):
@@ -84,6 +94,8 @@ class Cron:
     weekdays: frozenset[int]  # 0 = Sunday
     days_restricted: bool
     weekdays_restricted: bool
+    # minute and hour both fixed: the DST rule for fixed times applies (module docstring)
+    fixed_time: bool
 
     @classmethod
     def parse(cls, text: str) -> Cron:
@@ -104,6 +116,7 @@ class Cron:
             weekdays=weekdays,
             days_restricted=not parts[2].startswith("*"),
             weekdays_restricted=not parts[4].startswith("*"),
+            fixed_time=not (parts[0].startswith("*") or parts[1].startswith("*")),
         )
         if not cron.weekdays_restricted and not any(
             day <= _longest(month) for day in cron.days for month in cron.months
@@ -123,22 +136,61 @@ class Cron:
     def next_after(self, after: datetime, zone: tzinfo = UTC) -> datetime:
         """The first time strictly after `after` (an aware datetime) at which this fires,
         read on the wall clock of `zone`; returned in UTC."""
-        local = after.astimezone(zone)
-        start = (local + timedelta(minutes=1)).replace(second=0, microsecond=0)
-        day = start.date()
+        local = after.astimezone(zone).replace(tzinfo=None)
+        # A wall-clock time earlier than `after`'s can still come after it when the clock
+        # is about to be set back: start from the earliest wall time the next few hours
+        # show (without a change ahead, `after`'s own minute).
+        ahead = (after + _LONGEST_SHIFT).astimezone(zone).replace(tzinfo=None)
+        earliest = min(local, ahead - _LONGEST_SHIFT).replace(second=0, microsecond=0)
+        best: datetime | None = None
+        day = earliest.date()
         for _ in range(_SEARCH_DAYS):
             if self._day_matches(day):
-                first_day = day == start.date()
                 for hour in self.hours:
-                    if first_day and hour < start.hour:
+                    if day == earliest.date() and hour < earliest.hour:
                         continue
                     for minute in self.minutes:
-                        wall = datetime.combine(day, time(hour, minute), tzinfo=zone)
-                        fired = wall.astimezone(UTC)
-                        if fired > after:
-                            return fired
+                        wall = datetime.combine(day, time(hour, minute))
+                        if wall < earliest:
+                            continue
+                        fired = self._firings(wall, zone)
+                        later = [t for t in fired if t > after]
+                        if later and (best is None or min(later) < best):
+                            best = min(later)
+                        # Each wall time's first firing comes no earlier than the one
+                        # before it (a skipped time fires at the jump, a repeated one
+                        # first on its first pass), and a second firing comes after its
+                        # own first: once a first firing is past `after`, no later wall
+                        # time can fire sooner.
+                        if fired and fired[0] > after:
+                            assert best is not None
+                            return best
             day += timedelta(days=1)
         raise CronError(f"{self.text!r} does not fire within {_SEARCH_DAYS // 366} years")
+
+    def _firings(self, wall: datetime, zone: tzinfo) -> list[datetime]:
+        """When the naive wall-clock time `wall` fires in `zone`, in UTC, earliest first:
+        once; never or at the jump when the clock skips it; once or twice when the clock
+        repeats it (the module docstring's rule)."""
+        first = wall.replace(tzinfo=zone, fold=0).astimezone(UTC)
+        if first.astimezone(zone).replace(tzinfo=None) != wall:  # skipped
+            return [_end_of_jump(wall, zone)] if self.fixed_time else []
+        second = wall.replace(tzinfo=zone, fold=1).astimezone(UTC)
+        if second != first and not self.fixed_time:  # repeated
+            return [first, second]
+        return [first]
+
+
+def _end_of_jump(skipped: datetime, zone: tzinfo) -> datetime:
+    """The moment the clock jumped over the naive wall-clock time `skipped`, in UTC: the
+    first minute after it that the clock shows (clocks change on whole minutes)."""
+    wall = skipped
+    while wall - skipped <= _LONGEST_SHIFT:
+        wall += timedelta(minutes=1)
+        instant = wall.replace(tzinfo=zone).astimezone(UTC)
+        if instant.astimezone(zone).replace(tzinfo=None) == wall:
+            return instant
+    raise CronError(f"{zone}: no wall-clock time within {_LONGEST_SHIFT} after {skipped}")
 
 
 def _longest(month: int) -> int:

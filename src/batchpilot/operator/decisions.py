@@ -2,7 +2,8 @@
 
 Nothing here talks to Kubernetes or the clock: the handlers and the study runner pass
 `now` and the objects they read, and act on what comes back. That keeps every decision
-unit-testable without a cluster (DESIGN.md §5).
+unit-testable without a cluster (docs/architecture.md, "The parts"; its `operator-pure`
+contract keeps it so).
 """
 
 from __future__ import annotations
@@ -456,7 +457,7 @@ def clamp_params(params: Mapping[str, float | int], spec: InferenceServiceSpec) 
 
 
 def rule_of_thumb(spec: InferenceServiceSpec) -> Params:
-    """The seed's starting point (DESIGN.md §1): batch at about 2/3 of the largest
+    """The rule-of-thumb starting point (as `tuner.rules`): batch at about 2/3 of the largest
     allowed, wait 10-30 ms, inside the search space."""
     space = spec.parameters
     batch = max(space.max_batch_size.min, round(space.max_batch_size.max * 2 / 3))

@@ -23,6 +23,7 @@ from urllib.parse import quote
 
 import yaml
 
+from batchpilot.errors import TargetError
 from batchpilot.operator import decisions
 from batchpilot.operator.kube import workload_path
 from batchpilot.operator.spec import (
@@ -34,7 +35,6 @@ from batchpilot.operator.spec import (
 )
 from batchpilot.operator.status import OriginalConfig
 from batchpilot.runtimes.rayserve.config import BATCH_KEY, WAIT_KEY, split_model
-from batchpilot.tuner.interfaces import TargetError
 
 PLURALS = {"InferenceService": "inferenceservices", "RayService": "rayservices"}
 KSERVE_LABEL = "serving.kserve.io/inferenceservice"

@@ -1,6 +1,7 @@
 """The InferenceService status as typed models. The status is the study's only
 persistent state: after a restart the operator rebuilds the study from it
-(DESIGN.md §5), so it carries every trial that the tuner needs, bounded in size.
+(docs/architecture.md, "Several operator replicas"), so it carries every trial that the
+tuner needs, bounded in size.
 """
 
 from __future__ import annotations

@@ -3,7 +3,8 @@
 Each step reads nothing but its own status (kept in memory, written to the API server
 after every change) and the world, asks `decisions.plan` what comes next and does it.
 The tuner is rebuilt from the trial history for every trial, so a resumed operator
-takes exactly the path an uninterrupted one would (DESIGN.md §5).
+takes exactly the path an uninterrupted one would (the status is the study's only
+persistent state: `operator.status`).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Literal
 
+from batchpilot.errors import TargetError
 from batchpilot.models import BatchingConfig, CapacityResult
 from batchpilot.operator import (
     adopt,
@@ -46,7 +48,6 @@ from batchpilot.operator.status import (
     TrialEntry,
 )
 from batchpilot.operator.world import TargetProblem, World
-from batchpilot.tuner.interfaces import TargetError
 from batchpilot.tuner.space import ParameterSpec, SearchSpace
 from batchpilot.tuner.study import INTERRUPTED, INVALID, TrialRecord, Tuner
 from batchpilot.tuner.verdict import Estimate

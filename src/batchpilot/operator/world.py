@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import aiohttp
 
+from batchpilot.errors import TargetError
 from batchpilot.loadgen.protocols import REFERENCE_PATH, speaking
 from batchpilot.models import BatchingConfig, CapacityResult
 from batchpilot.operator import canary as canaries
@@ -36,7 +37,6 @@ from batchpilot.operator.kube import (
 from batchpilot.operator.selectors import SelectorError, from_label_selector
 from batchpilot.operator.spec import InferenceServiceSpec, Params, batching_config
 from batchpilot.operator.status import OriginalConfig
-from batchpilot.tuner.interfaces import TargetError
 
 if TYPE_CHECKING:
     from batchpilot.capacity.prometheus import PrometheusStepSource

@@ -27,6 +27,7 @@ from typing import (
 from pydantic import Field, model_validator
 from typing_extensions import TypeVar
 
+from batchpilot.capacity.promql import Metrics
 from batchpilot.loadgen.protocols import RequestProtocol
 from batchpilot.models import MAX_BATCH_SIZE_LIMIT, MAX_QUEUE_TIME_MS_LIMIT, BatchingConfig, Frozen
 
@@ -130,26 +131,6 @@ def representable(knobs: Sequence[Knob], config: BatchingConfig) -> BatchingConf
     """`config` as the runtime will run it: through its units and rounding and back.
     Compare read-backs with this, not with the request."""
     return from_native(knobs, to_native(knobs, config))
-
-
-class Metrics(Frozen):
-    """Where p99 and the request rates come from in the runtime's Prometheus metrics.
-    Each request expression is a PromQL counter (selector included) whose `rate()` over
-    a window gives requests per second."""
-
-    port_note: str  # where they are served, e.g. ":8002/metrics"
-    latency_histogram: str | None  # the histogram's name without _bucket; None: none
-    latency_unit: Literal["s", "ms", "us"] = "s"
-    # label matchers that keep the histogram to inference requests, e.g. 'path="/infer"'
-    latency_matchers: str = ""
-    ok_requests: str
-    total_requests: str
-    batch_size: str | None = None  # PromQL for the mean batch size, where there is one
-    # a summary (name, with a `quantile` label) the runtime keeps over its own sliding
-    # window, where it has one: a cross-check only, the window is not the step's
-    latency_summary: str | None = None
-    # how late a request shows in the exported figures (Ray pushes its every ~10 s)
-    export_delay_s: Annotated[float, Field(ge=0.0)] = 0.0
 
 
 class ControlEndpoint(Frozen):

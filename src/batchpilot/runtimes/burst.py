@@ -12,7 +12,7 @@ from typing import Any, ClassVar
 
 import aiohttp
 
-from batchpilot.tuner.interfaces import TargetError
+from batchpilot.errors import TargetError
 
 # this many concurrent requests per unit of batch cap, between BURST_MIN and BURST_MAX:
 # enough for batches to fill to the cap if batching is on, not a load test

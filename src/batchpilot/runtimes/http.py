@@ -10,8 +10,8 @@ from typing import Any, TypedDict
 
 import aiohttp
 
+from batchpilot.errors import TargetError
 from batchpilot.retry import backoff_delay, retry
-from batchpilot.tuner.interfaces import TargetError
 
 log = logging.getLogger(__name__)
 

@@ -8,6 +8,8 @@ from typing import Any
 
 from typing_extensions import Unpack
 
+from batchpilot.capacity.promql import Metrics
+from batchpilot.errors import TargetError
 from batchpilot.extras import torch_missing
 from batchpilot.loadgen.protocols import REFERENCE, RequestProtocol
 from batchpilot.models import BatchingConfig
@@ -15,7 +17,6 @@ from batchpilot.runtimes.base import (
     ControlEndpoint,
     LaunchError,
     LocalServer,
-    Metrics,
     NativeValues,
     Persistence,
     Runtime,
@@ -24,7 +25,6 @@ from batchpilot.runtimes.base import (
     wait_knob,
 )
 from batchpilot.runtimes.http import ClientOptions, ControlClient
-from batchpilot.tuner.interfaces import TargetError
 
 ADMIN_PATH = "/admin/batching"
 PROFILE_PATH = "/admin/profile"

@@ -11,9 +11,10 @@ from dataclasses import dataclass
 
 from rich.console import Console
 
+from batchpilot.errors import TargetError
 from batchpilot.models import BatchingConfig
 from batchpilot.runtimes.base import Runtime
-from batchpilot.tuner.interfaces import Target, TargetError
+from batchpilot.tuner.interfaces import Target
 from batchpilot.tuner.summary import TuneSummary
 
 log = logging.getLogger(__name__)

@@ -13,15 +13,17 @@ from optuna.storages import BaseStorage
 from rich.console import Console
 
 from batchpilot.clitools import OneLineErrors
+from batchpilot.extras import matplotlib_missing
 from batchpilot.loadgen.arrival_option import ARRIVAL_HELP
 from batchpilot.loadgen.arrivals import ARRIVAL_SYNTAX, ArrivalKind
 from batchpilot.loadgen.connections_option import max_connections_option
-from batchpilot.models import MAX_LOAD_WORKERS, SLA, RequestMix
+from batchpilot.models import DEFAULT_MIN_REQUESTS, MAX_LOAD_WORKERS, SLA, RequestMix
 from batchpilot.runtimes.registry import DEFAULT_RUNTIME, runtime_names
 from batchpilot.tuner.config import (
     QUICK_FINALISTS,
     QUICK_MAX_ROUNDS,
     QUICK_MEASUREMENT,
+    QUICK_MIN_REQUESTS,
     QUICK_SIMULATOR_WARM_STARTS,
     QUICK_TIME_BUDGET_S,
     QUICK_TRIALS,
@@ -58,6 +60,7 @@ def build_config(
     workers: int | None = None,
     max_rounds: int | None = None,
     max_connections: int | None = None,
+    min_requests: int | None = None,
 ) -> TuneConfig:
     """The file's configuration with the flags applied; --quick first, so an explicit
     --trials still wins over it."""
@@ -101,6 +104,8 @@ def build_config(
         measurement = measurement.model_copy(update={"workers": workers})
     if max_connections is not None:
         measurement = measurement.model_copy(update={"max_connections": max_connections})
+    if min_requests is not None:
+        measurement = measurement.model_copy(update={"min_requests": min_requests})
     check_rounds(tuning.rounds, tuning.max_rounds)
     sla = base.sla
     if sla_p99_ms is not None:
@@ -322,6 +327,14 @@ def _storage(spec: str | None) -> str | BaseStorage | None:
     "the server runs on this machine too].",
 )
 @max_connections_option(split=", split over --workers (--local, --url)")
+@click.option(
+    "--min-requests",
+    type=click.IntRange(0, 1_000_000),
+    default=None,
+    help="Measured requests a step holds at least: it is stretched up to 6-fold until it "
+    "does, and one still short is judged on the upper bound of its p99 (--local, --url) "
+    f"[default {DEFAULT_MIN_REQUESTS:,}; {QUICK_MIN_REQUESTS} with --quick].",
+)
 @click.option("--arrival", default=None, help=ARRIVAL_HELP + " [default poisson]")
 @click.option("--seed", type=int, default=None, help="Seed of the sampler and the load.")
 @click.option(
@@ -359,6 +372,7 @@ def tune(
     min_gain_percent: float | None,
     workers: int | None,
     max_connections: int | None,
+    min_requests: int | None,
 ) -> None:
     """Find the dynamic-batching configuration with the most effective throughput
     within the p99 SLA, measured in the same run against the baseline and the rule of
@@ -415,6 +429,10 @@ def tune(
         raise TuneError(
             "--max-connections applies to --local and --url runs; a simulated run sends no load"
         )
+    elif min_requests is not None:
+        raise TuneError(
+            "--min-requests applies to --local and --url runs; a simulated run sends no load"
+        )
     try:
         base = load_config(config_path) if config_path is not None else TuneConfig()
         config = build_config(
@@ -432,6 +450,7 @@ def tune(
             workers=workers,
             max_rounds=max_rounds,
             max_connections=max_connections,
+            min_requests=min_requests,
         )
         space, request_mix = resolve(config)
         process = resolve_arrival(config)
@@ -450,6 +469,9 @@ def tune(
         )
     if report_dir is not None and report_dir.exists() and not report_dir.is_dir():
         raise TuneError(f"--report {report_dir}: exists and is not a directory")
+    # before any trial: a run whose report cannot be drawn would be wasted
+    if report_dir is not None and (missing := matplotlib_missing("tune --report (its plots)")):
+        raise click.ClickException(missing)
 
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     import optuna
@@ -468,10 +490,10 @@ def tune(
             report_dir=report_dir,
         )
         return
+    from batchpilot.errors import TargetError
     from batchpilot.runtimes.base import LaunchError
     from batchpilot.runtimes.registry import get_runtime
     from batchpilot.server.process import ServerStartError
-    from batchpilot.tuner.interfaces import TargetError
     from batchpilot.tuner.localmode import LocalRun, tune_local
     from batchpilot.tuner.progress import render_summary
 

@@ -12,6 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from batchpilot.datafiles import load_yaml_or_json
 from batchpilot.models import (
+    DEFAULT_MIN_REQUESTS,
     MAX_BATCH_SIZE_LIMIT,
     MAX_CONNECTIONS,
     MAX_LOAD_WORKERS,
@@ -86,6 +87,10 @@ class Measurement(Strict):
     # None, a pool sized for open loop. Under a cap a wait for a connection is the
     # client's limit (a client-bound step), e.g. when sparing a production server.
     max_connections: Annotated[int, Field(ge=1, le=MAX_CONNECTIONS)] | None = None
+    # Measured requests a step holds at least: a step is stretched (up to 6-fold) until
+    # it does, and one still short is judged on the upper bound of its p99
+    # (capacity/http.py step_window_s, capacity/steps.py step_from_load).
+    min_requests: Annotated[int, Field(ge=0, le=1_000_000)] = DEFAULT_MIN_REQUESTS
 
 
 class Tuning(Strict):
@@ -137,7 +142,12 @@ class TuneConfig(Strict):
 # --quick: a smoke run that still ends with a measured recommendation. Short windows
 # and a coarse precision; enough trials for baseline, rule of thumb, one simulator
 # proposal and a few sampler trials.
-QUICK_MEASUREMENT = Measurement(step_duration_s=1.2, warmup_s=0.5, precision=0.15)
+# A smoke run's steps hold 500 requests (a p99 over about five samples above it) so
+# that they stay near their 1.2 s instead of stretching to 2,000 requests.
+QUICK_MIN_REQUESTS = 500
+QUICK_MEASUREMENT = Measurement(
+    step_duration_s=1.2, warmup_s=0.5, precision=0.15, min_requests=QUICK_MIN_REQUESTS
+)
 QUICK_TRIALS = 6
 QUICK_SIMULATOR_WARM_STARTS = 1
 QUICK_TIME_BUDGET_S = 75.0

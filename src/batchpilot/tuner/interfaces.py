@@ -1,13 +1,16 @@
-"""What the tuner needs from the world, and nothing more (DESIGN.md §2).
+"""What the tuner needs from the world, and nothing more (docs/architecture.md, "The
+parts").
 
-Local mode implements these against a reference-server subprocess; the operator
-implements them against Kubernetes workloads. The tuner never imports either.
+Local mode implements these against a runtime's server; the operator implements them
+against Kubernetes workloads. The tuner's study never imports either: only the modes
+that wire it to a world do (the `tuner-core` contract in pyproject.toml).
 """
 
 from __future__ import annotations
 
 from typing import Protocol
 
+from batchpilot.errors import TargetError
 from batchpilot.models import BatchingConfig, CapacityResult
 
 
@@ -34,11 +37,6 @@ class Probe(Protocol):
         early (returning a result with `pruned=True`) once this configuration
         provably cannot exceed it."""
         ...
-
-
-class TargetError(RuntimeError):
-    """The target could not be brought to the requested configuration; the trial fails
-    with this message as its reason."""
 
 
 class ServerDied(TargetError):

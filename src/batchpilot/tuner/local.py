@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from batchpilot.errors import TargetError
 from batchpilot.loadgen.protocols import RequestProtocol, speaking
 from batchpilot.loadgen.warmup import RejectedError
 from batchpilot.models import (
@@ -15,7 +16,6 @@ from batchpilot.models import (
     CapacityResult,
     RequestMix,
 )
-from batchpilot.tuner.interfaces import TargetError
 
 if TYPE_CHECKING:
     from batchpilot.capacity.http import StepSource

@@ -24,11 +24,11 @@ from rich.console import Console
 from batchpilot.loadgen.arrivals import ArrivalKind, Poisson
 from batchpilot.models import SLA, BatchingConfig, CapacityResult, RequestMix
 from batchpilot.runtimes.base import Profiled
-from batchpilot.runtimes.figures import runtime_figures
 from batchpilot.runtimes.registry import DEFAULT_RUNTIME, get_runtime
 from batchpilot.tuner.attached import Attached, check_attached, leave_attached
 from batchpilot.tuner.config import TuneConfig
 from batchpilot.tuner.confirm import BRACKET_START, Confirmed, confirm_study, study_figures
+from batchpilot.tuner.figures import runtime_figures
 from batchpilot.tuner.interfaces import Probe, Target
 from batchpilot.tuner.local import LocalProbe
 from batchpilot.tuner.progress import TrialProgress
@@ -219,6 +219,7 @@ async def tune_local(run: LocalRun, console: Console) -> TuneSummary:
             workers=cfg.measurement.workers,
             source=run.source,
             max_connections=cfg.measurement.max_connections,
+            min_requests=cfg.measurement.min_requests,
         )
         warm = SimulatorWarmStart(tuner, target, run, rules)
         progress = TrialProgress(console, cfg.tuning.trials)

@@ -1,4 +1,4 @@
-"""The seed's rules of thumb (DESIGN.md §1) as concrete configurations: what a careful
+"""The rules of thumb for dynamic batching as concrete configurations: what a careful
 person would try first without a tuner. They are measured in every run, so the gain
 the tuner reports over "doing it by the book" is measured, not assumed."""
 

@@ -1,5 +1,6 @@
-"""The trial loop over any target and probe (DESIGN.md §2): ask, apply, measure, tell;
-then the finalists and the incumbent measured again, interleaved, for the verdict.
+"""The trial loop over any target and probe (docs/architecture.md, "The parts"): ask,
+apply, measure, tell; then the finalists and the incumbent measured again, interleaved,
+for the verdict.
 
 Cancellation (Ctrl-C) propagates out of the trial in flight without telling the tuner:
 the trial stays Running in the storage, which is exactly what a resumed run recognises
@@ -10,8 +11,9 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Collection, Sequence
 from dataclasses import dataclass
 
+from batchpilot.errors import TargetError
 from batchpilot.models import BatchingConfig, CapacityResult
-from batchpilot.tuner.interfaces import Probe, ServerDied, Target, TargetError
+from batchpilot.tuner.interfaces import Probe, ServerDied, Target
 from batchpilot.tuner.study import TrialRecord, Tuner
 
 

@@ -1,6 +1,6 @@
-"""The outcome of a tuning run as JSON first (DESIGN.md §6): the recommendation and the
-verdict that proves it, the reference configurations measured in the same run, and the
-gains over them. Tables and plots are views of this."""
+"""The outcome of a tuning run as JSON first (docs/architecture.md, "How a configuration
+flows"): the recommendation and the verdict that proves it, the reference configurations
+measured in the same run, and the gains over them. Tables and plots are views of this."""
 
 from __future__ import annotations
 

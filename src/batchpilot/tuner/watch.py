@@ -14,8 +14,9 @@ import contextlib
 import logging
 from typing import Protocol
 
+from batchpilot.errors import TargetError
 from batchpilot.models import BatchingConfig, CapacityResult
-from batchpilot.tuner.interfaces import Probe, ServerDied, Target, TargetError
+from batchpilot.tuner.interfaces import Probe, ServerDied, Target
 
 log = logging.getLogger(__name__)
 

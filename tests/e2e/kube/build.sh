@@ -74,8 +74,9 @@ build_kube() {
         edits+=(-replace="${path}=${path}@${staging_version}")
     done < <(awk '$1 ~ /^k8s\.io\// && $2 == "v0.0.0" {print $1}' "$gomod" | sort -u)
     go mod edit "${edits[@]}"
-    go get -tool k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kube-controller-manager >/dev/null 2>&1 \
-        || go get -tool k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kube-controller-manager
+    # each at the pinned version: a bare `go get` would take the latest release
+    local tools=("k8s.io/kubernetes/cmd/kube-apiserver@${KUBE_VERSION}" "k8s.io/kubernetes/cmd/kube-controller-manager@${KUBE_VERSION}")
+    go get -tool "${tools[@]}" >/dev/null 2>&1 || go get -tool "${tools[@]}"
     go mod tidy >/dev/null 2>&1 || go mod tidy
 
     minor="${KUBE_VERSION#v1.}"; minor="${minor%%.*}"
@@ -113,7 +114,7 @@ build_etcd() {
         -replace="go.etcd.io/etcd/client/pkg/v3=go.etcd.io/etcd/client/pkg/v3@${ETCD_VERSION}" \
         -replace="go.etcd.io/etcd/client/v3=go.etcd.io/etcd/client/v3@${ETCD_VERSION}" \
         -replace="go.etcd.io/etcd/pkg/v3=go.etcd.io/etcd/pkg/v3@${ETCD_VERSION}"
-    go get -tool go.etcd.io/etcd/server/v3 >/dev/null 2>&1 || go get -tool go.etcd.io/etcd/server/v3
+    go get -tool "go.etcd.io/etcd/server/v3@${ETCD_VERSION}" >/dev/null 2>&1 || go get -tool "go.etcd.io/etcd/server/v3@${ETCD_VERSION}"
     go mod tidy >/dev/null 2>&1 || go mod tidy
     local t0; t0=$(now)
     nice go build -trimpath -ldflags "-s -w" -o "$bin_dir/etcd.tmp" go.etcd.io/etcd/server/v3

@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import json
 
+from batchpilot.capacity.promql import Metrics
 from batchpilot.loadgen.protocols import RequestProtocol, kserve_v2
 from batchpilot.models import BatchingConfig
 from batchpilot.runtimes.base import (
     ControlEndpoint,
     LocalServer,
-    Metrics,
     NativeValues,
     Persistence,
     Runtime,

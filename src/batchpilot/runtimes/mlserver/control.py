@@ -23,6 +23,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from batchpilot.errors import TargetError
 from batchpilot.loadgen.protocols import JSON_HEADERS, v2_body, v2_path
 from batchpilot.models import BatchingConfig
 from batchpilot.runtimes import burst
@@ -36,7 +37,6 @@ from batchpilot.runtimes.base import (
     wait_knob,
 )
 from batchpilot.runtimes.http import ControlClient
-from batchpilot.tuner.interfaces import TargetError
 
 MODEL = "batchpilot-mlp"
 MODEL_FILE = "mlserver_batch_model.py"

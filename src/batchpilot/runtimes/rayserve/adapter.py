@@ -12,6 +12,7 @@ from urllib.parse import urlsplit
 
 from typing_extensions import Unpack
 
+from batchpilot.capacity.promql import Metrics
 from batchpilot.loadgen.protocols import JSON_HEADERS, RequestProtocol
 from batchpilot.models import BatchingConfig
 from batchpilot.runtimes.base import (
@@ -20,7 +21,6 @@ from batchpilot.runtimes.base import (
     Knob,
     LaunchError,
     LocalServer,
-    Metrics,
     NativeValues,
     Persistence,
     Runtime,

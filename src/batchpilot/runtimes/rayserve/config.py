@@ -11,9 +11,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from batchpilot.errors import TargetError
 from batchpilot.runtimes.base import NativeValues
 from batchpilot.runtimes.burst import batch_counts
-from batchpilot.tuner.interfaces import TargetError
 
 APP_NAME = "batchpilot"
 DEPLOYMENT = "BatchModel"

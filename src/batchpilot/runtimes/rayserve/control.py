@@ -11,6 +11,7 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
+from batchpilot.errors import TargetError
 from batchpilot.loadgen.protocols import RequestProtocol
 from batchpilot.models import BatchingConfig
 from batchpilot.runtimes import burst
@@ -27,7 +28,6 @@ from batchpilot.runtimes.rayserve.config import (
     redeploy_config,
     same_values,
 )
-from batchpilot.tuner.interfaces import TargetError
 
 APPLICATIONS_PATH = "/api/serve/applications/"
 _POLL_S = 0.1

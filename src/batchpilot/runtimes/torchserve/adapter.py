@@ -8,12 +8,12 @@ from __future__ import annotations
 import json
 from urllib.parse import urlsplit, urlunsplit
 
+from batchpilot.capacity.promql import Metrics
 from batchpilot.loadgen.protocols import JSON_HEADERS, RequestProtocol
 from batchpilot.models import BatchingConfig
 from batchpilot.runtimes.base import (
     ControlEndpoint,
     LocalServer,
-    Metrics,
     NativeValues,
     Persistence,
     Runtime,

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlencode
 
+from batchpilot.errors import TargetError
 from batchpilot.loadgen.protocols import JSON_HEADERS
 from batchpilot.models import BatchingConfig
 from batchpilot.runtimes import burst
@@ -32,7 +33,6 @@ from batchpilot.runtimes.base import (
 )
 from batchpilot.runtimes.http import ControlClient
 from batchpilot.runtimes.torchserve.archive import archive_name, handler_source, model_archive
-from batchpilot.tuner.interfaces import TargetError
 
 MODEL = "batchpilot-mlp"
 # How long an old version may take to finish what it was given before it is deleted anyway

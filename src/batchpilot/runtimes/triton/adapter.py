@@ -15,14 +15,13 @@ from urllib.parse import urlsplit
 import aiohttp
 from typing_extensions import Unpack
 
-from batchpilot.capacity.promql import with_matchers
+from batchpilot.capacity.promql import Metrics, with_matchers
 from batchpilot.loadgen.protocols import JSON_HEADERS, RequestProtocol, v2_path
 from batchpilot.models import BatchingConfig
 from batchpilot.runtimes.base import (
     ControlEndpoint,
     ControlOptions,
     LocalServer,
-    Metrics,
     NativeValues,
     Persistence,
     Runtime,

@@ -18,9 +18,9 @@ from typing import Any
 
 import aiohttp
 
+from batchpilot.errors import TargetError
 from batchpilot.runtimes.http import ControlClient
 from batchpilot.runtimes.triton.repository import TritonBatching
-from batchpilot.tuner.interfaces import TargetError
 
 
 class TritonError(TargetError):

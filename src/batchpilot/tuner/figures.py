@@ -1,4 +1,7 @@
-"""A tuning summary's configurations in a runtime's own terms (`TuneSummary.runtime`)."""
+"""A tuning summary's configurations in a runtime's own terms (`TuneSummary.runtime`).
+
+It reads both the summary and the runtime's adapter, so it sits in the tuner, above
+the runtimes: the adapters know nothing of the tuner's summary."""
 
 from __future__ import annotations
 

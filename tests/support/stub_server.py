@@ -11,7 +11,7 @@ performance is set on the command line:
   D ms each; beyond `--queue-limit` waiting requests it answers 503.
 - neither: answers at once (a trivial endpoint).
 
-Run it with `python -m batchpilot.loadgen.stub_server --port 0`; it prints
+Run it with `python tests/support/stub_server.py --port 0`; it prints
 `listening on http://127.0.0.1:PORT` once it accepts connections."""
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ import os
 import signal
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
 import aiohttp
 from aiohttp import web
@@ -43,6 +44,8 @@ _LATENCY_BUCKETS = (
     0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0,
 )  # fmt: skip
 _OK_BODY = b'{"outputs": []}'
+# the stub's process runs this file by its path: it is not in the installed package
+_SCRIPT = str(Path(__file__).resolve())
 
 
 class StubService:
@@ -177,8 +180,7 @@ class StubServerProcess(ChildProcess):
     async def start(self) -> None:
         self._process = await asyncio.create_subprocess_exec(
             sys.executable,
-            "-m",
-            "batchpilot.loadgen.stub_server",
+            _SCRIPT,
             *self._args,
             stdout=asyncio.subprocess.PIPE,
             preexec_fn=_die_with_parent,

@@ -1,0 +1,10 @@
+"""Exceptions that cross the layers: raised in a lower part (a runtime adapter's
+control, the operator's world of pods) and handled in a higher one (the tuner's runner,
+the operator's study), so they live below both."""
+
+from __future__ import annotations
+
+
+class TargetError(RuntimeError):
+    """The target could not be brought to the requested configuration; the trial fails
+    with this message as its reason."""
