@@ -13,17 +13,7 @@ from batchpilot.errors import TargetError
 from batchpilot.extras import torch_missing
 from batchpilot.loadgen.protocols import REFERENCE, RequestProtocol
 from batchpilot.models import BatchingConfig
-from batchpilot.runtimes.base import (
-    ControlEndpoint,
-    LaunchError,
-    LocalServer,
-    NativeValues,
-    Persistence,
-    Runtime,
-    Verification,
-    batch_knob,
-    wait_knob,
-)
+from batchpilot.runtimes import base
 from batchpilot.runtimes.http import ClientOptions, ControlClient
 
 ADMIN_PATH = "/admin/batching"
@@ -43,7 +33,7 @@ class ReferenceControl:
         # the model up at the new size before it answers.
         self._client = ControlClient(url, **client)
         self.url = self._client.url
-        self.last_verification: Verification | None = None
+        self.last_verification: base.Verification | None = None
 
     async def current(self) -> BatchingConfig:
         data = await self._client.call("GET", ADMIN_PATH)
@@ -52,7 +42,7 @@ class ReferenceControl:
         except ValueError as exc:
             raise TargetError(f"GET {ADMIN_PATH} answered an unexpected body: {data!r}") from exc
 
-    async def native(self) -> NativeValues:
+    async def native(self) -> base.NativeValues:
         live = await self.current()
         return ReferenceRuntime().native(live)
 
@@ -62,7 +52,7 @@ class ReferenceControl:
         live = await self.current()
         if live != config:
             raise TargetError(f"asked for {config.label()}, the server runs {live.label()}")
-        self.last_verification = Verification(
+        self.last_verification = base.Verification(
             requested=config,
             live=live,
             native=ReferenceRuntime().native(live),
@@ -78,10 +68,10 @@ class ReferenceControl:
         return data
 
 
-class ReferenceRuntime(Runtime[ReferenceControl, LocalServer]):
+class ReferenceRuntime(base.Runtime[ReferenceControl, base.LocalServer]):
     name = "reference"
     title = "BatchPilot reference server"
-    knobs = (batch_knob("max_batch_size"), wait_knob("max_queue_time_ms", "ms"))
+    knobs = (base.batch_knob("max_batch_size"), base.wait_knob("max_queue_time_ms", "ms"))
     how_applied = "live"
     metrics = Metrics(
         port_note="the serving port, /metrics",
@@ -91,7 +81,7 @@ class ReferenceRuntime(Runtime[ReferenceControl, LocalServer]):
         total_requests="batchpilot_requests_total",
     )
     default_model = None
-    control_endpoint = ControlEndpoint(
+    control_endpoint = base.ControlEndpoint(
         what=f"the reference server's admin endpoint (base URL of {ADMIN_PATH})",
         default="the inference URL itself",
     )
@@ -103,18 +93,22 @@ class ReferenceRuntime(Runtime[ReferenceControl, LocalServer]):
         return REFERENCE
 
     def _control(
-        self, url: str, model: str | None, server: LocalServer | None, control_url: str | None
+        self, url: str, model: str | None, server: base.LocalServer | None, control_url: str | None
     ) -> ReferenceControl:
         return ReferenceControl(control_url or url)
 
     def _launch(
-        self, start: BatchingConfig, native: NativeValues, threads: int | None, workload: str | None
-    ) -> LocalServer:
+        self,
+        start: BatchingConfig,
+        native: base.NativeValues,
+        threads: int | None,
+        workload: str | None,
+    ) -> base.LocalServer:
         from batchpilot.server.process import ServerProcess
 
         missing = torch_missing("the reference server")
         if missing is not None:
-            raise LaunchError(missing)
+            raise base.LaunchError(missing)
         return ServerProcess(
             model=workload or WORKLOADS[0],
             max_batch_size=start.max_batch_size,
@@ -122,10 +116,10 @@ class ReferenceRuntime(Runtime[ReferenceControl, LocalServer]):
             threads=threads,
         )
 
-    def persistence(self, config: BatchingConfig, *, model: str | None = None) -> Persistence:
+    def persistence(self, config: BatchingConfig, *, model: str | None = None) -> base.Persistence:
         wait = config.max_queue_time_ms
         wait_text = str(int(wait)) if float(wait).is_integer() else f"{wait:g}"
-        return Persistence(
+        return base.Persistence(
             kind="env",
             where="set the serving container's environment",
             snippet=(

@@ -9,14 +9,7 @@ import json
 from batchpilot.capacity.promql import Metrics
 from batchpilot.loadgen.protocols import RequestProtocol, kserve_v2
 from batchpilot.models import BatchingConfig
-from batchpilot.runtimes.base import (
-    ControlEndpoint,
-    LocalServer,
-    NativeValues,
-    Persistence,
-    Runtime,
-    to_native,
-)
+from batchpilot.runtimes import base
 from batchpilot.runtimes.mlserver.control import (
     FEATURES,
     INPUT_NAME,
@@ -31,7 +24,7 @@ from batchpilot.runtimes.mlserver.process import MLServerProcess
 INFER_PATH = 'path="/v2/models/{model_name}/infer"'
 
 
-class MLServerRuntime(Runtime[MLServerControl, MLServerProcess]):
+class MLServerRuntime(base.Runtime[MLServerControl, MLServerProcess]):
     name = "mlserver"
     title = "MLServer 1.7.1"
     knobs = KNOBS
@@ -48,7 +41,7 @@ class MLServerRuntime(Runtime[MLServerControl, MLServerProcess]):
     )
     default_model = MODEL
     # MLServer has no management port: its repository API shares the inference port
-    control_endpoint = ControlEndpoint(
+    control_endpoint = base.ControlEndpoint(
         what="MLServer's model repository API (/v2/repository/models/M/load)",
         default="the inference URL itself",
     )
@@ -59,7 +52,7 @@ class MLServerRuntime(Runtime[MLServerControl, MLServerProcess]):
         return kserve_v2(model or MODEL, input_name=INPUT_NAME, features=FEATURES)
 
     def _control(
-        self, url: str, model: str | None, server: LocalServer | None, control_url: str | None
+        self, url: str, model: str | None, server: base.LocalServer | None, control_url: str | None
     ) -> MLServerControl:
         repository = server.repository if isinstance(server, MLServerProcess) else None
         return MLServerControl(
@@ -67,7 +60,11 @@ class MLServerRuntime(Runtime[MLServerControl, MLServerProcess]):
         )
 
     def _launch(
-        self, start: BatchingConfig, native: NativeValues, threads: int | None, workload: str | None
+        self,
+        start: BatchingConfig,
+        native: base.NativeValues,
+        threads: int | None,
+        workload: str | None,
     ) -> MLServerProcess:
         return MLServerProcess(start, threads=threads)
 
@@ -89,8 +86,8 @@ class MLServerRuntime(Runtime[MLServerControl, MLServerProcess]):
             "version already loaded turns adaptive batching off)"
         )
 
-    def persistence(self, config: BatchingConfig, *, model: str | None = None) -> Persistence:
-        native = to_native(KNOBS, config)
+    def persistence(self, config: BatchingConfig, *, model: str | None = None) -> base.Persistence:
+        native = base.to_native(KNOBS, config)
         name = model or MODEL
         snippet = json.dumps(
             {
@@ -100,7 +97,7 @@ class MLServerRuntime(Runtime[MLServerControl, MLServerProcess]):
             },
             indent=2,
         )
-        return Persistence(
+        return base.Persistence(
             kind="recommend",
             where=f"write model-settings.json of model {name} with these keys",
             snippet=snippet,

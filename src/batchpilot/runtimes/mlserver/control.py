@@ -26,16 +26,7 @@ from typing import Any
 from batchpilot.errors import TargetError
 from batchpilot.loadgen.protocols import JSON_HEADERS, v2_body, v2_path
 from batchpilot.models import BatchingConfig
-from batchpilot.runtimes import burst
-from batchpilot.runtimes.base import (
-    Knob,
-    NativeValues,
-    Verification,
-    batch_knob,
-    from_native,
-    to_native,
-    wait_knob,
-)
+from batchpilot.runtimes import base, burst
 from batchpilot.runtimes.http import ControlClient
 
 MODEL = "batchpilot-mlp"
@@ -44,9 +35,9 @@ IMPLEMENTATION = "mlserver_batch_model.BatchRecordingMLP"
 INPUT_NAME = "INPUT"
 FEATURES = 8  # per row; the bundled model's input width
 SETTINGS_FILE = "model-settings.json"
-KNOBS: tuple[Knob, Knob] = (
-    batch_knob("max_batch_size"),
-    wait_knob("max_batch_time", "s"),
+KNOBS: tuple[base.Knob, base.Knob] = (
+    base.batch_knob("max_batch_size"),
+    base.wait_knob("max_batch_time", "s"),
 )
 
 
@@ -167,7 +158,7 @@ class MLServerControl:
         self.repository = repository
         self._timeout_s = timeout_s
         self._verify_attempts = verify_attempts
-        self.last_verification: Verification | None = None
+        self.last_verification: base.Verification | None = None
 
     async def burst(self, n: int) -> Observed:
         """`n` concurrent single-row inference requests; their answers' parameters (plus
@@ -183,7 +174,7 @@ class MLServerControl:
         )
         return Observed(answers)
 
-    async def native(self) -> NativeValues:
+    async def native(self) -> base.NativeValues:
         answer = (await self.burst(1)).answers[0]
         return {
             "max_batch_size": int(answer["max_batch_size"]),
@@ -191,7 +182,7 @@ class MLServerControl:
         }
 
     async def current(self) -> BatchingConfig:
-        return from_native(KNOBS, await self.native())
+        return base.from_native(KNOBS, await self.native())
 
     async def apply(self, config: BatchingConfig) -> None:
         if self.repository is None:
@@ -200,7 +191,7 @@ class MLServerControl:
                 "only recommend (write the model-settings.json shown) for it"
             )
         try:
-            native = to_native(KNOBS, config)
+            native = base.to_native(KNOBS, config)
         except ValueError as exc:
             raise TargetError(str(exc)) from None
         started = time.monotonic()
@@ -221,8 +212,8 @@ class MLServerControl:
         )
 
     async def _verify(
-        self, config: BatchingConfig, native: NativeValues, version: str, started: float
-    ) -> Verification:
+        self, config: BatchingConfig, native: base.NativeValues, version: str, started: float
+    ) -> base.Verification:
         n = burst.burst_size(int(native["max_batch_size"]))
         problems: list[str] = []
         for _ in range(self._verify_attempts):
@@ -230,9 +221,9 @@ class MLServerControl:
             problems = check_observed(observed, native, version)
             if not problems:
                 on = batching_on(native)
-                return Verification(
+                return base.Verification(
                     requested=config,
-                    live=from_native(KNOBS, native),
+                    live=base.from_native(KNOBS, native),
                     native=native,
                     batch_sizes=observed.batch_sizes(),
                     verified_by=(
