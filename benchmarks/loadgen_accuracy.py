@@ -56,6 +56,7 @@ from batchpilot.loadgen.http1 import Http1Client, prepare
 from batchpilot.models import RequestMix
 from batchpilot.runtimes.triton.install import TRITON_VERSION
 from batchpilot.server.process import ServerProcess
+from perf_analyzer import PERF_ANALYZER_VERSION
 from suite_support import StubServerProcess
 
 VEGETA_VERSION = "v12.12.0"
@@ -442,7 +443,7 @@ if __name__ == "__main__":
             args,
             runtimes={
                 "triton": TRITON_VERSION,
-                "perf_analyzer": versus_perf_analyzer.pa.PERF_ANALYZER_VERSION,
+                "perf_analyzer": PERF_ANALYZER_VERSION,
             },
         )
         if args.target == "triton"
