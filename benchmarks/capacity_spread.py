@@ -15,6 +15,7 @@ import statistics
 import sys
 from typing import Any
 
+import results
 from batchpilot.capacity.http import measure_capacity
 from batchpilot.models import SLA, RequestMix
 from batchpilot.server.process import ServerProcess
@@ -69,10 +70,13 @@ def main() -> None:
     parser.add_argument("--p99-ms", type=float, default=100.0)
     parser.add_argument("--precision", type=float, default=0.05)
     parser.add_argument("--step-s", type=float, default=3.0)
+    results.add_options(parser)
     args = parser.parse_args()
     if args.runs < 2:
         sys.exit("--runs must be at least 2 to measure a spread")
+    recorder = results.start("capacity_spread", args)
     out = asyncio.run(measure(args))
+    recorder.save(out)
     if args.json:
         print(json.dumps(out))
         return

@@ -58,6 +58,7 @@ from dataclasses import dataclass
 import optuna
 from pydantic import BaseModel
 
+import results
 from batchpilot.capacity.search import search_capacity
 from batchpilot.models import BatchingConfig, CapacityResult, StepResult
 from batchpilot.operator.spec import LoadSpec, TuningSpec
@@ -394,6 +395,7 @@ def main() -> None:
         help="adaptive confirmation's cap (tuning.maxConfirmRounds); "
         f"{TUNING.confirm_rounds}: fixed rounds [{TUNING.max_confirm_rounds}]",
     )
+    results.add_options(parser)
     args = parser.parse_args()
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     if args.seeds < 1:
@@ -413,9 +415,11 @@ def main() -> None:
         parser.error(f"unknown families {unknown}; known: {', '.join(known)}")
     families = [known[n] for n in names] if names else list(FAMILIES)
     seeds = list(range(args.seed_base, args.seed_base + args.seeds))
+    recorder = results.start("decision_quality", args)
     report = measure_all(
         families, args.noise, seeds, Settings(max_rounds=args.max_rounds), jobs=args.jobs
     )
+    recorder.save(report.model_dump(mode="json"))
     if args.json:
         print(json.dumps(report.model_dump(mode="json")))
         return

@@ -42,6 +42,7 @@ import numpy as np
 from rich.console import Console
 from rich.table import Table
 
+import results
 from batchpilot.loadgen.arrivals import as_arrival
 from batchpilot.loadgen.histogram import TOP_MS, LatencyHistogram, merge_encoded
 from batchpilot.loadgen.result import LoadResult
@@ -288,12 +289,15 @@ if __name__ == "__main__":
     parser.add_argument("--quick", action="store_true", help="3 s runs, 2 repeats")
     parser.add_argument("--rate", type=positive_rate, default=500.0, help="offered req/s")
     parser.add_argument("--repeats", type=int, default=None, help="rounds (default 5)")
+    results.add_options(parser)
     args = parser.parse_args()
     if args.repeats is not None and args.repeats < 1:
         parser.error(f"--repeats must be >= 1, got {args.repeats}")
     # A terminated benchmark still stops the server it started.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    recorder = results.start("distributed_load", args)
     result = asyncio.run(main(args))
+    recorder.save(result)
     if args.json:
         json.dump(result, sys.stdout, indent=2)
         print()

@@ -49,11 +49,14 @@ from rich.console import Console
 from rich.table import Table
 from yarl import URL
 
+import results
 import versus_perf_analyzer
 from batchpilot.loadgen.generator import run_load, synthetic_body
 from batchpilot.loadgen.http1 import Http1Client, prepare
 from batchpilot.models import RequestMix
+from batchpilot.runtimes.triton.install import TRITON_VERSION
 from batchpilot.server.process import ServerProcess
+from perf_analyzer import PERF_ANALYZER_VERSION
 from suite_support import StubServerProcess
 
 VEGETA_VERSION = "v12.12.0"
@@ -424,6 +427,7 @@ if __name__ == "__main__":
         default="json",
         help="triton: how both sides send tensors (json: as the tuner does)",
     )
+    results.add_options(parser)
     args = parser.parse_args()
     if args.repeats is not None and args.repeats < 1:
         parser.error(f"--repeats must be >= 1, got {args.repeats}")
@@ -433,6 +437,18 @@ if __name__ == "__main__":
         parser.error(f"--min-requests must be >= 0, got {args.min_requests}")
     # A terminated benchmark still stops the servers it started.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    recorder = (
+        results.start(
+            "loadgen_accuracy_triton",
+            args,
+            runtimes={
+                "triton": TRITON_VERSION,
+                "perf_analyzer": PERF_ANALYZER_VERSION,
+            },
+        )
+        if args.target == "triton"
+        else results.start("loadgen_accuracy", args)
+    )
     if args.target == "triton":
         pin(0, GENERATOR_CPU)
         result = asyncio.run(
@@ -455,6 +471,10 @@ if __name__ == "__main__":
     else:
         result = asyncio.run(main(args.quick))
         show_result = show
+    if args.target == "triton" and "rates" not in result["versus_perf_analyzer"]:
+        print("not recorded: the comparison did not run", file=sys.stderr)
+    else:
+        recorder.save(result)
     if args.json:
         json.dump(result, sys.stdout, indent=2)
         print()

@@ -44,6 +44,8 @@ import yaml
 from pydantic import BaseModel
 from rich.console import Console
 
+import results
+
 REPO = Path(__file__).resolve().parents[1]
 # The e2e harness is a package of the test tree, not of the installed project.
 sys.path.insert(0, str(REPO / "tests"))
@@ -327,6 +329,7 @@ def main() -> None:
     parser.add_argument(
         "--timeout-s", type=float, default=3600.0, help="longest a study may take, s"
     )
+    results.add_options(parser)
     args = parser.parse_args()
     if args.max_trials is not None and not 1 <= args.max_trials <= 200:
         parser.error("--max-trials takes 1 to 200")
@@ -341,7 +344,9 @@ def main() -> None:
         p for p in (str(REPO / "src"), os.environ.get("PYTHONPATH")) if p
     )
     console = Console(stderr=True)
+    recorder = results.start("operator_study", args)
     report = run(args.max_trials, args.p99_ms, args.repeats, args.timeout_s, console)
+    recorder.save(report.model_dump(mode="json"))
     if args.json:
         print(json.dumps(report.model_dump(mode="json")))
     else:

@@ -30,10 +30,15 @@ from pydantic import BaseModel
 from rich.console import Console
 from rich.table import Table
 
+import results
 from batchpilot.loadgen.protocols import RequestProtocol
 from batchpilot.models import SLA, BatchingConfig, RequestMix
+from batchpilot.runtimes import mlserver
 from batchpilot.runtimes.base import LaunchError, Runtime
+from batchpilot.runtimes.rayserve import process as rayserve
 from batchpilot.runtimes.registry import get_runtime
+from batchpilot.runtimes.torchserve import process as torchserve
+from batchpilot.runtimes.triton.install import TRITON_VERSION
 from batchpilot.tuner.local import LocalProbe
 
 RUNTIMES = ("triton", "mlserver", "ray", "torchserve")
@@ -208,6 +213,18 @@ def table(report: Report) -> Table:
     return out
 
 
+def runtime_versions(runtimes: list[str]) -> dict[str, str]:
+    """The version of each runtime measured: the one its environment (scripts/runtimes)
+    installs."""
+    known = {
+        "triton": f"triton-{TRITON_VERSION}",
+        "mlserver": mlserver.VENV,
+        "ray": rayserve.VENV,
+        "torchserve": torchserve.VENV,
+    }
+    return {name: known[name] for name in runtimes if name in known}
+
+
 def _native(values: dict[str, float]) -> str:
     return " ".join(f"{k}={v:g}" for k, v in values.items())
 
@@ -223,11 +240,16 @@ def main() -> None:
     )
     parser.add_argument("--changes", type=int, default=10, help="live changes (1-100)")
     parser.add_argument("--clients", type=int, default=16, help="requests in flight (1-256)")
+    results.add_options(parser)
     args = parser.parse_args()
     if not 1 <= args.changes <= 100 or not 1 <= args.clients <= 256:
         parser.error("--changes takes 1 to 100, --clients 1 to 256")
     console = Console(stderr=True)
-    report = asyncio.run(run(args.runtime or list(RUNTIMES), args.changes, args.clients, console))
+    runtimes = args.runtime or list(RUNTIMES)
+    recorder = results.start("runtime_changes", args, runtimes=runtime_versions(runtimes))
+    report = asyncio.run(run(runtimes, args.changes, args.clients, console))
+    if report.rows:
+        recorder.save(report.model_dump(mode="json"))
     if args.json:
         print(json.dumps(report.model_dump(mode="json")))
     else:

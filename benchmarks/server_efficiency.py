@@ -35,6 +35,7 @@ from pydantic import BaseModel
 from rich.console import Console
 from rich.table import Table
 
+import results
 from batchpilot.server.process import ServerProcess
 from batchpilot.server.workloads import MLPWorkload
 
@@ -364,6 +365,7 @@ def main() -> None:
         default=",".join(map(str, BATCH_SIZES)),
         help="comma-separated batch sizes, each 1 to 1024 (default: %(default)s)",
     )
+    results.add_options(parser)
     args = parser.parse_args()
     try:
         batch_sizes = sorted({int(b) for b in args.batch_sizes.split(",")})
@@ -382,7 +384,9 @@ def main() -> None:
     if problems:
         print("error: " + "; ".join(problems), file=sys.stderr)
         sys.exit(2)
+    recorder = results.start("server_efficiency", args)
     report = run(args.window_s, args.repeats, batch_sizes)
+    recorder.save(report.model_dump(mode="json"))
     if args.json:
         print(json.dumps(report.model_dump(mode="json")))
     else:

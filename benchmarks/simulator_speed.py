@@ -23,6 +23,7 @@ from collections.abc import Callable
 import numpy as np
 from pydantic import BaseModel
 
+import results
 from batchpilot.simulator.cost import LinearCost
 from batchpilot.simulator.engine import Policy, latencies
 from batchpilot.simulator.reference import reference_latencies
@@ -128,10 +129,13 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=1_000_000)
     parser.add_argument("--reference-requests", type=int, default=50_000)
     parser.add_argument("--repeats", type=int, default=5)
+    results.add_options(parser)
     args = parser.parse_args()
     if args.requests < 1000 or args.reference_requests < 100 or args.repeats < 1:
         parser.error("need --requests >= 1000, --reference-requests >= 100, --repeats >= 1")
+    recorder = results.start("simulator_speed", args)
     result = measure(args.requests, args.repeats, min(args.reference_requests, args.requests))
+    recorder.save(result.model_dump(mode="json"))
     if args.json:
         print(json.dumps(result.model_dump(mode="json")))
         return

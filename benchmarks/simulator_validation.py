@@ -50,6 +50,7 @@ from typing import Any, Literal
 import aiohttp
 from pydantic import BaseModel, ValidationError
 
+import results
 from batchpilot.capacity.http import measure_capacity
 from batchpilot.models import SLA, BatchingConfig, CapacityResult, RequestMix
 from batchpilot.server.process import ServerProcess
@@ -296,6 +297,7 @@ def main() -> None:
     parser.add_argument(
         "--replay", type=Path, help="fit and predict from a --save file instead of measuring"
     )
+    results.add_options(parser)
     args = parser.parse_args()
     if (
         args.p99_ms <= 0
@@ -307,6 +309,7 @@ def main() -> None:
         parser.error(
             "need --p99-ms > 0, --step-s > 0, --warmup-s >= 0, 0 < --precision < 1, --repeats >= 1"
         )
+    recorder = results.start("simulator_validation", args)
     sla, mix = SLA(p99_ms=args.p99_ms), RequestMix.default()
     if args.replay is not None:
         try:
@@ -318,6 +321,7 @@ def main() -> None:
         if args.save is not None:
             args.save.write_text(raw.model_dump_json())
     report = analyse(raw, sla, mix, args.precision, args.cost_kind)
+    recorder.save(report.model_dump(mode="json"))
     if args.json:
         print(json.dumps(report.model_dump(mode="json")))
         return

@@ -60,6 +60,7 @@ from types import FrameType
 
 from pydantic import BaseModel
 
+import results
 from batchpilot.models import BatchingConfig, CapacityResult, RequestMix
 from batchpilot.processes import stop_process
 from batchpilot.runtimes.reference import ReferenceControl
@@ -630,6 +631,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--precision", type=float, default=0.1)
     parser.add_argument("--tune-timeout-s", type=float, default=1200.0)
     parser.add_argument("--remeasure-timeout-s", type=float, default=1800.0)
+    results.add_options(parser)
     args = parser.parse_args(argv)
     problems = [
         text
@@ -660,6 +662,7 @@ def main() -> None:
     lifetime_s = args.runs * (args.tune_timeout_s + TUNE_GRACE_S + args.remeasure_timeout_s) + 60
     schedule = burst_schedule(args.seed, lifetime_s, args.burst_threads)
     stealer = Stealer(schedule, args.burst_threads, lifetime_s)
+    recorder = results.start("tune_under_noise", args)
     load_before = os.getloadavg()[0]
     started = time.monotonic()
     signal.signal(signal.SIGTERM, _exit_on_sigterm)
@@ -673,6 +676,7 @@ def main() -> None:
     report = report_of(
         runs, args, noise, time.monotonic() - started, (load_before, os.getloadavg()[0])
     )
+    recorder.save(report.model_dump(mode="json"))
     if args.json:
         print(report.model_dump_json())
     else:

@@ -39,6 +39,7 @@ from dataclasses import dataclass, field
 import optuna
 from pydantic import BaseModel
 
+import results
 from batchpilot.models import BatchingConfig
 from batchpilot.simulator.propose import grid_configs, propose_configs, queue_grid
 from batchpilot.tuner.rules import rules_of_thumb
@@ -365,13 +366,16 @@ def main() -> None:
     parser.add_argument(
         "--gp-seeds", type=int, default=2, help="seeds per family for the (slow) GP sampler"
     )
+    results.add_options(parser)
     args = parser.parse_args()
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     if args.seeds < 1 or args.trials < 1:
         parser.error("--seeds and --trials must be >= 1")
     if args.gp_seeds < 0:
         parser.error("--gp-seeds must be >= 0")
+    recorder = results.start("tuner_efficiency", args)
     report = measure(args.seeds, args.trials, min(args.gp_seeds, args.seeds))
+    recorder.save(report.model_dump(mode="json"))
     if args.json:
         print(json.dumps(report.model_dump(mode="json")))
         return

@@ -164,6 +164,9 @@ def test_delete_finishes_when_the_target_cannot_roll_back(
     deploy(cluster, namespace, gpu_server("server", gpus=4))
     isvc = inference_service("stuck", "server", max_trials=10)
     isvc["spec"]["tuning"]["scheduleTimeoutSeconds"] = 5
+    # the trial must still be measuring when the delete comes: its steps keep the default
+    # minimum of measured requests (stretched to 6 s) rather than the tier's short ones
+    del isvc["spec"]["load"]["minRequests"]
     cluster.kubectl.apply(dump(isvc), "-n", namespace)
     wait_running_trial(cluster, namespace, "stuck", operator, at_least=1)
     # A trial's configuration reaches the target: the original is no longer running.

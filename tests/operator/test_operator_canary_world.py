@@ -273,7 +273,8 @@ def foreign_workload(name: str) -> dict[str, Any]:
 async def test_a_canary_name_in_status_owned_by_another_is_neither_used_nor_deleted(
     kmock: kmock.KubernetesEmulator, kube: Kube
 ) -> None:
-    # the old naming rule gave two InferenceServices on one target the same canary
+    # a status from an operator version that named canaries `<target>-bp-canary`, a name
+    # two InferenceServices on one target share
     kmock.objects[DEPLOYMENTS, NS, "resnet"] = target()
     kmock.objects[DEPLOYMENTS, NS, "resnet-bp-canary"] = foreign_workload("resnet-bp-canary")
     w = world(kube, make_spec("Canary"))

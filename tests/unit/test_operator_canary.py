@@ -74,7 +74,7 @@ def test_canary_names_are_unique_per_inference_service_and_fit_pod_names() -> No
     }
     assert a not in others
     assert len(others) == 3
-    # targets sharing a long prefix no longer share a canary
+    # targets cut to the same long prefix still get canaries of their own
     long_a = canary.canary_name("x" * 80 + "a", "ns", "a", "1")
     long_b = canary.canary_name("x" * 80 + "b", "ns", "b", "2")
     assert long_a != long_b
