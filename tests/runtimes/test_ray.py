@@ -21,13 +21,10 @@ import pytest_asyncio
 
 from batchpilot.models import SLA, BatchingConfig, RequestMix
 from batchpilot.runtimes.base import RuntimeControl, representable
+from batchpilot.runtimes.procfs import live_session_pids
 from batchpilot.runtimes.rayserve.adapter import RayServeRuntime
 from batchpilot.runtimes.rayserve.control import RayServeControl
-from batchpilot.runtimes.rayserve.process import (
-    VENV,
-    RayServeProcess,
-    live_session_pids,
-)
+from batchpilot.runtimes.rayserve.process import VENV, RayServeProcess
 from batchpilot.runtimes.registry import get_runtime
 from batchpilot.tuner.local import LocalProbe
 

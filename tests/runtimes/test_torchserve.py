@@ -20,9 +20,10 @@ import pytest_asyncio
 
 from batchpilot.loadgen.protocols import JSON_HEADERS
 from batchpilot.models import BatchingConfig
+from batchpilot.runtimes.procfs import group_members
 from batchpilot.runtimes.torchserve.adapter import TorchServeRuntime
 from batchpilot.runtimes.torchserve.control import MODEL, TorchServeControl, request_body
-from batchpilot.runtimes.torchserve.process import VENV, TorchServeProcess, group_members
+from batchpilot.runtimes.torchserve.process import VENV, TorchServeProcess
 
 from .support import group_pids, is_loopback, listening_addresses, require_runtime
 

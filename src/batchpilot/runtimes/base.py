@@ -13,13 +13,23 @@ import math
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from types import TracebackType
-from typing import Annotated, ClassVar, Literal, Protocol, Self, runtime_checkable
+from typing import (
+    Annotated,
+    ClassVar,
+    Generic,
+    Literal,
+    Protocol,
+    Self,
+    TypedDict,
+    runtime_checkable,
+)
 
 from pydantic import Field, model_validator
+from typing_extensions import TypeVar
 
 from batchpilot.capacity.promql import Metrics
 from batchpilot.loadgen.protocols import RequestProtocol
-from batchpilot.models import BatchingConfig, Frozen
+from batchpilot.models import MAX_BATCH_SIZE_LIMIT, MAX_QUEUE_TIME_MS_LIMIT, BatchingConfig, Frozen
 
 Canonical = Literal["max_batch_size", "max_queue_time_ms"]
 Unit = Literal["requests", "s", "ms", "us"]
@@ -63,6 +73,39 @@ class Knob(Frozen):
 
     def to_canonical(self, value: float) -> float:
         return value if self.unit == "requests" else value / _PER_MS[self.unit]
+
+
+def batch_knob(native: str) -> Knob:
+    """The batch cap as a runtime names it: whole requests, 1 to BatchPilot's limit."""
+    return Knob(
+        canonical="max_batch_size",
+        native=native,
+        unit="requests",
+        integer=True,
+        minimum=1,
+        maximum=MAX_BATCH_SIZE_LIMIT,
+    )
+
+
+# BatchPilot's limit on the queue wait in each unit
+_WAIT_LIMIT: Mapping[str, float] = {
+    "s": MAX_QUEUE_TIME_MS_LIMIT / 1000.0,
+    "ms": float(MAX_QUEUE_TIME_MS_LIMIT),
+    "us": MAX_QUEUE_TIME_MS_LIMIT * 1000.0,
+}
+
+
+def wait_knob(native: str, unit: Literal["s", "ms", "us"], *, integer: bool = False) -> Knob:
+    """The queue wait as a runtime names and measures it: 0 to BatchPilot's limit, in
+    `unit` (whole ones where `integer`)."""
+    return Knob(
+        canonical="max_queue_time_ms",
+        native=native,
+        unit=unit,
+        integer=integer,
+        minimum=0.0,
+        maximum=_WAIT_LIMIT[unit],
+    )
 
 
 def to_native(knobs: Sequence[Knob], config: BatchingConfig) -> NativeValues:
@@ -172,9 +215,23 @@ class LaunchError(RuntimeError):
     the message says why and what to do."""
 
 
-class Runtime(ABC):
-    """One inference runtime. Subclasses fill in the class attributes and the four
-    methods; everything else is derived."""
+class ControlOptions(TypedDict, total=False):
+    """The keywords of `Runtime.control`, for a runtime that takes one more."""
+
+    model: str | None
+    server: LocalServer | None
+    control_url: str | None
+
+
+# covariant: a runtime typed by its own control and server is a Runtime
+ControlT = TypeVar("ControlT", bound=RuntimeControl, default=RuntimeControl, covariant=True)
+ServerT = TypeVar("ServerT", bound=LocalServer, default=LocalServer, covariant=True)
+
+
+class Runtime(ABC, Generic[ControlT, ServerT]):
+    """One inference runtime, whose control is a `ControlT` and whose local server a
+    `ServerT`. Subclasses fill in the class attributes, `protocol`, `persistence` and the
+    two hooks `_control` and `_launch`; everything else is derived."""
 
     name: ClassVar[str]  # the registry key and the --runtime value
     title: ClassVar[str]  # for people: "MLServer 1.7.1"
@@ -183,12 +240,15 @@ class Runtime(ABC):
     metrics: ClassVar[Metrics]
     default_model: ClassVar[str | None]  # the bundled model's name, None: no models
     control_endpoint: ClassVar[ControlEndpoint]
+    # what `launcher` starts, for its messages: "MLServer" serves "its bundled model M"
+    server_name: ClassVar[str]
+    serves: ClassVar[str]
+    workloads: ClassVar[tuple[str, ...]] = ()  # what `launcher`'s `workload` may pick
 
     @abstractmethod
     def protocol(self, model: str | None = None) -> RequestProtocol:
         """The requests the runtime serves, for `model` (default: the bundled one)."""
 
-    @abstractmethod
     def control(
         self,
         url: str,
@@ -196,23 +256,47 @@ class Runtime(ABC):
         model: str | None = None,
         server: LocalServer | None = None,
         control_url: str | None = None,
-    ) -> RuntimeControl:
-        """A control for the server at base URL `url` serving `model`. `server` is the
-        local server BatchPilot started from `launcher` (it gives access to what lives on
-        this machine, such as a model repository); None for one running elsewhere.
-        `control_url` is `control_endpoint` where it is not at its default."""
+    ) -> ControlT:
+        """A control for the server at base URL `url` serving `model` (default: the
+        bundled one). `server` is the local server BatchPilot started from `launcher` (it
+        gives access to what lives on this machine, such as a model repository); None for
+        one running elsewhere. `control_url` is `control_endpoint` where it is not at its
+        default."""
+        return self._control(url, model or self.default_model, server, control_url)
 
     @abstractmethod
+    def _control(
+        self, url: str, model: str | None, server: LocalServer | None, control_url: str | None
+    ) -> ControlT:
+        """`control` with the model named (None only where there are no models)."""
+
     def launcher(
         self,
         start: BatchingConfig,
         *,
         threads: int | None = None,
         workload: str | None = None,
-    ) -> LocalServer:
+    ) -> ServerT:
         """A local server with the bundled model (`default_model`), starting at `start`;
         not yet started. `workload` picks among bundled models where a runtime has several
-        (the reference server: mlp, encoder); others raise LaunchError for any value."""
+        (`workloads`; the reference server: mlp, encoder); others raise LaunchError for any
+        value, as for a `start` the runtime cannot take."""
+        if workload is not None and workload not in self.workloads:
+            raise LaunchError(f"{self.server_name} serves {self.serves}, not {workload!r}")
+        try:
+            native = self.native(start)
+        except ValueError as exc:
+            raise LaunchError(
+                f"cannot start {self.server_name} at {start.label()}: {exc}"
+            ) from None
+        return self._launch(start, native, threads, workload)
+
+    @abstractmethod
+    def _launch(
+        self, start: BatchingConfig, native: NativeValues, threads: int | None, workload: str | None
+    ) -> ServerT:
+        """`launcher` once `workload` and `start` (`native` in the runtime's terms) are
+        known to be ones it takes."""
 
     @abstractmethod
     def persistence(self, config: BatchingConfig, *, model: str | None = None) -> Persistence:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import logging
 import random
-from typing import Any
+from typing import Any, TypedDict
 
 import aiohttp
 
@@ -21,6 +21,15 @@ _BACKOFF_CAP_S = 5.0
 
 class _Retryable(Exception):
     pass
+
+
+class ClientOptions(TypedDict, total=False):
+    """The keywords of `ControlClient` after the URL, for a control that passes them on."""
+
+    timeout_s: float
+    attempts: int
+    backoff_s: float
+    rng: random.Random | None
 
 
 class ControlClient:

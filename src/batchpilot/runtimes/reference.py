@@ -3,27 +3,18 @@ verified by reading them back; persisted as two environment variables."""
 
 from __future__ import annotations
 
-import random
 import time
-from typing import Any, ClassVar
+from typing import Any
+
+from typing_extensions import Unpack
 
 from batchpilot.capacity.promql import Metrics
 from batchpilot.errors import TargetError
 from batchpilot.extras import torch_missing
 from batchpilot.loadgen.protocols import REFERENCE, RequestProtocol
-from batchpilot.models import MAX_BATCH_SIZE_LIMIT, MAX_QUEUE_TIME_MS_LIMIT, BatchingConfig
-from batchpilot.runtimes.base import (
-    ControlEndpoint,
-    HowApplied,
-    Knob,
-    LaunchError,
-    LocalServer,
-    NativeValues,
-    Persistence,
-    Runtime,
-    Verification,
-)
-from batchpilot.runtimes.http import ControlClient
+from batchpilot.models import BatchingConfig
+from batchpilot.runtimes import base
+from batchpilot.runtimes.http import ClientOptions, ControlClient
 
 ADMIN_PATH = "/admin/batching"
 PROFILE_PATH = "/admin/profile"
@@ -37,22 +28,12 @@ class ReferenceControl:
     server says it runs it. Connection errors, timeouts and 5xx are retried with
     exponential backoff and jitter; a 4xx is the server refusing the values, final."""
 
-    def __init__(
-        self,
-        url: str,
-        *,
-        timeout_s: float = 30.0,
-        attempts: int = 4,
-        backoff_s: float = 0.2,
-        rng: random.Random | None = None,
-    ) -> None:
-        # Generous timeout: growing the batch cap makes the server warm the model up at
-        # the new size before it answers.
-        self._client = ControlClient(
-            url, timeout_s=timeout_s, attempts=attempts, backoff_s=backoff_s, rng=rng
-        )
+    def __init__(self, url: str, **client: Unpack[ClientOptions]) -> None:
+        # ControlClient's generous timeout: growing the batch cap makes the server warm
+        # the model up at the new size before it answers.
+        self._client = ControlClient(url, **client)
         self.url = self._client.url
-        self.last_verification: Verification | None = None
+        self.last_verification: base.Verification | None = None
 
     async def current(self) -> BatchingConfig:
         data = await self._client.call("GET", ADMIN_PATH)
@@ -61,7 +42,7 @@ class ReferenceControl:
         except ValueError as exc:
             raise TargetError(f"GET {ADMIN_PATH} answered an unexpected body: {data!r}") from exc
 
-    async def native(self) -> NativeValues:
+    async def native(self) -> base.NativeValues:
         live = await self.current()
         return ReferenceRuntime().native(live)
 
@@ -71,7 +52,7 @@ class ReferenceControl:
         live = await self.current()
         if live != config:
             raise TargetError(f"asked for {config.label()}, the server runs {live.label()}")
-        self.last_verification = Verification(
+        self.last_verification = base.Verification(
             requested=config,
             live=live,
             native=ReferenceRuntime().native(live),
@@ -87,70 +68,47 @@ class ReferenceControl:
         return data
 
 
-class ReferenceRuntime(Runtime):
-    name: ClassVar[str] = "reference"
-    title: ClassVar[str] = "BatchPilot reference server"
-    knobs: ClassVar[tuple[Knob, Knob]] = (
-        Knob(
-            canonical="max_batch_size",
-            native="max_batch_size",
-            unit="requests",
-            integer=True,
-            minimum=1,
-            maximum=MAX_BATCH_SIZE_LIMIT,
-        ),
-        Knob(
-            canonical="max_queue_time_ms",
-            native="max_queue_time_ms",
-            unit="ms",
-            integer=False,
-            minimum=0.0,
-            maximum=MAX_QUEUE_TIME_MS_LIMIT,
-        ),
-    )
-    how_applied: ClassVar[HowApplied] = "live"
-    metrics: ClassVar[Metrics] = Metrics(
+class ReferenceRuntime(base.Runtime[ReferenceControl, base.LocalServer]):
+    name = "reference"
+    title = "BatchPilot reference server"
+    knobs = (base.batch_knob("max_batch_size"), base.wait_knob("max_queue_time_ms", "ms"))
+    how_applied = "live"
+    metrics = Metrics(
         port_note="the serving port, /metrics",
         latency_histogram="batchpilot_request_latency_seconds",
         latency_unit="s",
         ok_requests='batchpilot_requests_total{outcome="ok"}',
         total_requests="batchpilot_requests_total",
     )
-    default_model: ClassVar[str | None] = None
-    control_endpoint: ClassVar[ControlEndpoint] = ControlEndpoint(
+    default_model = None
+    control_endpoint = base.ControlEndpoint(
         what=f"the reference server's admin endpoint (base URL of {ADMIN_PATH})",
         default="the inference URL itself",
     )
+    server_name = "the reference server"
+    serves = " or ".join(WORKLOADS)
+    workloads = WORKLOADS
 
     def protocol(self, model: str | None = None) -> RequestProtocol:
         return REFERENCE
 
-    def control(
-        self,
-        url: str,
-        *,
-        model: str | None = None,
-        server: LocalServer | None = None,
-        control_url: str | None = None,
+    def _control(
+        self, url: str, model: str | None, server: base.LocalServer | None, control_url: str | None
     ) -> ReferenceControl:
         return ReferenceControl(control_url or url)
 
-    def launcher(
+    def _launch(
         self,
         start: BatchingConfig,
-        *,
-        threads: int | None = None,
-        workload: str | None = None,
-    ) -> LocalServer:
+        native: base.NativeValues,
+        threads: int | None,
+        workload: str | None,
+    ) -> base.LocalServer:
         from batchpilot.server.process import ServerProcess
 
         missing = torch_missing("the reference server")
         if missing is not None:
-            raise LaunchError(missing)
-        if workload is not None and workload not in WORKLOADS:
-            raise LaunchError(
-                f"the reference server serves {' or '.join(WORKLOADS)}, not {workload!r}"
-            )
+            raise base.LaunchError(missing)
         return ServerProcess(
             model=workload or WORKLOADS[0],
             max_batch_size=start.max_batch_size,
@@ -158,10 +116,10 @@ class ReferenceRuntime(Runtime):
             threads=threads,
         )
 
-    def persistence(self, config: BatchingConfig, *, model: str | None = None) -> Persistence:
+    def persistence(self, config: BatchingConfig, *, model: str | None = None) -> base.Persistence:
         wait = config.max_queue_time_ms
         wait_text = str(int(wait)) if float(wait).is_integer() else f"{wait:g}"
-        return Persistence(
+        return base.Persistence(
             kind="env",
             where="set the serving container's environment",
             snippet=(

@@ -10,7 +10,7 @@ from batchpilot.runtimes.base import Runtime
 # name -> "module:class"; the class is a `Runtime` subclass with a no-argument constructor
 _ADAPTERS: dict[str, str] = {
     "reference": "batchpilot.runtimes.reference:ReferenceRuntime",
-    "mlserver": "batchpilot.runtimes.mlserver:MLServerRuntime",
+    "mlserver": "batchpilot.runtimes.mlserver.adapter:MLServerRuntime",
     "triton": "batchpilot.runtimes.triton.adapter:TritonRuntime",
     "ray": "batchpilot.runtimes.rayserve.adapter:RayServeRuntime",
     "torchserve": "batchpilot.runtimes.torchserve.adapter:TorchServeRuntime",

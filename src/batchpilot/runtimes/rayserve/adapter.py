@@ -8,20 +8,24 @@ serveConfigV2 snippet (recommend-only)."""
 from __future__ import annotations
 
 import json
-from typing import ClassVar
 from urllib.parse import urlsplit
+
+from typing_extensions import Unpack
 
 from batchpilot.capacity.promql import Metrics
 from batchpilot.loadgen.protocols import JSON_HEADERS, RequestProtocol
-from batchpilot.models import MAX_BATCH_SIZE_LIMIT, MAX_QUEUE_TIME_MS_LIMIT, BatchingConfig
+from batchpilot.models import BatchingConfig
 from batchpilot.runtimes.base import (
     ControlEndpoint,
-    HowApplied,
+    ControlOptions,
     Knob,
     LaunchError,
     LocalServer,
+    NativeValues,
     Persistence,
     Runtime,
+    batch_knob,
+    wait_knob,
 )
 from batchpilot.runtimes.rayserve.config import (
     APP_NAME,
@@ -38,24 +42,7 @@ from batchpilot.runtimes.rayserve.process import RAY_VERSION, RayServeProcess
 DEFAULT_DASHBOARD_PORT = 8265
 APP_PATH = "/"
 
-KNOBS: tuple[Knob, Knob] = (
-    Knob(
-        canonical="max_batch_size",
-        native=BATCH_KEY,
-        unit="requests",
-        integer=True,
-        minimum=1,
-        maximum=MAX_BATCH_SIZE_LIMIT,
-    ),
-    Knob(
-        canonical="max_queue_time_ms",
-        native=WAIT_KEY,
-        unit="s",
-        integer=False,
-        minimum=0.0,
-        maximum=MAX_QUEUE_TIME_MS_LIMIT / 1000.0,
-    ),
-)
+KNOBS: tuple[Knob, Knob] = (batch_knob(BATCH_KEY), wait_knob(WAIT_KEY, "s"))
 
 
 def app_body(size: int) -> bytes:
@@ -86,18 +73,20 @@ def app_metrics(app: str) -> Metrics:
     )
 
 
-class RayServeRuntime(Runtime):
-    name: ClassVar[str] = "ray"
-    title: ClassVar[str] = f"Ray Serve {RAY_VERSION}"
-    knobs: ClassVar[tuple[Knob, Knob]] = KNOBS
-    how_applied: ClassVar[HowApplied] = "live"
-    metrics: ClassVar[Metrics] = app_metrics(APP_NAME)
+class RayServeRuntime(Runtime[RayServeControl, RayServeProcess]):
+    name = "ray"
+    title = f"Ray Serve {RAY_VERSION}"
+    knobs = KNOBS
+    how_applied = "live"
+    metrics = app_metrics(APP_NAME)
     # APP or APP/DEPLOYMENT
-    default_model: ClassVar[str | None] = f"{APP_NAME}/{DEPLOYMENT}"
-    control_endpoint: ClassVar[ControlEndpoint] = ControlEndpoint(
+    default_model = f"{APP_NAME}/{DEPLOYMENT}"
+    control_endpoint = ControlEndpoint(
         what="Ray's dashboard (the Serve REST API, /api/serve/applications/)",
         default=f"port {DEFAULT_DASHBOARD_PORT} on the host of the inference URL",
     )
+    server_name = "Ray Serve"
+    serves = f"one bundled app ({APP_NAME})"
 
     def protocol(self, model: str | None = None) -> RequestProtocol:
         """The bundled app's JSON at its route prefix; the model names a deployment, not
@@ -112,14 +101,19 @@ class RayServeRuntime(Runtime):
         self,
         url: str,
         *,
-        model: str | None = None,
-        server: LocalServer | None = None,
-        control_url: str | None = None,
         dashboard_url: str | None = None,
+        **options: Unpack[ControlOptions],
     ) -> RayServeControl:
         """`dashboard_url` (the Serve REST API; `control_url` is the same) defaults to
         the local cluster's, else port 8265 on the URL's host."""
-        dashboard_url = dashboard_url or control_url
+        if dashboard_url is not None:
+            options["control_url"] = dashboard_url
+        return super().control(url, **options)
+
+    def _control(
+        self, url: str, model: str | None, server: LocalServer | None, control_url: str | None
+    ) -> RayServeControl:
+        dashboard_url = control_url
         if dashboard_url is None:
             if isinstance(server, RayServeProcess):
                 dashboard_url = server.dashboard_url
@@ -139,22 +133,9 @@ class RayServeRuntime(Runtime):
             protocol=self.protocol(name),
         )
 
-    def launcher(
-        self,
-        start: BatchingConfig,
-        *,
-        threads: int | None = None,
-        workload: str | None = None,
+    def _launch(
+        self, start: BatchingConfig, native: NativeValues, threads: int | None, workload: str | None
     ) -> RayServeProcess:
-        if workload is not None:
-            raise LaunchError(
-                f"Ray Serve serves one bundled app ({APP_NAME}); there is no workload "
-                f"{workload!r} to choose"
-            )
-        try:
-            native = self.native(start)
-        except ValueError as exc:
-            raise LaunchError(f"cannot start Ray Serve at {start.label()}: {exc}") from None
         return RayServeProcess(native, threads=threads)
 
     def persistence(self, config: BatchingConfig, *, model: str | None = None) -> Persistence:

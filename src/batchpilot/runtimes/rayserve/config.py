@@ -7,13 +7,13 @@ from __future__ import annotations
 
 import json
 import math
-from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from batchpilot.errors import TargetError
 from batchpilot.runtimes.base import NativeValues
+from batchpilot.runtimes.burst import batch_counts
 
 APP_NAME = "batchpilot"
 DEPLOYMENT = "BatchModel"
@@ -173,8 +173,7 @@ def same_values(a: Mapping[str, float], b: Mapping[str, float]) -> bool:
 def batch_sizes(answers: Sequence[Mapping[str, Any]]) -> dict[int, int]:
     """Batch size -> batches, from the answers: each request of a batch of n reports n
     (a burst's batches are whole when every request of it is in `answers`)."""
-    counts = Counter(int(a["batch_size"]) for a in answers)
-    return {n: math.ceil(count / n) for n, count in sorted(counts.items())}
+    return batch_counts(int(a["batch_size"]) for a in answers)
 
 
 def check_answers(answers: Sequence[Mapping[str, Any]], native: Mapping[str, float]) -> list[str]:

@@ -7,16 +7,14 @@ of the batch each request ran in."""
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 from collections.abc import Mapping
 from typing import Any
 
-import aiohttp
-
 from batchpilot.errors import TargetError
 from batchpilot.loadgen.protocols import RequestProtocol
 from batchpilot.models import BatchingConfig
+from batchpilot.runtimes import burst
 from batchpilot.runtimes.base import Knob, NativeValues, Verification, from_native, to_native
 from batchpilot.runtimes.http import ControlClient
 from batchpilot.runtimes.rayserve.config import (
@@ -32,12 +30,14 @@ from batchpilot.runtimes.rayserve.config import (
 )
 
 APPLICATIONS_PATH = "/api/serve/applications/"
-# A verification burst: twice the cap in concurrent requests fills at least one batch to
-# the cap when Serve can; bounded so a large cap does not make it a load test.
-_BURST_PER_BATCH = 2
-_BURST_MIN = 8
-_BURST_MAX = 64
 _POLL_S = 0.1
+
+
+def _record(answer: Any) -> dict[str, Any] | None:
+    """The bundled app's record: its answer, when it holds every key of one."""
+    if isinstance(answer, dict) and all(key in answer for key in RECORD_KEYS):
+        return answer
+    return None
 
 
 class RayServeControl:
@@ -84,30 +84,19 @@ class RayServeControl:
     async def current(self) -> BatchingConfig:
         return from_native(self.knobs, await self.native())
 
-    async def burst(self, n: int) -> list[dict[str, Any]]:
+    async def burst(self, n: int) -> list[Mapping[str, Any]]:
         """`n` concurrent requests to the app; the answers' records. TargetError on any
         non-2xx answer or an answer without the bundled app's record."""
-        url = self.url + self.protocol.path
-        body = self.protocol.body(1)
-        timeout = aiohttp.ClientTimeout(total=self._timeout_s)
-
-        async def one(session: aiohttp.ClientSession) -> dict[str, Any]:
-            async with session.post(url, data=body, headers=dict(self.protocol.headers)) as r:
-                text = await r.text()
-                if not 200 <= r.status < 300:
-                    raise RayServeError(f"POST {url} answered HTTP {r.status}: {text[:200]}")
-            data = json.loads(text)
-            if not isinstance(data, dict) or any(key not in data for key in RECORD_KEYS):
-                raise RayServeError(
-                    f"{url} does not report its batches (not the bundled app?): {text[:200]}"
-                )
-            return data
-
-        try:
-            async with aiohttp.ClientSession(timeout=timeout) as session:
-                return list(await asyncio.gather(*(one(session) for _ in range(n))))
-        except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
-            raise RayServeError(f"inference on {url} failed: {exc or type(exc).__name__}") from exc
+        return await burst.burst(
+            self.url + self.protocol.path,
+            self.protocol.body(1),
+            self.protocol.headers,
+            n,
+            timeout_s=self._timeout_s,
+            record=_record,
+            bundled="bundled app",
+            error=RayServeError,
+        )
 
     async def apply(self, config: BatchingConfig) -> None:
         try:
@@ -165,11 +154,13 @@ class RayServeControl:
                 )
             await asyncio.sleep(_POLL_S)
 
-    async def _served(self, native: Mapping[str, float]) -> tuple[list[dict[str, Any]], list[str]]:
+    async def _served(
+        self, native: Mapping[str, float]
+    ) -> tuple[list[Mapping[str, Any]], list[str]]:
         """Bursts until every answer comes from a batcher with the new values (a replica
         runs reconfigure() shortly after the controller records the change), within the
         settle timeout."""
-        n = min(max(_BURST_PER_BATCH * int(native["max_batch_size"]), _BURST_MIN), _BURST_MAX)
+        n = burst.burst_size(int(native["max_batch_size"]))
         deadline = time.monotonic() + self._settle_timeout_s
         while True:
             answers = await self.burst(n)

@@ -6,7 +6,6 @@ API's description and the batch sizes the bundled handler reports."""
 from __future__ import annotations
 
 import json
-from typing import ClassVar
 from urllib.parse import urlsplit, urlunsplit
 
 from batchpilot.capacity.promql import Metrics
@@ -14,10 +13,8 @@ from batchpilot.loadgen.protocols import JSON_HEADERS, RequestProtocol
 from batchpilot.models import BatchingConfig
 from batchpilot.runtimes.base import (
     ControlEndpoint,
-    HowApplied,
-    Knob,
-    LaunchError,
     LocalServer,
+    NativeValues,
     Persistence,
     Runtime,
     to_native,
@@ -40,12 +37,12 @@ def management_url(url: str) -> str:
     return urlunsplit((parts.scheme, netloc, "", "", ""))
 
 
-class TorchServeRuntime(Runtime):
-    name: ClassVar[str] = "torchserve"
-    title: ClassVar[str] = "TorchServe 0.12"
-    knobs: ClassVar[tuple[Knob, Knob]] = KNOBS
-    how_applied: ClassVar[HowApplied] = "reload"
-    metrics: ClassVar[Metrics] = Metrics(
+class TorchServeRuntime(Runtime[TorchServeControl, TorchServeProcess]):
+    name = "torchserve"
+    title = "TorchServe 0.12"
+    knobs = KNOBS
+    how_applied = "reload"
+    metrics = Metrics(
         port_note="metrics_address (default :8082), /metrics with metrics_mode=prometheus",
         # TorchServe keeps running latency totals, no histogram: the client's p99 decides
         latency_histogram=None,
@@ -53,24 +50,21 @@ class TorchServeRuntime(Runtime):
         ok_requests="Requests2XX",
         total_requests='{__name__=~"Requests(2|4|5)XX"}',
     )
-    default_model: ClassVar[str | None] = MODEL
-    control_endpoint: ClassVar[ControlEndpoint] = ControlEndpoint(
+    default_model = MODEL
+    control_endpoint = ControlEndpoint(
         what="TorchServe's management API (management_address)",
         default="the inference URL's port + 1 on its host (TorchServe's 8080 and 8081)",
     )
+    server_name = "TorchServe"
+    serves = f"its bundled model {MODEL}"
 
     def protocol(self, model: str | None = None) -> RequestProtocol:
         return RequestProtocol(
             "torchserve-json", f"/predictions/{model or MODEL}", request_body, JSON_HEADERS
         )
 
-    def control(
-        self,
-        url: str,
-        *,
-        model: str | None = None,
-        server: LocalServer | None = None,
-        control_url: str | None = None,
+    def _control(
+        self, url: str, model: str | None, server: LocalServer | None, control_url: str | None
     ) -> TorchServeControl:
         if isinstance(server, TorchServeProcess):
             return TorchServeControl(
@@ -83,19 +77,9 @@ class TorchServeRuntime(Runtime):
             url, management=control_url or management_url(url), model=model or MODEL
         )
 
-    def launcher(
-        self,
-        start: BatchingConfig,
-        *,
-        threads: int | None = None,
-        workload: str | None = None,
+    def _launch(
+        self, start: BatchingConfig, native: NativeValues, threads: int | None, workload: str | None
     ) -> TorchServeProcess:
-        if workload is not None:
-            raise LaunchError(f"TorchServe serves its bundled model {MODEL}, not {workload!r}")
-        try:
-            to_native(KNOBS, start)
-        except ValueError as exc:
-            raise LaunchError(f"cannot start TorchServe at {start.label()}: {exc}") from None
         return TorchServeProcess(start, threads=threads)
 
     def unchangeable_from_elsewhere(self, model: str | None = None) -> str:

@@ -12,52 +12,38 @@ from __future__ import annotations
 
 import asyncio
 import json
-import math
 import time
-from collections import Counter
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlencode
 
-import aiohttp
-
 from batchpilot.errors import TargetError
 from batchpilot.loadgen.protocols import JSON_HEADERS
-from batchpilot.models import MAX_BATCH_SIZE_LIMIT, MAX_QUEUE_TIME_MS_LIMIT, BatchingConfig
-from batchpilot.runtimes.base import Knob, NativeValues, Verification, from_native, to_native
+from batchpilot.models import BatchingConfig
+from batchpilot.runtimes import burst
+from batchpilot.runtimes.base import (
+    Knob,
+    NativeValues,
+    Verification,
+    batch_knob,
+    from_native,
+    to_native,
+    wait_knob,
+)
 from batchpilot.runtimes.http import ControlClient
 from batchpilot.runtimes.torchserve.archive import archive_name, handler_source, model_archive
 
 MODEL = "batchpilot-mlp"
-# A verification burst: this many concurrent single-row requests per unit of batch cap,
-# between _BURST_MIN and _BURST_MAX; enough for batches to fill if batching is on.
-_BURST_PER_BATCH = 2
-_BURST_MIN = 8
-_BURST_MAX = 64
 # How long an old version may take to finish what it was given before it is deleted anyway
 _DRAIN_TIMEOUT_S = 10.0
 _DRAIN_POLL_S = 0.05
 _DRAIN_MARGIN_S = 0.25
 
 KNOBS: tuple[Knob, Knob] = (
-    Knob(
-        canonical="max_batch_size",
-        native="batch_size",
-        unit="requests",
-        integer=True,
-        minimum=1,
-        maximum=MAX_BATCH_SIZE_LIMIT,
-    ),
+    batch_knob("batch_size"),
     # whole milliseconds: a canonical wait is rounded to the nearest ms (halves to even)
-    Knob(
-        canonical="max_queue_time_ms",
-        native="max_batch_delay",
-        unit="ms",
-        integer=True,
-        minimum=0,
-        maximum=MAX_QUEUE_TIME_MS_LIMIT,
-    ),
+    wait_knob("max_batch_delay", "ms", integer=True),
 )
 
 
@@ -116,19 +102,11 @@ def ready_workers(entry: Mapping[str, Any]) -> int:
     return sum(1 for w in entry.get("workers") or [] if w.get("status") == "READY")
 
 
-class Observed:
-    """The answers of one verification burst (the handler's record of each batch)."""
+class Observed(burst.Observed):
+    """The answers of one verification burst (the handler's record of each batch, with
+    the requests in it: `batch_requests`)."""
 
-    def __init__(self, answers: Sequence[Mapping[str, Any]]) -> None:
-        self.answers = list(answers)
-
-    def one(self, key: str) -> set[Any]:
-        return {a.get(key) for a in self.answers}
-
-    def batch_sizes(self) -> dict[int, int]:
-        """Batch size (requests) -> batches: every request of a batch of n reports n."""
-        requests = Counter(int(a["batch_requests"]) for a in self.answers)
-        return {n: math.ceil(count / n) for n, count in sorted(requests.items())}
+    batch_key = "batch_requests"
 
 
 def check_described(
@@ -161,6 +139,10 @@ def check_observed(observed: Observed, native: Mapping[str, float], version: str
     if largest > cap:
         problems.append(f"a batch of {largest} requests was served, above the cap of {cap}")
     return problems
+
+
+def _record(answer: Any) -> dict[str, Any] | None:
+    return answer if isinstance(answer, dict) and "batch_requests" in answer else None
 
 
 class TorchServeControl:
@@ -204,27 +186,16 @@ class TorchServeControl:
     async def burst(self, n: int) -> Observed:
         """`n` concurrent single-row requests; the handler's record from each answer.
         TargetError on any non-2xx answer or an answer without the record."""
-        url = f"{self.url}/predictions/{self.model}"
-        timeout = aiohttp.ClientTimeout(total=self._timeout_s)
-
-        async def one(session: aiohttp.ClientSession) -> Mapping[str, Any]:
-            async with session.post(url, data=request_body(1), headers=JSON_HEADERS) as response:
-                text = await response.text()
-                if response.status != 200:
-                    raise TargetError(f"POST {url} answered HTTP {response.status}: {text[:200]}")
-            answer = json.loads(text)
-            if not isinstance(answer, dict) or "batch_requests" not in answer:
-                raise TargetError(
-                    f"{url} does not report its batches (not the bundled handler?): {text[:200]}"
-                )
-            return answer
-
-        try:
-            async with aiohttp.ClientSession(timeout=timeout) as session:
-                answers = await asyncio.gather(*(one(session) for _ in range(n)))
-        except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
-            raise TargetError(f"inference on {url} failed: {exc or type(exc).__name__}") from exc
-        return Observed(list(answers))
+        answers = await burst.burst(
+            f"{self.url}/predictions/{self.model}",
+            request_body(1),
+            JSON_HEADERS,
+            n,
+            timeout_s=self._timeout_s,
+            record=_record,
+            bundled="bundled handler",
+        )
+        return Observed(answers)
 
     async def apply(self, config: BatchingConfig) -> None:
         if self.store is None:
@@ -288,7 +259,7 @@ class TorchServeControl:
         problems = check_described(await self.describe(), native, version)
         if problems:
             raise TargetError(f"TorchServe did not take {config.label()}: {'; '.join(problems)}")
-        n = min(max(_BURST_PER_BATCH * int(native["batch_size"]), _BURST_MIN), _BURST_MAX)
+        n = burst.burst_size(int(native["batch_size"]))
         for _ in range(self._verify_attempts):
             observed = await self.burst(n)
             problems = check_observed(observed, native, version)

@@ -6,25 +6,20 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import os
 import shutil
 import signal
-import tempfile
 import time
 from pathlib import Path
-from typing import IO
 
 import aiohttp
 
 from batchpilot.models import BatchingConfig
-from batchpilot.processes import (
-    ChildProcess,
-    exit_code_of,
-    free_ports,
-    read_tail,
-    signal_group,
-)
+from batchpilot.processes import read_tail, signal_group
 from batchpilot.runtimes.base import LaunchError, to_native
+from batchpilot.runtimes.process import LOG_TAIL_BYTES, RuntimeProcess
+from batchpilot.runtimes.procfs import group_members, signal_all, wait_gone
 from batchpilot.runtimes.torchserve.archive import config_properties, models_entry
 from batchpilot.runtimes.torchserve.control import (
     KNOBS,
@@ -36,8 +31,7 @@ from batchpilot.runtimes.torchserve.control import (
 from batchpilot.runtimes.venvs import venv_executable
 
 VENV = "torchserve-0.12.0"
-PORT_NAMES = ("inference", "management", "metrics", "grpc_inference", "grpc_management")
-_STDERR_TAIL = 4000
+_STOP_POLL_S = 0.05
 _LAUNCH_LOG_TAIL = 1500
 # what the Java front end writes for each request it answers: during a start, only our own
 # readiness polling, which would push anything useful out of a log's tail
@@ -64,38 +58,15 @@ def launch_log(launcher_output: str, model_log: str, limit: int = _LAUNCH_LOG_TA
     return "\n".join(parts)
 
 
-def group_members(pgid: int) -> list[int]:
-    """The live (not zombie) processes of process group `pgid`, from /proc."""
-    members = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-        except OSError:
-            continue
-        # the fields after the command name (which may hold spaces) in parentheses
-        fields = stat.rsplit(")", 1)[1].split()
-        if fields[0] != "Z" and int(fields[2]) == pgid:
-            members.append(int(entry.name))
-    return members
-
-
-async def wait_group_gone(pgid: int, timeout_s: float, poll_s: float = 0.05) -> bool:
-    """Whether every process of group `pgid` has gone within `timeout_s`."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        if not group_members(pgid):
-            return True
-        if time.monotonic() >= deadline:
-            return False
-        await asyncio.sleep(poll_s)
-
-
-class TorchServeProcess(ChildProcess):
+class TorchServeProcess(RuntimeProcess):
     """TorchServe 0.12 from its own environment serving the bundled handler, started at
     `start`. Its own process group: a stop waits until the launcher, the Java front end
     and every worker have gone."""
+
+    what = "TorchServe"
+    port_names = ("inference", "management", "metrics", "grpc_inference", "grpc_management")
+    inference_port = "inference"
+    metrics_port_name = "metrics"
 
     def __init__(
         self,
@@ -105,51 +76,32 @@ class TorchServeProcess(ChildProcess):
         ready_timeout_s: float = 120.0,
         stop_timeout_s: float = 15.0,
     ) -> None:
+        super().__init__(
+            threads=threads, ready_timeout_s=ready_timeout_s, stop_timeout_s=stop_timeout_s
+        )
         self.start_config = start
         self.native_start = to_native(KNOBS, start)
-        self.host = "127.0.0.1"
-        self.threads = threads
-        self.ports: dict[str, int] = {}
-        self._ready_timeout_s = ready_timeout_s
-        self._stop_timeout_s = stop_timeout_s
-        self._proc: asyncio.subprocess.Process | None = None
-        self._stderr: IO[bytes] | None = None
-        self._final_stderr = ""
-        self._workdir: Path | None = None
         self.store: ModelStore | None = None
 
     @property
-    def url(self) -> str:
-        return f"http://{self.host}:{self.ports.get('inference', 0)}"
-
-    @property
     def management_url(self) -> str:
-        return f"http://{self.host}:{self.ports.get('management', 0)}"
+        return self.address("management")
 
-    @property
-    def metrics_url(self) -> str:
-        return f"http://{self.host}:{self.ports.get('metrics', 0)}/metrics"
-
-    @property
-    def pid(self) -> int:
-        if self._proc is None:
-            raise RuntimeError("TorchServe has not been started")
-        return self._proc.pid
-
-    def _prepare(self) -> tuple[Path, dict[str, str]]:
+    async def _prepare(self) -> tuple[Path, dict[str, str]]:
         """The config.properties for a (re)start: ports chosen once, the start values
         registered from a new archive version in the store."""
-        if self._workdir is None or self.store is None:
-            self._workdir = Path(tempfile.mkdtemp(prefix="batchpilot-torchserve-"))
-            (self._workdir / "store").mkdir()
-            self.store = ModelStore(self._workdir / "store")
-            self.ports = dict(zip(PORT_NAMES, free_ports(len(PORT_NAMES), self.host), strict=True))
+        if self.root is None or self.store is None:
+            root = await self._new_root("batchpilot-torchserve-")
+            (root / "store").mkdir()
+            self.store = ModelStore(root / "store")
+            self._choose_ports()
+        assert self.root is not None
         stale = self.store.versions()
         version, archive = self.store.add()
         for old in stale:
             self.store.remove(old)
         models = models_entry(MODEL, str(version), archive, self.native_start)
-        config = self._workdir / "config.properties"
+        config = self.root / "config.properties"
         config.write_text(
             config_properties(
                 host=self.host,
@@ -164,8 +116,8 @@ class TorchServeProcess(ChildProcess):
             **os.environ,
             # TorchServe's launcher keeps a pid file in the temp folder and refuses to start
             # while another TorchServe's is there: each instance gets its own
-            "TMPDIR": str(self._workdir),
-            "TEMP": str(self._workdir),
+            "TMPDIR": str(self.root),
+            "TEMP": str(self.root),
             "OMP_NUM_THREADS": threads,
             "MKL_NUM_THREADS": threads,
         }
@@ -182,25 +134,15 @@ class TorchServeProcess(ChildProcess):
                 "TorchServe needs Java 11 or later and no `java` is on PATH: run "
                 "scripts/system-deps (it installs Debian's openjdk-17-jre-headless)"
             )
-        config, env = self._prepare()
-        assert self._workdir is not None
-        self._stderr = tempfile.TemporaryFile()  # noqa: SIM115 - lives as long as the server
-        self._proc = await asyncio.create_subprocess_exec(
-            str(program),
-            "--start",
-            "--foreground",
-            "--ncs",
-            "--ts-config",
-            str(config),
-            stdin=asyncio.subprocess.DEVNULL,
-            stdout=self._stderr,
-            stderr=self._stderr,
-            env=env,
-            cwd=self._workdir,  # its logs go to ./logs
-            start_new_session=True,
-        )
+        config, env = await self._prepare()
+        assert self.root is not None
         try:
-            await self._wait_ready()
+            await self._spawn(
+                [str(program), "--start", "--foreground", "--ncs", "--ts-config", str(config)],
+                env=env,
+                cwd=self.root,  # its logs go to ./logs
+            )
+            await self._wait_worker()
         except LaunchError as exc:
             # read before stop() removes the folder the logs are in
             log = launch_log(self.stderr_tail(), self._model_log())
@@ -212,16 +154,16 @@ class TorchServeProcess(ChildProcess):
 
     def _model_log(self) -> str:
         """logs/model_log.log of this instance ("" when it has none yet)."""
-        if self._workdir is None:
+        if self.root is None:
             return ""
-        path = self._workdir / "logs" / "model_log.log"
+        path = self.root / "logs" / "model_log.log"
         try:
             with path.open("rb") as file:
-                return read_tail(file, _STDERR_TAIL * 4)
+                return read_tail(file, LOG_TAIL_BYTES * 4)
         except OSError:
             return ""
 
-    async def _wait_ready(self) -> None:
+    async def _wait_worker(self) -> None:
         """Until the model's default version has a ready worker: TorchServe answers
         /ping "Healthy" before its worker has imported torch."""
         assert self._proc is not None
@@ -242,43 +184,18 @@ class TorchServeProcess(ChildProcess):
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._proc.wait(), 0.25)
 
+    async def _terminate(self, proc: asyncio.subprocess.Process) -> None:
+        # Java and its workers first: the launcher waits for Java and reaps it, then
+        # exits by itself (signalled first, it would leave Java an unreaped orphan)
+        signal_all([pid for pid in group_members(proc.pid) if pid != proc.pid], signal.SIGTERM)
+        members = functools.partial(group_members, proc.pid)
+        if not await wait_gone(members, self._stop_timeout_s, _STOP_POLL_S):
+            signal_group(proc.pid, signal.SIGKILL)
+            await wait_gone(members, self._stop_timeout_s, _STOP_POLL_S)
+        if proc.returncode is None:
+            await proc.wait()
+
     async def stop(self) -> None:
         """Stop the whole process group and remove the temporary folder."""
-        await self._terminate()
-        if self._workdir is not None:
-            shutil.rmtree(self._workdir, ignore_errors=True)
-            self._workdir = None
-            self.store = None
-
-    async def _terminate(self) -> None:
-        proc = self._proc
-        if proc is not None:
-            # Java and its workers first: the launcher waits for Java and reaps it, then
-            # exits by itself (signalled first, it would leave Java an unreaped orphan)
-            for pid in group_members(proc.pid):
-                if pid != proc.pid:
-                    with contextlib.suppress(ProcessLookupError, PermissionError):
-                        os.kill(pid, signal.SIGTERM)
-            if not await wait_group_gone(proc.pid, self._stop_timeout_s):
-                signal_group(proc.pid, signal.SIGKILL)
-                await wait_group_gone(proc.pid, self._stop_timeout_s)
-            if proc.returncode is None:
-                await proc.wait()
-        if self._stderr is not None:
-            self._final_stderr = read_tail(self._stderr, _STDERR_TAIL)
-            self._stderr.close()
-            self._stderr = None
-
-    async def restart(self) -> None:
-        await self._terminate()
-        await self.start()
-
-    async def exit_code(self, grace_s: float = 0.0) -> int | None:
-        if self._proc is None:
-            return None
-        return await exit_code_of(self._proc, grace_s)
-
-    def stderr_tail(self, limit: int = _STDERR_TAIL) -> str:
-        if self._stderr is None:
-            return self._final_stderr[-limit:]
-        return read_tail(self._stderr, limit)
+        await super().stop()
+        self.store = None

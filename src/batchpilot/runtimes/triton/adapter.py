@@ -10,25 +10,25 @@ import json
 import logging
 import math
 import time
-from typing import ClassVar
 from urllib.parse import urlsplit
 
 import aiohttp
+from typing_extensions import Unpack
 
 from batchpilot.capacity.promql import Metrics, with_matchers
 from batchpilot.loadgen.protocols import JSON_HEADERS, RequestProtocol, v2_path
-from batchpilot.models import MAX_BATCH_SIZE_LIMIT, MAX_QUEUE_TIME_MS_LIMIT, BatchingConfig
+from batchpilot.models import BatchingConfig
 from batchpilot.runtimes.base import (
     ControlEndpoint,
-    HowApplied,
-    Knob,
-    LaunchError,
+    ControlOptions,
     LocalServer,
     NativeValues,
     Persistence,
     Runtime,
     Verification,
+    batch_knob,
     representable,
+    wait_knob,
 )
 from batchpilot.runtimes.triton.control import (
     TritonControl,
@@ -58,22 +58,8 @@ _VERIFY_MAX_REQUESTS = 64
 _VERIFY_TIMEOUT_S = 30.0
 _VERIFY_BURSTS = 2
 
-BATCH_KNOB = Knob(
-    canonical="max_batch_size",
-    native="max_batch_size",
-    unit="requests",
-    integer=True,
-    minimum=1,
-    maximum=MAX_BATCH_SIZE_LIMIT,
-)
-DELAY_KNOB = Knob(
-    canonical="max_queue_time_ms",
-    native="max_queue_delay_microseconds",
-    unit="us",
-    integer=True,
-    minimum=0,
-    maximum=MAX_QUEUE_TIME_MS_LIMIT * 1000,
-)
+BATCH_KNOB = batch_knob("max_batch_size")
+DELAY_KNOB = wait_knob("max_queue_delay_microseconds", "us", integer=True)
 
 
 def row_body(size: int, input_name: str = INPUT_NAME) -> bytes:
@@ -221,12 +207,12 @@ class TritonRuntimeControl:
         return [r for r in results if r is not None]
 
 
-class TritonRuntime(Runtime):
-    name: ClassVar[str] = "triton"
-    title: ClassVar[str] = f"Triton Inference Server {TRITON_VERSION}"
-    knobs: ClassVar[tuple[Knob, Knob]] = (BATCH_KNOB, DELAY_KNOB)
-    how_applied: ClassVar[HowApplied] = "live"
-    metrics: ClassVar[Metrics] = Metrics(
+class TritonRuntime(Runtime[TritonRuntimeControl, TritonProcess]):
+    name = "triton"
+    title = f"Triton Inference Server {TRITON_VERSION}"
+    knobs = (BATCH_KNOB, DELAY_KNOB)
+    how_applied = "live"
+    metrics = Metrics(
         port_note=f":{DEFAULT_METRICS_PORT}/metrics (--metrics-port)",
         # duration counters and per-pod summaries: no histogram in Triton 2.51
         latency_histogram=None,
@@ -236,12 +222,14 @@ class TritonRuntime(Runtime):
         batch_size="sum(rate(nv_inference_count[1m])) / sum(rate(nv_inference_exec_count[1m]))",
         latency_summary="nv_inference_request_summary_us",
     )
-    default_model: ClassVar[str | None] = MODEL_NAME
+    default_model = MODEL_NAME
     # model control is on the inference port; the verification reads the metrics port
-    control_endpoint: ClassVar[ControlEndpoint] = ControlEndpoint(
+    control_endpoint = ControlEndpoint(
         what="Triton's metrics endpoint (http://HOST:PORT, /metrics is added)",
         default=f"port {DEFAULT_METRICS_PORT} on the host of the inference URL",
     )
+    server_name = "Triton"
+    serves = f"one bundled model ({MODEL_NAME})"
 
     def metrics_for(self, model: str | None = None) -> Metrics:
         """Triton labels every series with `model`."""
@@ -262,39 +250,34 @@ class TritonRuntime(Runtime):
         self,
         url: str,
         *,
-        model: str | None = None,
-        server: LocalServer | None = None,
-        control_url: str | None = None,
         metrics_url: str | None = None,
+        **options: Unpack[ControlOptions],
     ) -> TritonRuntimeControl:
         """`metrics_url` (or `control_url`, its base) defaults to the local server's,
         else port 8002 on the URL's host."""
-        if metrics_url is None and control_url is not None:
+        if metrics_url is not None:
+            options["control_url"] = metrics_url
+        return super().control(url, **options)
+
+    def _control(
+        self, url: str, model: str | None, server: LocalServer | None, control_url: str | None
+    ) -> TritonRuntimeControl:
+        if control_url is not None:
             metrics_url = metrics_endpoint(control_url)
-        if metrics_url is None:
-            if isinstance(server, TritonProcess):
-                metrics_url = server.metrics_url
-            else:
-                host = urlsplit(url).hostname or "127.0.0.1"
-                metrics_url = f"http://{host}:{DEFAULT_METRICS_PORT}/metrics"
+        elif isinstance(server, TritonProcess):
+            metrics_url = server.metrics_url
+        else:
+            host = urlsplit(url).hostname or "127.0.0.1"
+            metrics_url = f"http://{host}:{DEFAULT_METRICS_PORT}/metrics"
         name = model or MODEL_NAME
         return TritonRuntimeControl(
             url, model=name, metrics_url=metrics_url, protocol=self.protocol(name)
         )
 
-    def launcher(
-        self,
-        start: BatchingConfig,
-        *,
-        threads: int | None = None,
-        workload: str | None = None,
+    def _launch(
+        self, start: BatchingConfig, native: NativeValues, threads: int | None, workload: str | None
     ) -> TritonProcess:
-        if workload is not None:
-            raise LaunchError(
-                f"Triton serves one bundled model ({MODEL_NAME}); there is no workload "
-                f"{workload!r} to choose"
-            )
-        return TritonProcess(to_batching(self.native(start)), threads=threads)
+        return TritonProcess(to_batching(native), threads=threads)
 
     def persistence(self, config: BatchingConfig, *, model: str | None = None) -> Persistence:
         return Persistence(

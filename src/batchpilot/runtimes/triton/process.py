@@ -5,28 +5,14 @@ python backend's stub processes included)."""
 
 from __future__ import annotations
 
-import asyncio
 import os
-import shutil
-import signal
-import tempfile
 from pathlib import Path
-from typing import IO
 
-from batchpilot.processes import (
-    ChildProcess,
-    NotReady,
-    exit_code_of,
-    free_ports,
-    read_tail,
-    signal_group,
-    wait_ready,
-)
 from batchpilot.runtimes.base import LaunchError
+from batchpilot.runtimes.process import V2Process
 from batchpilot.runtimes.triton.install import TritonInstall, find_install
 from batchpilot.runtimes.triton.repository import MODEL_NAME, TritonBatching, write_repository
 
-LOG_TAIL_BYTES = 4000
 _POLL_S = 0.1
 _PORT_ATTEMPTS = 3
 # Triton waits this long for in-flight requests on SIGTERM before it exits.
@@ -68,8 +54,10 @@ def server_args(
     ]
 
 
-class TritonProcess(ChildProcess):
+class TritonProcess(V2Process):
     """`async with TritonProcess(TritonBatching(8, 5000)) as triton: ... triton.url ...`"""
+
+    what = "Triton"
 
     def __init__(
         self,
@@ -81,42 +69,21 @@ class TritonProcess(ChildProcess):
         ready_timeout_s: float = 60.0,
         stop_timeout_s: float = 15.0,
     ) -> None:
+        super().__init__(
+            threads=threads, ready_timeout_s=ready_timeout_s, stop_timeout_s=stop_timeout_s
+        )
         self.batching = batching
         self.model = MODEL_NAME
-        self.host = "127.0.0.1"
-        self.http_port = self.grpc_port = self.metrics_port = 0
         self._venv = venv
         self._instances = instances
-        self._threads = threads
-        self._ready_timeout_s = ready_timeout_s
-        self._stop_timeout_s = stop_timeout_s
-        self._proc: asyncio.subprocess.Process | None = None
-        self._log: IO[bytes] | None = None
-        self._final_log = ""
-        self._root: Path | None = None
         self.install: TritonInstall | None = None
-        self.returncode: int | None = None
-
-    @property
-    def url(self) -> str:
-        return f"http://{self.host}:{self.http_port}"
-
-    @property
-    def metrics_url(self) -> str:
-        return f"http://{self.host}:{self.metrics_port}/metrics"
-
-    @property
-    def pid(self) -> int:
-        if self._proc is None:
-            raise RuntimeError("Triton has not been started")
-        return self._proc.pid
 
     def args(self) -> list[str]:
         assert self.install is not None
-        assert self._root is not None
+        assert self.root is not None
         return server_args(
             self.install,
-            self._root,
+            self.root,
             host=self.host,
             http_port=self.http_port,
             grpc_port=self.grpc_port,
@@ -126,115 +93,40 @@ class TritonProcess(ChildProcess):
     async def start(self) -> None:
         """Write the repository, start Triton and wait until it and the model are ready.
         A port taken by someone else between choosing and binding it is retried on fresh
-        ports; a restart keeps the ports it had (clients hold its URL)."""
+        ports; a restart keeps the ports it had (clients hold its URL) and writes the
+        repository again at the starting configuration."""
         self.install = await find_install(self._venv)
-        self._root = Path(tempfile.mkdtemp(prefix="batchpilot-triton-"))
-        write_repository(self._root, self.install, self.batching, instances=self._instances)
-        keep = self.http_port != 0
+        root = await self._new_root("batchpilot-triton-")
+        write_repository(root, self.install, self.batching, instances=self._instances)
+        keep = bool(self.ports)
         for attempt in range(_PORT_ATTEMPTS):
             if not keep or attempt > 0:
-                self.http_port, self.grpc_port, self.metrics_port = free_ports(3, self.host)
+                self._choose_ports()
             try:
                 await self._start_once()
                 return
             except TritonStartError as exc:
                 if "already in use" not in str(exc) or attempt == _PORT_ATTEMPTS - 1:
-                    await self._cleanup()
+                    await self._remove_root()
                     raise
 
-    async def restart(self) -> None:
-        """Stop Triton (if it still runs) and start it again on the same ports with the
-        starting configuration (a live change does not survive a restart)."""
-        await self.stop()
-        await self.start()
-
     async def _start_once(self) -> None:
-        assert self.install is not None
-        assert self._root is not None
-        self.returncode = None
-        # A file rather than a pipe: nobody reads the log while Triton runs.
-        self._log = tempfile.TemporaryFile()  # noqa: SIM115 - lives as long as the server
-        self._proc = await asyncio.create_subprocess_exec(
-            *self.args(),
-            stdin=asyncio.subprocess.DEVNULL,
-            stdout=self._log,
-            stderr=asyncio.subprocess.STDOUT,
-            env=self._environment(),
-            cwd=self._root,
-            # its own process group: stop() ends the stub processes with it
-            start_new_session=True,
-        )
+        assert self.root is not None
         try:
-            await wait_ready(
-                self._proc,
-                f"{self.url}/v2/health/ready",
-                timeout_s=self._ready_timeout_s,
-                poll_s=_POLL_S,
+            # its own process group: a stop ends the python backend's stubs with it
+            await self._spawn(self.args(), env=self._environment(), cwd=self.root)
+            await self._wait_ready(
+                f"{self.url}/v2/health/ready", poll_s=_POLL_S, error=TritonStartError
             )
-        except NotReady as exc:
-            await self._stop_process()
-            what = (
-                f"exited with code {exc.returncode}"
-                if exc.returncode is not None
-                else f"was not ready within {self._ready_timeout_s:g} s"
-            )
-            raise TritonStartError(f"Triton {what}; its log:\n{self.stderr_tail()}") from None
         except BaseException:
-            await self._stop_process()
+            await self._end_process()
             raise
 
     def _environment(self) -> dict[str, str]:
         assert self.install is not None
         env = self.install.environment(dict(os.environ))
-        if self._threads is not None:
+        if self.threads is not None:
             # the bundled model's matrix product runs on numpy's BLAS threads
             for name in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
-                env[name] = str(self._threads)
+                env[name] = str(self.threads)
         return env
-
-    async def stop(self) -> None:
-        """SIGTERM to the process group (Triton unloads its models and exits), SIGKILL to
-        the group after the grace; the repository is removed."""
-        await self._stop_process()
-        await self._cleanup()
-
-    async def _stop_process(self) -> None:
-        proc = self._proc
-        if proc is None:
-            return
-        try:
-            if proc.returncode is None:
-                signal_group(proc.pid, signal.SIGTERM)
-                try:
-                    await asyncio.wait_for(proc.wait(), self._stop_timeout_s)
-                except TimeoutError:
-                    signal_group(proc.pid, signal.SIGKILL)
-                    await proc.wait()
-            # stubs that outlived their server (it was killed) go too
-            signal_group(proc.pid, signal.SIGKILL)
-            self.returncode = proc.returncode
-        finally:
-            self._proc = None
-            if self._log is not None:
-                self._final_log = read_tail(self._log, LOG_TAIL_BYTES)
-                self._log.close()
-                self._log = None
-
-    async def _cleanup(self) -> None:
-        if self._root is not None:
-            await asyncio.to_thread(shutil.rmtree, self._root, True)
-            self._root = None
-
-    async def exit_code(self, grace_s: float = 0.0) -> int | None:
-        """The exit code once Triton has exited (waiting up to `grace_s`), None while it
-        runs."""
-        proc = self._proc
-        if proc is None:
-            return self.returncode
-        return await exit_code_of(proc, grace_s)
-
-    def stderr_tail(self, limit: int = LOG_TAIL_BYTES) -> str:
-        """The end of Triton's log (stdout and stderr), also after it exited."""
-        if self._log is None:
-            return self._final_log[-limit:]
-        return read_tail(self._log, limit)

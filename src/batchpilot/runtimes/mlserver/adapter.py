@@ -1,0 +1,104 @@
+"""MLServer 1.7.1 as a BatchPilot runtime: `max_batch_size` (requests) and
+`max_batch_time` (seconds) in model-settings.json, changed by loading a new model version
+and verified by what the bundled model reports in its answers (recommend-only persistence)."""
+
+from __future__ import annotations
+
+import json
+
+from batchpilot.capacity.promql import Metrics
+from batchpilot.loadgen.protocols import RequestProtocol, kserve_v2
+from batchpilot.models import BatchingConfig
+from batchpilot.runtimes import base
+from batchpilot.runtimes.mlserver.control import (
+    FEATURES,
+    INPUT_NAME,
+    KNOBS,
+    MODEL,
+    SETTINGS_FILE,
+    MLServerControl,
+)
+from batchpilot.runtimes.mlserver.process import MLServerProcess
+
+# MLServer labels its HTTP figures with the route's template, the same for every model
+INFER_PATH = 'path="/v2/models/{model_name}/infer"'
+
+
+class MLServerRuntime(base.Runtime[MLServerControl, MLServerProcess]):
+    name = "mlserver"
+    title = "MLServer 1.7.1"
+    knobs = KNOBS
+    how_applied = "reload"
+    metrics = Metrics(
+        port_note="metrics_port (default 8082), /metrics",
+        latency_histogram="rest_server_request_duration_seconds",
+        latency_unit="s",
+        latency_matchers=INFER_PATH,
+        # the HTTP layer's counters, not model_infer_request_*: those miss what never
+        # reached the model (a 404 while it reloads, a request given up on)
+        ok_requests=f'rest_server_requests_total{{{INFER_PATH},status_code=~"2.."}}',
+        total_requests=f"rest_server_requests_total{{{INFER_PATH}}}",
+    )
+    default_model = MODEL
+    # MLServer has no management port: its repository API shares the inference port
+    control_endpoint = base.ControlEndpoint(
+        what="MLServer's model repository API (/v2/repository/models/M/load)",
+        default="the inference URL itself",
+    )
+    server_name = "MLServer"
+    serves = f"its bundled model {MODEL}"
+
+    def protocol(self, model: str | None = None) -> RequestProtocol:
+        return kserve_v2(model or MODEL, input_name=INPUT_NAME, features=FEATURES)
+
+    def _control(
+        self, url: str, model: str | None, server: base.LocalServer | None, control_url: str | None
+    ) -> MLServerControl:
+        repository = server.repository if isinstance(server, MLServerProcess) else None
+        return MLServerControl(
+            url, model=model or MODEL, repository=repository, control_url=control_url
+        )
+
+    def _launch(
+        self,
+        start: BatchingConfig,
+        native: base.NativeValues,
+        threads: int | None,
+        workload: str | None,
+    ) -> MLServerProcess:
+        return MLServerProcess(start, threads=threads)
+
+    def unchangeable_from_elsewhere(self, model: str | None = None) -> str:
+        # MLServer 1.7.1's repository load (REST and gRPC) takes a model name and nothing
+        # else; the settings come from the model-settings.json files it finds on disk
+        name = model or MODEL
+        return (
+            f"{self.title} reads max_batch_size and max_batch_time only from the model's "
+            f"{SETTINGS_FILE} when it loads the model (its repository API's load takes a "
+            "model name and no settings, over HTTP and gRPC alike), so a server BatchPilot "
+            "did not start cannot be changed from here. Tune the bundled model with "
+            "--local --runtime mlserver, tune the Deployment through the operator "
+            "(apply.method: Env), or set the values yourself: write "
+            f'{{"name": "{name}", "max_batch_size": <requests>, "max_batch_time": '
+            f'<seconds>, "parameters": {{"version": "<a new version>"}}}} into the '
+            f"{SETTINGS_FILE} of a new version folder of model {name}, remove the serving "
+            f"version's folder, and POST /v2/repository/models/{name}/load (a load of the "
+            "version already loaded turns adaptive batching off)"
+        )
+
+    def persistence(self, config: BatchingConfig, *, model: str | None = None) -> base.Persistence:
+        native = base.to_native(KNOBS, config)
+        name = model or MODEL
+        snippet = json.dumps(
+            {
+                "name": name,
+                "max_batch_size": int(native["max_batch_size"]),
+                "max_batch_time": float(native["max_batch_time"]),
+            },
+            indent=2,
+        )
+        return base.Persistence(
+            kind="recommend",
+            where=f"write model-settings.json of model {name} with these keys",
+            snippet=snippet,
+        )
