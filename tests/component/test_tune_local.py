@@ -19,7 +19,10 @@ import pytest
 # Bounds against a hang, not timing assertions: a quick run takes 2-4 minutes on 2 cores.
 pytestmark = [pytest.mark.component, pytest.mark.timeout(540)]
 
-TUNE = [sys.executable, "-m", "batchpilot", "tune", "--local", "--quick"]
+# The default SLA (100 ms) fits the reference server on a quiet 2-core machine; the
+# suite runs beside the e2e tier, where the server's light-load p99 can pass 100 ms and
+# nothing would be feasible. What is under test is the run's flow, so the SLA is generous.
+TUNE = [sys.executable, "-m", "batchpilot", "tune", "--local", "--quick", "--sla-p99-ms", "500"]
 
 
 def _tune(args: list[str], timeout_s: float = 480) -> subprocess.CompletedProcess[str]:
