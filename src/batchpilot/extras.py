@@ -22,21 +22,20 @@ def _installed(package: str) -> bool:
         return False
 
 
-def torch_missing(what: str) -> str | None:
-    """Why `what` cannot run here when PyTorch is not installed, else None."""
-    if _installed("torch"):
+def _missing(what: str, package: str, name: str, extra: str, install: str) -> str | None:
+    if _installed(package):
         return None
     return (
-        f"{what} needs PyTorch, which is not installed here; it comes with the "
-        f"`{SERVER_EXTRA}` extra: {INSTALL_SERVER}"
+        f"{what} needs {name}, which is not installed here; it comes with the "
+        f"`{extra}` extra: {install}"
     )
+
+
+def torch_missing(what: str) -> str | None:
+    """Why `what` cannot run here when PyTorch is not installed, else None."""
+    return _missing(what, "torch", "PyTorch", SERVER_EXTRA, INSTALL_SERVER)
 
 
 def matplotlib_missing(what: str) -> str | None:
     """Why `what` cannot run here when matplotlib is not installed, else None."""
-    if _installed("matplotlib"):
-        return None
-    return (
-        f"{what} needs matplotlib, which is not installed here; it comes with the "
-        f"`{PLOT_EXTRA}` extra: {INSTALL_PLOT}"
-    )
+    return _missing(what, "matplotlib", "matplotlib", PLOT_EXTRA, INSTALL_PLOT)
