@@ -7,7 +7,7 @@ venv:
 tune: venv
 	.venv/bin/batchpilot tune --local
 
-# The whole test suite (unit, component, operator, e2e).
+# The whole test suite (unit, component, operator, runtimes, e2e; scripts/test).
 test:
 	scripts/test
 
