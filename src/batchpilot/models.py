@@ -213,6 +213,9 @@ class CapacityResult(Frozen):
     # The client could not drive a higher rate: the capacity is at least effective_rps.
     client_bound: bool = False
     client_ceiling_rps: float | None = None  # highest offered rate the client kept up with
+    # Why a rate below the capacity the search found broke the SLA and capped
+    # effective_rps (capacity.lightload); empty when none did or none was measured.
+    light_load: str = ""
 
     def capacity_label(self) -> str:
         if self.client_bound:

@@ -100,9 +100,11 @@ class FakeWorld:
         must_beat: float | None,
         since: datetime,
         seed: int | None = None,
+        light_load: bool | None = None,
     ) -> CapacityResult:
         params = self.cluster.applied[-1]
         self.cluster.measures += 1
+        self.cluster.light_load_asked.append(bool(light_load))
         if self.cluster.measures in self.cluster.disturbed:
             raise TargetProblem(
                 "ScaledDuringTrial",
@@ -126,6 +128,17 @@ class FakeWorld:
             passed=True,
             duration_s=5.0,
         )
+        if light_load and self.cluster.breaks_at_light_load(params):
+            return CapacityResult(
+                effective_rps=0.0,
+                p99_ms=None,
+                sla=sla,
+                feasible=False,
+                precision=0.05,
+                steps=[step],
+                light_load=f"LightLoad: at {0.1 * rps:.1f} req/s (10 % of {rps:,.0f} req/s) "
+                f"p99 {1.03 * sla.p99_ms:.1f} ms, breaking the SLA",
+            )
         return CapacityResult(
             effective_rps=rps,
             p99_ms=step.p99_ms,
@@ -225,6 +238,9 @@ class FakeCluster:
         # whether the target crash-loops on a configuration once it is written back
         self.crashes: Callable[[Params], bool] = lambda params: False
         self.verified: list[float] = []  # the verify windows asked for
+        # whether a configuration breaks the SLA at light load, when that is measured
+        self.breaks_at_light_load: Callable[[Params], bool] = lambda params: False
+        self.light_load_asked: list[bool] = []  # every measurement's light_load, in order
 
     def factory(self) -> Callable[..., FakeWorld]:
         def make(

@@ -363,6 +363,30 @@ async def test_a_real_gain_is_confirmed_and_written_back(
     assert reasons.index("Confirming") < reasons.index("Applied")
 
 
+async def test_a_finalist_that_breaks_the_sla_at_light_load_is_never_written_back(
+    kmock: kmock.KubernetesEmulator, operator: Operator, cluster: FakeCluster
+) -> None:
+    # every configuration but the target's own breaks the SLA at light load
+    cluster.breaks_at_light_load = lambda params: params != ORIGINAL
+    kmock.objects[ISVC, NAMESPACE, "resnet"] = isvc()
+    async with operator():
+        await eventually(lambda: phase_is(kmock, "Converged"), what="convergence")
+        await eventually(lambda: "NoSignificantGain" in reasons_of(kmock), what="the event")
+    status = status_of(kmock)
+    assert cluster.written_back == []
+    confirmation = status["confirmation"]
+    first = [m for m in confirmation["measurements"] if m["round"] == 0]
+    finalists = [m for m in first if m["params"] != ORIGINAL]
+    assert finalists
+    for measured in finalists:
+        assert measured["effectiveRps"] == 0.0
+        assert measured["reason"].startswith("LightLoad: at ")
+    # probed once, in its first round; the incumbent never
+    rounds = len(confirmation["measurements"])
+    assert cluster.light_load_asked[-rounds:].count(True) == len(finalists)
+    assert "no finalist met the SLA in every round" in status["message"]
+
+
 async def test_a_client_bound_trial_says_so_in_the_status(
     kmock: kmock.KubernetesEmulator, operator: Operator, cluster: FakeCluster
 ) -> None:

@@ -10,6 +10,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Protocol
 
+from batchpilot.capacity.lightload import LightLoad
 from batchpilot.capacity.search import search_capacity
 from batchpilot.capacity.steps import step_from_load
 from batchpilot.loadgen.arrivals import ArrivalKind, as_arrival
@@ -214,6 +215,7 @@ async def measure_capacity(
     max_overload_s: float | None = None,
     sender: ShareSender | None = None,
     max_connections: int | None = None,
+    light_load: LightLoad | None = None,
 ) -> CapacityResult:
     """Warm up, then search for the effective throughput (see search_capacity).
     `on_step` sees every step as it completes (progress display, partial results).
@@ -236,6 +238,8 @@ async def measure_capacity(
     `max_overload_s` bounds the time the steps that failed (ran above the SLA) take
     together: a step starts only while the time left covers its whole window, so the
     bound holds however the step ends.
+    With `light_load`, the rates it names below the capacity found are measured by the
+    same steps, and one that breaks the SLA caps the answer (`capacity.lightload`).
     Raises ValueError for bad arguments and UnreachableError when a target does not
     answer at all."""
     bases = normalise_urls(urls)
@@ -319,4 +323,5 @@ async def measure_capacity(
         max_rps=max_rps,
         confirm_failures=confirm_failures,
         may_measure=lambda rate: overload.fits(window(rate)),
+        light_load=light_load,
     )

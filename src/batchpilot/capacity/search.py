@@ -8,6 +8,7 @@ from __future__ import annotations
 import math
 from collections.abc import Awaitable, Callable, Sequence
 
+from batchpilot.capacity.lightload import LightLoad, probe_light_load
 from batchpilot.models import SLA, CapacityResult, StepResult
 
 MeasureStep = Callable[[float], Awaitable[StepResult]]
@@ -17,6 +18,46 @@ MayMeasure = Callable[[float], bool]
 
 
 async def search_capacity(
+    measure_step: MeasureStep,
+    *,
+    sla: SLA,
+    start_rps: float,
+    precision: float = 0.05,
+    growth: float = 2.0,
+    max_rps: float = 1e6,
+    max_steps: int = 40,
+    must_beat: float | None = None,
+    max_ramp_down: int = 6,
+    confirm_failures: bool = False,
+    may_measure: MayMeasure | None = None,
+    light_load: LightLoad | None = None,
+) -> CapacityResult:
+    """The capacity by `search_above` and, with `light_load`, the low rates below it
+    measured by the same steps (`lightload.probe_light_load`): a rate there that breaks
+    the SLA caps the answer. The low rates are not offered to `may_measure` nor counted
+    against `max_steps`: they lie below a step that passed, so they stay inside any load
+    ceiling that step fitted, and their number is bounded by `light_load` itself."""
+    found = await search_above(
+        measure_step,
+        sla=sla,
+        start_rps=start_rps,
+        precision=precision,
+        growth=growth,
+        max_rps=max_rps,
+        max_steps=max_steps,
+        must_beat=must_beat,
+        max_ramp_down=max_ramp_down,
+        confirm_failures=confirm_failures,
+        may_measure=may_measure,
+    )
+    if light_load is None:
+        return found
+    return await probe_light_load(
+        measure_step, found, light_load, confirm_failures=confirm_failures
+    )
+
+
+async def search_above(
     measure_step: MeasureStep,
     *,
     sla: SLA,

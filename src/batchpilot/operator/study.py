@@ -48,6 +48,7 @@ from batchpilot.operator.status import (
     TrialEntry,
 )
 from batchpilot.operator.world import TargetProblem, World
+from batchpilot.tuner.confirm import probes_light_load
 from batchpilot.tuner.space import ParameterSpec, SearchSpace
 from batchpilot.tuner.study import INTERRUPTED, INVALID, TrialRecord, Tuner
 from batchpilot.tuner.verdict import Estimate
@@ -500,10 +501,19 @@ class StudyRunner:
             try:
                 async with asyncio.timeout(deadline):
                     await self._world.apply(params)
+                    config = batching_config(params)
+                    incumbent = batching_config(confirmation.incumbent)
                     result = await self._world.measure(
-                        batching_config(params), must_beat=None, since=started, seed=seed
+                        config,
+                        must_beat=None,
+                        since=started,
+                        seed=seed,
+                        light_load=probes_light_load(config, incumbent, round_index),
                     )
                 rps = result.effective_rps
+                if result.light_load:
+                    # broke the SLA below its capacity: it cannot be written back
+                    rps, why = 0.0, result.light_load
             except TargetProblem as exc:
                 why = f"{exc.reason}: {exc.message}"
                 if exc.stops_study:

@@ -89,10 +89,13 @@ class World(Protocol):
         must_beat: float | None,
         since: datetime,
         seed: int | None = None,
+        light_load: bool | None = None,
     ) -> CapacityResult:
         """Score what is live. `since` is the trial's start: a container that exited
         after it (a crash, an OOM kill) spoils the trial, raised as TargetProblem.
-        `seed` is the load's (default: the study's); the confirmation rounds set it."""
+        `seed` is the load's (default: the study's); the confirmation rounds set it.
+        `light_load`: whether rates below the capacity found are measured too
+        (capacity.lightload); by default when the wait is a large share of the SLA."""
         ...
 
     async def write_back(self, params: Params) -> None:
@@ -681,7 +684,12 @@ class KubeWorld:
         must_beat: float | None,
         since: datetime,
         seed: int | None = None,
+        light_load: bool | None = None,
     ) -> CapacityResult:
+        from batchpilot.capacity.lightload import wait_needs_light_load
+
+        if light_load is None:
+            light_load = wait_needs_light_load(config, self._spec.sla.to_sla())
         workload = await self._measured()
         pods = await self._pods(workload)
         ips = decisions.ready_pod_ips(pods)
@@ -699,7 +707,7 @@ class KubeWorld:
             if source is not None and in_place:
                 await self._subtract_live_traffic(source, len(ips))
             with speaking(operator_runtimes.load_protocol(self._spec)):
-                result = await self._measure_capacity(urls, must_beat, seed, source)
+                result = await self._measure_capacity(urls, must_beat, seed, source, light_load)
         except PrometheusQueryError as exc:
             raise TargetProblem("PrometheusUnavailable", f"during the trial: {exc}") from None
         if in_place:
@@ -723,8 +731,10 @@ class KubeWorld:
         must_beat: float | None,
         seed: int | None,
         source: PrometheusStepSource | None,
+        light_load: bool,
     ) -> CapacityResult:
         from batchpilot.capacity.http import measure_capacity  # imported when first used
+        from batchpilot.capacity.lightload import LightLoad
 
         load = self._spec.load
         in_place = self._spec.tuning.strategy == "InPlace"
@@ -756,6 +766,7 @@ class KubeWorld:
             # on production a breach is not provoked a second time to confirm it
             confirm_failures=not in_place,
             sender=sender,
+            light_load=LightLoad() if light_load else None,
         )
         if self.load_workers is not None:
             self.load_workers.observe(result.steps, result.effective_rps)

@@ -9,6 +9,7 @@ import concurrent.futures
 from collections.abc import Coroutine
 from typing import Any, TypeVar
 
+from batchpilot.capacity.lightload import LightLoad
 from batchpilot.capacity.search import search_capacity
 from batchpilot.models import SLA, BatchingConfig, CapacityResult, StepResult
 from batchpilot.simulator.scenario import Scenario, Traffic, simulate_step
@@ -34,7 +35,13 @@ async def simulate_capacity_async(
     precision: float = DEFAULT_PRECISION,
     must_beat: float | None = None,
     step_cache: StepCache | None = None,
+    start_rps: float | None = None,
+    light_load: LightLoad | None = None,
 ) -> CapacityResult:
+    """As `simulate_capacity`; `start_rps` overrides where the ramp starts (a measured
+    trial starts near the rate to beat), `light_load` measures low rates below the
+    capacity found (`capacity.lightload`)."""
+
     async def measure(offered_rps: float) -> StepResult:
         if step_cache is None:
             return simulate_step(traffic, config, sla, offered_rps)
@@ -48,11 +55,12 @@ async def simulate_capacity_async(
     return await search_capacity(
         measure,
         sla=sla,
-        start_rps=_start_rps(scenario),
+        start_rps=_start_rps(scenario) if start_rps is None else start_rps,
         precision=precision,
         # Nothing serves faster than full batches back to back; twice that is out of reach.
         max_rps=2.0 * scenario.service_bound_rps(config.max_batch_size),
         must_beat=must_beat,
+        light_load=light_load,
     )
 
 
@@ -76,6 +84,8 @@ def simulate_capacity(
     precision: float = DEFAULT_PRECISION,
     must_beat: float | None = None,
     step_cache: StepCache | None = None,
+    start_rps: float | None = None,
+    light_load: LightLoad | None = None,
 ) -> CapacityResult:
     """Effective throughput of `config` in `scenario`, with every simulated step.
 
@@ -85,6 +95,13 @@ def simulate_capacity(
     traffic = scenario if isinstance(scenario, Traffic) else Traffic(scenario)
     return run_sync(
         simulate_capacity_async(
-            traffic, config, sla, precision=precision, must_beat=must_beat, step_cache=step_cache
+            traffic,
+            config,
+            sla,
+            precision=precision,
+            must_beat=must_beat,
+            step_cache=step_cache,
+            start_rps=start_rps,
+            light_load=light_load,
         )
     )

@@ -5,7 +5,10 @@ re-measured interleaved (`runner.remeasure_interleaved`), then the verdict
 
 Each round's capacity search starts at `BRACKET_START` of the configuration's study
 figure: the first step passes on all but the worst drift, the next (twice as high)
-brackets the capacity, and the bisection has no far ramp to climb."""
+brackets the capacity, and the bisection has no far ramp to climb. That search never
+visits light load, so each finalist's first round also measures a few rates below the
+capacity it finds (`probes_light_load`, capacity.lightload); one that breaks the SLA
+there scores 0 req/s for that round and cannot be written back (`Remeasured.rounds`)."""
 
 from __future__ import annotations
 
@@ -20,6 +23,13 @@ from batchpilot.tuner.summary import finalists
 from batchpilot.tuner.verdict import Verdict, decide, undecided
 
 BRACKET_START = 0.8
+
+
+def probes_light_load(config: BatchingConfig, incumbent: BatchingConfig, round_index: int) -> bool:
+    """Whether this measurement of the confirmation also measures light load: a
+    finalist's first round, once, before anything can be written back. The incumbent is
+    not: it is what runs already, and the verdict only keeps it or replaces it."""
+    return round_index == 0 and config != incumbent
 
 
 @dataclass(frozen=True)

@@ -56,6 +56,7 @@ class LocalProbe:
         workers: int = 1,
         source: StepSource | None = None,
         max_connections: int | None = None,
+        production_rps: float | None = None,
     ) -> None:
         self.url = url.rstrip("/")
         # where steps are decided: None, the client's own figures; else e.g. Prometheus
@@ -74,13 +75,27 @@ class LocalProbe:
         self.warmup_s = warmup_s
         self.timeout_s = timeout_s
         self.seed = seed
+        # the rate the service runs at, when known: one more light-load rate
+        self.production_rps = production_rps
 
     async def measure(
-        self, config: BatchingConfig, *, must_beat: float | None, start_rps: float | None = None
+        self,
+        config: BatchingConfig,
+        *,
+        must_beat: float | None,
+        start_rps: float | None = None,
+        light_load: bool | None = None,
     ) -> CapacityResult:
         """`start_rps` overrides where the ramp starts (the interleaved re-measurement
-        brackets a configuration's known figure); by default see `start_rate`."""
+        brackets a configuration's known figure); by default see `start_rate`.
+        `light_load` says whether rates below the capacity found are measured too
+        (`capacity.lightload`); by default when the configuration's wait is a large share
+        of the SLA (`wait_needs_light_load`)."""
         from batchpilot.capacity.http import measure_capacity
+        from batchpilot.capacity.lightload import LightLoad, wait_needs_light_load
+
+        if light_load is None:
+            light_load = wait_needs_light_load(config, self.sla)
 
         with speaking(self.protocol):
             try:
@@ -100,6 +115,9 @@ class LocalProbe:
                     workers=self.workers,
                     source=self.source,
                     max_connections=self.max_connections,
+                    light_load=LightLoad(production_rps=self.production_rps)
+                    if light_load
+                    else None,
                 )
             except RejectedError as exc:
                 if not self.accepted:

@@ -27,7 +27,13 @@ from batchpilot.runtimes.base import Profiled
 from batchpilot.runtimes.registry import DEFAULT_RUNTIME, get_runtime
 from batchpilot.tuner.attached import Attached, check_attached, leave_attached
 from batchpilot.tuner.config import TuneConfig
-from batchpilot.tuner.confirm import BRACKET_START, Confirmed, confirm_study, study_figures
+from batchpilot.tuner.confirm import (
+    BRACKET_START,
+    Confirmed,
+    confirm_study,
+    probes_light_load,
+    study_figures,
+)
 from batchpilot.tuner.figures import runtime_figures
 from batchpilot.tuner.interfaces import Probe, Target
 from batchpilot.tuner.local import LocalProbe
@@ -329,6 +335,7 @@ async def _confirm(
             config,
             must_beat=None,
             start_rps=BRACKET_START * figure if figure else None,
+            light_load=probes_light_load(config, incumbent, round_index),
         )
 
     def done(event: RoundDone) -> None:
@@ -367,7 +374,10 @@ async def _confirm(
         return summary  # nothing met the SLA besides, perhaps, the incumbent
     for config, why in confirmed.remeasured.refused.items():
         console.print(f"[yellow]{config.label()} left out: {why}[/]", highlight=False)
-    return with_verdict(summary, confirmed.verdict).model_copy(update=timing)
+    light_load = confirmed.remeasured.light_load()
+    for config, why in light_load.items():
+        console.print(f"[yellow]{config.label()} cannot win: {why}[/]", highlight=False)
+    return with_verdict(summary, confirmed.verdict, light_load).model_copy(update=timing)
 
 
 def _summary(

@@ -107,8 +107,24 @@ class Remeasured:
     refused: dict[BatchingConfig, str]
 
     def rounds(self) -> dict[BatchingConfig, list[float]]:
-        """Effective req/s per round: the table `verdict.decide` judges."""
-        return {c: [r.effective_rps for r in rs] for c, rs in self.results.items()}
+        """Effective req/s per round: the table `verdict.decide` judges. A round in which
+        a rate below the capacity broke the SLA (`CapacityResult.light_load`) scores
+        0 req/s, as one that met the SLA nowhere: what is written back must hold the SLA
+        at every rate up to its figure, so that finalist cannot win."""
+        return {
+            c: [0.0 if r.light_load else r.effective_rps for r in rs]
+            for c, rs in self.results.items()
+        }
+
+    def light_load(self) -> dict[BatchingConfig, str]:
+        """Each configuration that broke the SLA at light load in some round: the
+        first such round's reason (the rate, where it comes from, the p99)."""
+        out: dict[BatchingConfig, str] = {}
+        for config, results in self.results.items():
+            why = next((r.light_load for r in results if r.light_load), "")
+            if why:
+                out[config] = why
+        return out
 
     def completed_rounds(self) -> int:
         """Rounds in which every configuration still in the table was measured."""

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 from rich.console import Console
 
+from batchpilot.capacity.lightload import LightLoad, wait_needs_light_load
 from batchpilot.models import BatchingConfig, CapacityResult, RequestMix
 from batchpilot.simulator.arrivals import ArrivalProcess
 from batchpilot.simulator.capacity import StepCache, simulate_capacity_async
@@ -65,7 +66,19 @@ class SimulatedProbe:
         self.precision = run.config.measurement.precision
         self.steps: StepCache = {}
 
-    async def measure(self, config: BatchingConfig, *, must_beat: float | None) -> CapacityResult:
+    async def measure(
+        self,
+        config: BatchingConfig,
+        *,
+        must_beat: float | None,
+        start_rps: float | None = None,
+        light_load: bool | None = None,
+    ) -> CapacityResult:
+        """As `LocalProbe.measure`: `start_rps` overrides the simulator's start, and
+        `light_load` (by default: a wait that is a large share of the SLA) measures rates
+        below the capacity found."""
+        if light_load is None:
+            light_load = wait_needs_light_load(config, self.sla)
         return await simulate_capacity_async(
             self.traffic,
             config,
@@ -73,6 +86,8 @@ class SimulatedProbe:
             precision=self.precision,
             must_beat=must_beat,
             step_cache=self.steps,
+            start_rps=start_rps,
+            light_load=LightLoad() if light_load else None,
         )
 
 

@@ -312,7 +312,10 @@ class Tuner:
     def tell(self, number: int, result: CapacityResult) -> TrialRecord:
         """Record a measurement: Complete, Pruned or Infeasible. A configuration that
         breaks the SLA at light load (`light_load_violation`) is Infeasible whatever
-        the heavy-load search measured: it can never be the best nor a finalist."""
+        the heavy-load search measured: it can never be the best nor a finalist. One
+        whose measured low rates broke the SLA (`CapacityResult.light_load`) keeps the
+        capped figure, Infeasible when nothing below the failing rate passed, and says
+        why in its reason."""
         trial = self._take(number)
         state = state_of(result)
         rps, p99, errors = figures_of(result)
@@ -320,6 +323,9 @@ class Tuner:
         reason = "" if state == "Complete" else self._reason(state, result)
         if result.client_bound and state == "Complete":
             reason = client_bound_reason(result)
+        if result.light_load:
+            # a low rate broke the SLA: that, not the heavy load, set the figure
+            reason = result.light_load
         # last, so it wins over whatever heavy load measured
         light = light_load_violation(self._records[number].config(), result.sla)
         if light:

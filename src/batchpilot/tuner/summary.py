@@ -69,6 +69,9 @@ class TuneSummary(BaseModel):
     recommended: BatchingConfig | None = None  # what to run: the verdict's choice
     recommendation: str = ""  # why, in a sentence with the figures
     runtime: RuntimeFigures | None = None  # local runs: the knobs in the runtime's terms
+    # Finalists the confirmation left out because a rate below their capacity broke the
+    # SLA, by label: the rate, where it comes from and the p99 measured there.
+    light_load: dict[str, str] = {}
 
 
 def finalists(
@@ -89,9 +92,14 @@ def finalists(
     return chosen[:k]
 
 
-def with_verdict(summary: TuneSummary, verdict: Verdict) -> TuneSummary:
+def with_verdict(
+    summary: TuneSummary,
+    verdict: Verdict,
+    light_load: Mapping[BatchingConfig, str] | None = None,
+) -> TuneSummary:
     """The summary recommending by the verdict's rule: the winner only when its gain's
-    lower bound clears the margin, otherwise the incumbent, with the figures."""
+    lower bound clears the margin, otherwise the incumbent, with the figures; and the
+    finalists `light_load` left out, with why."""
     w = verdict.winner
     if verdict.significant:
         text = (
@@ -100,8 +108,18 @@ def with_verdict(summary: TuneSummary, verdict: Verdict) -> TuneSummary:
         )
     else:
         text = f"keep the incumbent. {verdict.reason}"
+    left_out = {c.label(): why for c, why in (light_load or {}).items()}
+    if left_out:
+        text += " Left out at light load: " + "; ".join(
+            f"{label}: {why}" for label, why in left_out.items()
+        )
     return summary.model_copy(
-        update={"verdict": verdict, "recommended": verdict.chosen, "recommendation": text}
+        update={
+            "verdict": verdict,
+            "recommended": verdict.chosen,
+            "recommendation": text,
+            "light_load": left_out,
+        }
     )
 
 
