@@ -170,6 +170,42 @@ def test_a_failing_low_rate_caps_the_answer_below_it_and_says_why() -> None:
     assert "capped at 300.0 req/s" in out.light_load
 
 
+class Drifting(Bump):
+    """A real client's steps: the offered rate is what was scheduled, a little off the
+    rate asked for."""
+
+    async def __call__(self, rate: float) -> StepResult:
+        step = await super().__call__(rate)
+        return step.model_copy(update={"offered_rps": rate * 0.997})
+
+
+def test_a_step_whose_offered_rate_is_off_the_asked_one_still_caps() -> None:
+    out = asyncio.run(probe_light_load(Drifting(3000.0, 800.0, 1000.0), found(3000.0), LightLoad()))
+    assert out.light_load.startswith(f"{LIGHT_LOAD}: at 897.3 req/s (30 % of 3,000 req/s)")
+    assert out.effective_rps == 300.0  # the 10 % step's goodput
+
+
+class ShortWindows(Bump):
+    """Low rates whose windows hold too few requests: the step rule fails them on the
+    p99's upper bound alone while the measured p99 holds the SLA."""
+
+    async def __call__(self, rate: float) -> StepResult:
+        step = await super().__call__(rate)
+        if step.passed and rate < self.capacity:
+            return step.model_copy(
+                update={"passed": False, "p99_ms": 140.0, "failed_on_bound_only": True}
+            )
+        return step
+
+
+def test_a_low_rate_failed_only_on_the_bound_of_a_short_window_does_not_cap() -> None:
+    target = ShortWindows(3000.0, 5000.0, 6000.0)
+    out = asyncio.run(probe_light_load(target, found(3000.0), LightLoad(), confirm_failures=True))
+    assert target.rates == [300.0, 900.0, 1800.0]  # none confirmed: none counted
+    assert out.effective_rps == 3000.0
+    assert out.light_load == ""
+
+
 def test_failing_the_lowest_rate_makes_the_configuration_infeasible() -> None:
     out = asyncio.run(probe_light_load(Bump(3000.0, 200.0, 800.0), found(3000.0), LightLoad()))
     assert out.effective_rps == 0.0

@@ -320,6 +320,14 @@ def test_a_short_step_is_judged_on_the_upper_bound() -> None:
     assert not step.passed
     assert "upper 95% bound of p99 from 500 requests, fewer than 2000" in step.reason
     assert step_from_load(load, SLA_100, min_requests=500).passed  # enough: the estimate
+    assert step.failed_on_bound_only  # the measured p99 holds the SLA
+
+
+def test_a_short_step_over_the_sla_on_its_measured_p99_is_not_a_failure_on_the_bound() -> None:
+    latencies = [10.0] * 480 + [150.0] * 20
+    step = step_from_load(_load([OK] * 500, latencies), SLA_100, min_requests=2000)
+    assert not step.passed
+    assert not step.failed_on_bound_only
 
 
 # --- the search: goodput and client-bound ---------------------------------------------------

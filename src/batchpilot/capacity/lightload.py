@@ -111,16 +111,25 @@ def light_load_reason(failed: StepResult, label: str, capped_rps: float) -> str:
 
 
 def capped_by(
-    result: CapacityResult, low_steps: Sequence[StepResult], failed: LowRate | None
+    result: CapacityResult,
+    low_steps: Sequence[StepResult],
+    failed: tuple[LowRate, StepResult] | None,
 ) -> CapacityResult:
-    """`result` with the light-load steps added and, when the low rate `failed` broke the
-    SLA, its effective throughput capped at the highest passing step below that rate."""
+    """`result` with the light-load steps added and, when `failed` names a low rate and
+    the step that broke the SLA there, its effective throughput capped at the highest
+    passing step below that rate. The failing step is passed, not looked up by rate: a
+    real step's offered rate is what the client scheduled, close to the rate asked for
+    but not equal to it."""
     steps = [*result.steps, *low_steps]
     if failed is None:
         return result.model_copy(update={"steps": steps})
-    failing = next(s for s in reversed(low_steps) if s.offered_rps == failed.rate)
+    low, failing = failed
     best = max(
-        (s for s in steps if s.valid and s.passed and s.offered_rps < failed.rate),
+        (
+            s
+            for s in steps
+            if s.valid and s.passed and s.offered_rps < min(low.rate, failing.offered_rps)
+        ),
         key=lambda s: s.offered_rps,
         default=None,
     )
@@ -136,7 +145,7 @@ def capped_by(
             # a capped figure is measured, not a bound on what the client could drive
             "client_bound": False,
             "client_ceiling_rps": None,
-            "light_load": light_load_reason(failing, failed.label, effective),
+            "light_load": light_load_reason(failing, low.label, effective),
         }
     )
 
@@ -156,7 +165,8 @@ async def probe_light_load(
     pruned or infeasible result is returned as it is: it cannot win, and a cap only
     lowers. With `confirm_failures` a failing low rate is measured once more and only a
     second failure counts, as the search treats a decisive failure. An invalid step
-    (the client could not keep its schedule) decides nothing and the next rate follows.
+    (the client could not keep its schedule), or one that failed only on the bound of a
+    short window's p99 (`breaks_sla`), decides nothing and the next rate follows.
     At most one step per rate, two with `confirm_failures`."""
     if result.pruned or not result.feasible:
         return result
@@ -164,11 +174,20 @@ async def probe_light_load(
     for low in light_load_rates(result.effective_rps, light):
         step = await measure_step(low.rate)
         measured.append(step)
-        if confirm_failures and step.valid and not step.passed:
+        if confirm_failures and breaks_sla(step):
             again = await measure_step(low.rate)
             measured.append(again)
             if again.valid:
                 step = again
-        if step.valid and not step.passed:
-            return capped_by(result, measured, low)
+        if breaks_sla(step):
+            return capped_by(result, measured, (low, step))
     return capped_by(result, measured, None)
+
+
+def breaks_sla(step: StepResult) -> bool:
+    """Whether a low-rate step shows the SLA broken. A low rate holds few requests in a
+    step's window, so the step rule may fail it on the upper confidence bound of its p99
+    alone (`StepResult.failed_on_bound_only`): that proves the rate was not shown to hold
+    the SLA, not that it breaks it, and a probe that caps a capacity the search already
+    proved needs the measured p99 over the SLA."""
+    return step.valid and not step.passed and not step.failed_on_bound_only

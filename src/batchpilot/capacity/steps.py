@@ -169,6 +169,7 @@ def step_from_load(load: LoadResult, sla: SLA, *, min_requests: int = 0) -> Step
     still climbs at its end fails (see rising_trend)."""
     p99 = load.sla_p99_ms
     short = 0 < load.requests < min_requests
+    bound_only = False
     if short:
         p99 = p99_upper_bound_ms(LatencyHistogram.decode(load.sla_histogram))
     limit = load.client.limit_reason(sla)
@@ -185,7 +186,16 @@ def step_from_load(load: LoadResult, sla: SLA, *, min_requests: int = 0) -> Step
         trend = rising_trend(load.timeline, load.duration_s, sla.p99_ms)
         if trend:
             passed, reason = False, "; ".join(r for r in (reason, trend) if r)
-        if short and not passed and load.sla_p99_ms <= sla.p99_ms and not trend:
+        if short and not passed and not trend:
+            # would the window pass on its measured p99, rather than on the bound?
+            bound_only = step_passes(
+                p99_ms=load.sla_p99_ms,
+                error_rate=load.error_rate,
+                offered_rps=load.offered_rps,
+                achieved_rps=load.achieved_rps,
+                sla=sla,
+            )[0]
+        if bound_only:
             reason += (
                 f" (upper {P99_UCB_LEVEL:.0%} bound of p99 from {load.requests} requests, "
                 f"fewer than {min_requests})"
@@ -212,4 +222,5 @@ def step_from_load(load: LoadResult, sla: SLA, *, min_requests: int = 0) -> Step
         client=load.client,
         worker_clients=load.worker_clients,
         warmup_s=load.warmup_s,
+        failed_on_bound_only=bound_only,
     )
