@@ -361,6 +361,120 @@ async def test_rayservice_without_active_cluster_or_serve_config_is_a_target_pro
     assert caught.value.reason == "ServeConfigMissing"
 
 
+class ServeApi:
+    """The head's Serve REST API (GET and PUT /api/serve/applications/) for the
+    RayService's one deployment; every PUT is recorded and rolled out at once."""
+
+    def __init__(self) -> None:
+        self.user_config: dict[str, Any] = {"max_batch_size": 8, "batch_wait_timeout_s": 0.01}
+        self.puts: list[dict[str, Any]] = []
+
+    def document(self) -> dict[str, Any]:
+        deployment = {"name": "Ranker", "user_config": self.user_config}
+        return {
+            "applications": {
+                "ranker": {
+                    "name": "ranker",
+                    "status": "RUNNING",
+                    "deployed_app_config": {
+                        "name": "ranker",
+                        "import_path": "app:graph",
+                        "deployments": [deployment],
+                    },
+                    "deployments": {
+                        "Ranker": {
+                            "name": "Ranker",
+                            "status": "HEALTHY",
+                            "deployment_config": {"user_config": self.user_config},
+                            "target_num_replicas": 2,
+                            "replicas": [
+                                {"replica_id": "a", "state": "RUNNING", "pid": 11},
+                                {"replica_id": "b", "state": "RUNNING", "pid": 12},
+                            ],
+                        }
+                    },
+                }
+            }
+        }
+
+    async def get(self, _: web.Request) -> web.Response:
+        return web.json_response(self.document())
+
+    async def put(self, request: web.Request) -> web.Response:
+        body = await request.json()
+        self.puts.append(body)
+        self.user_config = dict(body["applications"][0]["deployments"][0]["user_config"])
+        return web.Response()
+
+
+@pytest.fixture
+async def serve_api() -> AsyncIterator[tuple[ServeApi, int]]:
+    api = ServeApi()
+    app = web.Application()
+    app.router.add_get("/api/serve/applications/", api.get)
+    app.router.add_put("/api/serve/applications/", api.put)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    yield api, runner.addresses[0][1]
+    await runner.cleanup()
+
+
+def ray_runtime_spec(dashboard_port: int) -> InferenceServiceSpec:
+    return parse_spec(
+        {
+            "target": {"apiVersion": "ray.io/v1", "kind": "RayService", "name": "ranker"},
+            "runtime": {
+                "kind": "RayServe",
+                "model": "ranker/Ranker",
+                "managementPort": dashboard_port,
+            },
+            "sla": {"p99LatencyMs": 300},
+            "apply": {"method": "Live"},
+            "load": {"endpoint": {"port": 8000, "path": "/"}, "maxRps": 1000},
+            "tuning": {"strategy": "InPlace"},
+        }
+    )
+
+
+async def test_rayservice_with_the_rayserve_runtime_goes_through_the_heads_serve_api(
+    kmock: kmock.KubernetesEmulator, kube: Kube, serve_api: tuple[ServeApi, int]
+) -> None:
+    api, port = serve_api
+    kmock.objects[RAYSERVICES, NS, "ranker"] = rayservice()
+    cluster = {"ray.io/cluster": "ranker-abc", "ray.io/serve": "true"}
+    kmock.objects[PODS, NS, "ranker-abc-head"] = pod(
+        "ranker-abc-head", {**cluster, "ray.io/node-type": "head"}
+    )
+    for worker in ("ranker-abc-worker-1", "ranker-abc-worker-2"):
+        kmock.objects[PODS, NS, worker] = pod(worker, {**cluster, "ray.io/node-type": "worker"})
+    w = world(kube, ray_runtime_spec(port))
+
+    original = await w.record_original(NOW)
+    assert original.params == {"max_batch_size": 8, "max_queue_time_ms": 10.0}
+    await w.apply({"max_batch_size": 4, "max_queue_time_ms": 2.0})
+    # one call for the application, however many pods serve it
+    assert len(api.puts) == 1
+    assert api.user_config == {"max_batch_size": 4, "batch_wait_timeout_s": 0.002}
+    assert applies_to(kmock, "rayservices") == []  # trials do not touch the RayService
+
+    await w.write_back({"max_batch_size": 32, "max_queue_time_ms": 25.0})
+    assert len(api.puts) == 2
+    assert api.user_config == {"max_batch_size": 32, "batch_wait_timeout_s": 0.025}
+    written = yaml.safe_load(kmock.objects[RAYSERVICES, NS, "ranker"].raw["spec"]["serveConfigV2"])
+    user = written["applications"][0]["deployments"][0]["user_config"]
+    assert user == {"max_batch_size": 32, "batch_wait_timeout_s": 0.025}
+
+    await w.restore(original)
+    assert len(api.puts) == 3
+    assert api.user_config == {"max_batch_size": 8, "batch_wait_timeout_s": 0.01}
+    restored = yaml.safe_load(kmock.objects[RAYSERVICES, NS, "ranker"].raw["spec"]["serveConfigV2"])
+    assert restored == yaml.safe_load(SERVE)
+    assert "ray.io/cluster=ranker-abc,ray.io/node-type=head" in pod_selectors(kmock)
+    assert untouched_children(kmock)
+
+
 async def test_the_operator_picks_the_parent_world_for_parent_kinds(kube: Kube) -> None:
     async def sink(problem: decisions.PodProblem) -> None:
         pass

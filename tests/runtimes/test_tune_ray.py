@@ -58,4 +58,5 @@ def test_tune_local_runtime_ray_gives_the_knobs_in_ray_serves_terms(tmp_path: Pa
     assert figures["persist_kind"] == "recommend"
     assert "serveConfigV2" in figures["persist_where"]
     assert "batch_wait_timeout_s:" in figures["persist_snippet"]
-    assert figures["verified_by"].startswith("user_config read-back (same replica processes)")
+    assert figures["verified_by"].startswith("Serve REST API: user_config read back")
+    assert "(same replica processes)" in figures["verified_by"]

@@ -134,6 +134,19 @@ def test_pod_selectors_follow_the_parent() -> None:
     assert caught.value.reason == "NoActiveRayCluster"
 
 
+def test_the_head_of_the_active_ray_cluster_is_where_serves_rest_api_is() -> None:
+    assert (
+        parents.head_selector(rayservice(SERVE))
+        == "ray.io/cluster=ranker-raycluster-abc,ray.io/node-type=head"
+    )
+    head = {"metadata": {"name": "h", "labels": {"ray.io/node-type": "head"}}}
+    worker = {"metadata": {"name": "w", "labels": {"ray.io/node-type": "worker"}}}
+    assert parents.head_pods([worker, head, {"metadata": {"name": "bare"}}]) == [head]
+    with pytest.raises(parents.ParentProblem) as caught:
+        parents.head_selector(rayservice(SERVE, cluster=None))
+    assert caught.value.reason == "NoActiveRayCluster"
+
+
 def pod(env: dict[str, str], *, ready: bool = True, deleting: bool = False) -> dict[str, Any]:
     meta: dict[str, Any] = {"name": "p", "uid": "u"}
     if deleting:

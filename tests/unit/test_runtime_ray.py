@@ -4,10 +4,13 @@ the launcher's arguments and environment (everything on 127.0.0.1)."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
 import pytest
+from aiohttp import web
+from loopback import serving
 
 from batchpilot.models import BatchingConfig
 from batchpilot.runtimes.base import LaunchError, representable
@@ -23,6 +26,7 @@ from batchpilot.runtimes.rayserve.config import (
     service_snippet,
     split_model,
 )
+from batchpilot.runtimes.rayserve.control import RayServeControl
 from batchpilot.runtimes.rayserve.process import (
     PORT_NAMES,
     RayServeProcess,
@@ -112,6 +116,95 @@ def test_deployment_state_reads_the_rest_api() -> None:
     assert native_of(state.user_config, "x") == {"max_batch_size": 8, "batch_wait_timeout_s": 0.005}
     assert not deployment_state(details(status="DEPLOYING"), "batchpilot/BatchModel").settled
     assert not deployment_state(details(deployment_status="UPDATING"), "batchpilot").settled
+
+
+def with_replicas(document: dict[str, Any], states: list[str], target: int) -> dict[str, Any]:
+    info = document["applications"]["batchpilot"]["deployments"]["BatchModel"]
+    info["replicas"] = [
+        {"replica_id": f"r{i}", "state": state, "pid": 100 + i} for i, state in enumerate(states)
+    ]
+    info["target_num_replicas"] = target
+    return document
+
+
+def test_a_deployment_is_settled_only_with_every_wanted_replica_running() -> None:
+    assert deployment_state(with_replicas(details(), ["RUNNING"] * 2, 2), "batchpilot").settled
+    # a replica whose reconfigure() runs with the new user_config reports UPDATING
+    updating = deployment_state(with_replicas(details(), ["RUNNING", "UPDATING"], 2), "batchpilot")
+    assert not updating.settled
+    assert "replicas [RUNNING, UPDATING] of 2 wanted" in updating.describe()
+    assert not deployment_state(with_replicas(details(), ["RUNNING"], 2), "batchpilot").settled
+    assert not deployment_state(with_replicas(details(), [], 0), "batchpilot").settled
+
+
+class FakeServe:
+    """The Serve REST API of one deployment: a PUT records the new deploy configuration,
+    and the replica reports UPDATING for `updating_reads` reads before RUNNING."""
+
+    def __init__(self, updating_reads: int) -> None:
+        self.document = details()
+        self.updating_reads = updating_reads
+        self.reads_since_put = 0
+        self.puts: list[dict[str, Any]] = []
+
+    async def get(self, _: web.Request) -> web.Response:
+        self.reads_since_put += 1
+        rolling = self.puts and self.reads_since_put <= self.updating_reads
+        states = ["UPDATING"] if rolling else ["RUNNING"]
+        status = "UPDATING" if rolling else "HEALTHY"
+        document = with_replicas(json.loads(json.dumps(self.document)), states, 1)
+        document["applications"]["batchpilot"]["deployments"]["BatchModel"]["status"] = status
+        return web.json_response(document)
+
+    async def put(self, request: web.Request) -> web.Response:
+        body = await request.json()
+        self.puts.append(body)
+        self.reads_since_put = 0
+        user = body["applications"][0]["deployments"][0]["user_config"]
+        info = self.document["applications"]["batchpilot"]["deployments"]["BatchModel"]
+        info["deployment_config"]["user_config"] = user
+        return web.Response(status=200)
+
+
+async def test_a_change_is_verified_by_the_rest_api_alone_after_the_rollout() -> None:
+    serve = FakeServe(updating_reads=3)
+    app = web.Application()
+    app.router.add_get("/api/serve/applications/", serve.get)
+    app.router.add_put("/api/serve/applications/", serve.put)
+    async with serving(app) as url:
+        runtime = RayServeRuntime()
+        # the app's own URL is never called: nothing listens there
+        control = runtime.control("http://127.0.0.1:9", control_url=url)
+        config = BatchingConfig(max_batch_size=16, max_queue_time_ms=20.0)
+        await control.apply(config)
+        verification = control.last_verification
+        assert verification is not None
+        assert serve.reads_since_put > serve.updating_reads, "waited out the rollout"
+        assert verification.live == config
+        assert verification.native == {"max_batch_size": 16, "batch_wait_timeout_s": 0.02}
+        assert verification.verified_by == (
+            "Serve REST API: user_config read back, deployment HEALTHY, its 1 replica(s) "
+            "RUNNING (same replica processes)"
+        )
+        assert await control.current() == config
+
+
+async def test_a_rollout_that_never_ends_fails_the_change_saying_where_it_stands() -> None:
+    serve = FakeServe(updating_reads=10**6)
+    app = web.Application()
+    app.router.add_get("/api/serve/applications/", serve.get)
+    app.router.add_put("/api/serve/applications/", serve.put)
+    async with serving(app) as url:
+        control = RayServeControl(
+            "http://127.0.0.1:9",
+            dashboard_url=url,
+            model="batchpilot",
+            knobs=RayServeRuntime.knobs,
+            protocol=RayServeRuntime().protocol(),
+            settle_timeout_s=0.3,
+        )
+        with pytest.raises(RayServeError, match=r"replicas \[UPDATING\] of 1 wanted"):
+            await control.apply(BatchingConfig(max_batch_size=2, max_queue_time_ms=1.0))
 
 
 def test_deployment_state_says_what_is_missing() -> None:

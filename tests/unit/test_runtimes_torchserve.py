@@ -171,6 +171,9 @@ def test_a_change_is_proven_only_by_the_new_version_within_its_cap() -> None:
         "it runs batchSize 4, maxBatchDelay 100"
     ]
     assert check_described({**entry, "workers": []}, native, "2") == ["it has no ready worker"]
+    # a worker still loading the new version: not verified until every one is READY
+    starting = {**entry, "workers": [{"status": "READY"}, {"status": "STARTING"}]}
+    assert check_described(starting, native, "2") == ["its workers are READY, STARTING"]
 
 
 class FakeTorchServe:
@@ -229,6 +232,7 @@ class FakeTorchServe:
             return web.json_response({"status": "unregistered"})
 
         async def predict(request: web.Request) -> web.Response:
+            self.calls.append("predict")
             served = self.versions[self.default]
             answer = _answer(1, version=self.default, cap=served["batchSize"])
             return web.json_response(answer)
@@ -278,8 +282,11 @@ async def test_apply_registers_a_new_version_makes_it_default_and_deletes_the_ol
     verification = control.last_verification
     assert verification is not None
     assert verification.native == {"batch_size": 4, "max_batch_delay": 20}
-    assert verification.batch_sizes == {1: 8}
-    assert "management describe (version 2" in verification.verified_by
+    # verified by the management API alone: not one inference request (in the calls)
+    assert verification.batch_sizes is None
+    assert verification.verified_by == (
+        "management describe (version 2: batchSize 4, maxBatchDelay 20 ms, 1 worker(s) READY)"
+    )
 
 
 async def test_a_refused_registration_leaves_the_old_version_serving(

@@ -60,6 +60,8 @@ RAY_CLUSTER_LABEL = "ray.io/cluster"
 # KubeRay sets it on the pods whose Serve proxy is healthy: the ones its serve Service
 # sends traffic to.
 RAY_SERVE_LABEL = "ray.io/serve"
+# KubeRay's "head" or "worker" on every pod of a RayCluster
+RAY_NODE_TYPE_LABEL = "ray.io/node-type"
 
 
 class ParentProblem(TargetError):
@@ -94,6 +96,21 @@ def pod_selector(parent: Mapping[str, Any]) -> str:
     if kind == "RayService":
         return f"{RAY_CLUSTER_LABEL}={active_ray_cluster(parent)},{RAY_SERVE_LABEL}=true"
     raise ValueError(f"{kind} is not a parent kind; parents are {', '.join(PLURALS)}")
+
+
+def head_selector(rayservice: Mapping[str, Any]) -> str:
+    """The label selector of the head pod of the RayService's active cluster, where
+    Ray's dashboard serves the Serve REST API."""
+    return f"{RAY_CLUSTER_LABEL}={active_ray_cluster(rayservice)},{RAY_NODE_TYPE_LABEL}=head"
+
+
+def head_pods(pods: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+    """The pods labelled as a Ray head among `pods`."""
+    return [
+        p
+        for p in pods
+        if (p.get("metadata", {}).get("labels") or {}).get(RAY_NODE_TYPE_LABEL) == "head"
+    ]
 
 
 def active_ray_cluster(rayservice: Mapping[str, Any]) -> str:

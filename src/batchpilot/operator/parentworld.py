@@ -4,8 +4,9 @@ found through the parent and every write goes to the parent (batchpilot.operator
 Strategy is always InPlace (the CRD refuses Canary for parents). KServe: Env trials,
 write-back and restore set the predictor's environment on the InferenceService and wait
 until its pods run it; Live trials go to the pods as for a Deployment. RayService:
-trials are Live; write-back and restore set the Serve deployment's user_config in
-serveConfigV2.
+trials are Live (through apply.live on every serving pod, or, with runtime.kind
+RayServe, once through the Serve REST API on the head); write-back and restore set the
+Serve deployment's user_config in serveConfigV2.
 """
 
 from __future__ import annotations
@@ -75,10 +76,22 @@ class ParentWorld(KubeWorld):
         )
         original = self._check(lambda: read(parent, self._spec, now))
         if self._spec.apply.method == "Live":
-            ips = decisions.ready_pod_ips(await self._pods(parent))
+            ips = await self._live_ips(parent)
             if ips:
-                original = original.model_copy(update={"params": await self._live_get(ips[0])})
+                original = original.model_copy(update={"params": await self._live_read(ips[0])})
         return original
+
+    async def _live_ips(self, workload: Mapping[str, Any]) -> list[str]:
+        """A RayService tuned through the Ray Serve adapter is changed once, for the
+        whole application, through the Serve REST API on its head; otherwise every
+        serving pod is."""
+        if workload.get("kind") != "RayService" or self._runtime is None:
+            return await super()._live_ips(workload)
+        selector = self._check(lambda: parents.head_selector(workload))
+        listing = await self._kube.get(pods_path(self._namespace), {"labelSelector": selector})
+        heads = parents.head_pods(listing.get("items") or [])
+        ips = decisions.ready_pod_ips(heads)
+        return ips[:1]
 
     async def write_back(self, params: Params) -> None:
         parent = await self._target()

@@ -208,15 +208,20 @@ class KubeWorld:
         workload = await self._target()
         original = decisions.original_config(workload, self._spec, now)
         if self._spec.apply.method == "Live":
-            ips = decisions.ready_pod_ips(await self._pods(workload))
+            ips = await self._live_ips(workload)
             if ips:
-                live = (
-                    await self._live_get(ips[0])
-                    if self._runtime is None
-                    else await self._runtime_get(self._runtime, ips[0])
-                )
-                original = original.model_copy(update={"params": live})
+                original = original.model_copy(update={"params": await self._live_read(ips[0])})
         return original
+
+    async def _live_ips(self, workload: Mapping[str, Any]) -> list[str]:
+        """The ready pods a live change goes to: every serving pod of the workload."""
+        return decisions.ready_pod_ips(await self._pods(workload))
+
+    async def _live_read(self, ip: str) -> Params:
+        """The knobs live on the pod at `ip`: apply.live, or the runtime's adapter."""
+        if self._runtime is None:
+            return await self._live_get(ip)
+        return await self._runtime_get(self._runtime, ip)
 
     # --- the canary -------------------------------------------------------------------
 
@@ -632,7 +637,7 @@ class KubeWorld:
         try:
             async with asyncio.timeout(self._settle_s):
                 while True:
-                    ips = decisions.ready_pod_ips(await self._pods(workload))
+                    ips = await self._live_ips(workload)
                     try:
                         if not ips:
                             raise TargetProblem("NoReadyPods", f"{name} has no ready pods")

@@ -1,9 +1,8 @@
 """Ray Serve as a BatchPilot runtime: `@serve.batch`'s `max_batch_size` (requests) and
 `batch_wait_timeout_s` (seconds), carried by the deployment's `user_config` and applied
 live (Serve calls the replica's reconfigure(), which sets them on the batcher); verified
-by reading the user_config back through the Serve REST API and by the batcher values and
-batch sizes the bundled app reports in its answers; kept by the RayService's
-serveConfigV2 snippet (recommend-only)."""
+by the Serve REST API (the user_config read back, every replica RUNNING after its
+rollout); kept by the RayService's serveConfigV2 snippet (recommend-only)."""
 
 from __future__ import annotations
 

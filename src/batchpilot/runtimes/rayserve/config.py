@@ -1,7 +1,8 @@
 """Ray Serve's documents, as pure functions: the deploy configuration the launcher sends,
 the same configuration with a deployment's `user_config` changed, what the Serve REST API
-reports about a deployment, what the bundled app's answers prove, and the RayService
-snippet that keeps a winner."""
+reports about a deployment (its user_config, its status, every replica's state), what
+the bundled app's answers show (an extra check in tests), and the RayService snippet
+that keeps a winner."""
 
 from __future__ import annotations
 
@@ -32,20 +33,42 @@ def user_config(native: Mapping[str, float]) -> dict[str, int | float]:
     return {BATCH_KEY: int(native[BATCH_KEY]), WAIT_KEY: float(native[WAIT_KEY])}
 
 
-def deploy_config(native: Mapping[str, float], *, http_port: int) -> dict[str, Any]:
-    """The Serve deploy configuration of the bundled app: its proxy on 127.0.0.1 only,
-    one replica, the batching knobs in its user_config."""
+@dataclass(frozen=True)
+class ServeApp:
+    """An application the launcher deploys: `import_path` (module:attribute, the module
+    on the path Ray's workers import from), its name and the deployment whose
+    user_config carries the knobs. The default is the bundled app."""
+
+    import_path: str = IMPORT_PATH
+    name: str = APP_NAME
+    deployment: str = DEPLOYMENT
+    route_prefix: str = "/"
+
+    @property
+    def model(self) -> str:
+        """The app as `--model` names it: APP/DEPLOYMENT."""
+        return f"{self.name}/{self.deployment}"
+
+
+BUNDLED_APP = ServeApp()
+
+
+def deploy_config(
+    native: Mapping[str, float], *, http_port: int, app: ServeApp = BUNDLED_APP
+) -> dict[str, Any]:
+    """The Serve deploy configuration of `app`: its proxy on 127.0.0.1 only, one replica,
+    the batching knobs in its deployment's user_config."""
     return {
         "proxy_location": "HeadOnly",
         "http_options": {"host": "127.0.0.1", "port": http_port},
         "applications": [
             {
-                "name": APP_NAME,
-                "route_prefix": "/",
-                "import_path": IMPORT_PATH,
+                "name": app.name,
+                "route_prefix": app.route_prefix,
+                "import_path": app.import_path,
                 "deployments": [
                     {
-                        "name": DEPLOYMENT,
+                        "name": app.deployment,
                         "num_replicas": 1,
                         # Serve's default (5) would cap every batch at 5 requests.
                         "max_ongoing_requests": 1024,
@@ -75,10 +98,27 @@ class DeploymentState:
     status: str
     user_config: dict[str, Any]
     replica_pids: tuple[int, ...]
+    replica_states: tuple[str, ...] = ()
+    target_replicas: int | None = None
 
     @property
     def settled(self) -> bool:
-        return self.app_status == "RUNNING" and self.status == "HEALTHY"
+        """Serve has rolled the deployment's configuration out: the application runs,
+        the deployment is healthy and every replica it wants is RUNNING (a replica
+        being reconfigured with a new user_config reports UPDATING)."""
+        return (
+            self.app_status == "RUNNING"
+            and self.status == "HEALTHY"
+            and bool(self.replica_states)
+            and all(state == "RUNNING" for state in self.replica_states)
+            and (self.target_replicas is None or len(self.replica_states) == self.target_replicas)
+        )
+
+    def describe(self) -> str:
+        states = ", ".join(self.replica_states) or "none"
+        return f"application {self.app_status}, deployment {self.status}, replicas [{states}]" + (
+            f" of {self.target_replicas} wanted" if self.target_replicas is not None else ""
+        )
 
 
 def _deployment_name(app: Mapping[str, Any], name: str, wanted: str | None) -> str:
@@ -110,6 +150,7 @@ def deployment_state(details: Mapping[str, Any], model: str) -> DeploymentState:
     info = app["deployments"][deployment]
     config = info.get("deployment_config") or {}
     replicas = info.get("replicas") or []
+    target = info.get("target_num_replicas")
     return DeploymentState(
         app=name,
         deployment=deployment,
@@ -117,6 +158,8 @@ def deployment_state(details: Mapping[str, Any], model: str) -> DeploymentState:
         status=str(info.get("status")),
         user_config=dict(config.get("user_config") or {}),
         replica_pids=tuple(sorted(int(r["pid"]) for r in replicas if r.get("pid") is not None)),
+        replica_states=tuple(str(r.get("state")) for r in replicas),
+        target_replicas=int(target) if isinstance(target, int) else None,
     )
 
 

@@ -1,8 +1,9 @@
-"""A local single-node Ray cluster with the bundled Serve app: `ray start --head --block`
-from Ray's own environment in a session of its own, every address it advertises and every
-port it opens chosen on 127.0.0.1, its own temporary folder (so its session, sockets and
-logs are its own), the app deployed through the Serve REST API, ready when the app
-answers; stopped by signalling every process of its session (Ray's workers put
+"""A local single-node Ray cluster with a Serve app (the bundled one, or a user's from a
+folder of its own): `ray start --head --block` from Ray's own environment in a session of
+its own, every address it advertises and every port it opens chosen on 127.0.0.1, its own
+temporary folder (so its session, sockets and logs are its own), the app deployed through
+the Serve REST API, ready when Serve reports it RUNNING and its HTTP proxy routes to it;
+stopped by signalling every process of its session (Ray's workers put
 themselves in process groups of their own, but stay in the session)."""
 
 from __future__ import annotations
@@ -22,7 +23,13 @@ import aiohttp
 from batchpilot.runtimes.base import LaunchError
 from batchpilot.runtimes.process import RuntimeProcess
 from batchpilot.runtimes.procfs import live_session_pids, signal_all, wait_gone
-from batchpilot.runtimes.rayserve.config import deploy_config
+from batchpilot.runtimes.rayserve.config import (
+    BUNDLED_APP,
+    RayServeError,
+    ServeApp,
+    deploy_config,
+    deployment_state,
+)
 from batchpilot.runtimes.venvs import venv_dir, venv_executable
 
 RAY_VERSION = "2.60"
@@ -97,7 +104,8 @@ def start_args(ray: Path, ports: Mapping[str, int], temp_dir: Path, num_cpus: in
 class RayServeProcess(RuntimeProcess):
     """`async with RayServeProcess({"max_batch_size": 8, "batch_wait_timeout_s": 0.005})
     as ray: ... ray.url ...`; its `pid` is the `ray start` process, leader of the session
-    every Ray process is in."""
+    every Ray process is in. `app` and `app_dir` (the folder its module is imported
+    from) deploy a user's app instead of the bundled one."""
 
     what = "Ray"
     port_names = PORT_NAMES
@@ -112,11 +120,17 @@ class RayServeProcess(RuntimeProcess):
         num_cpus: int = 2,
         ready_timeout_s: float = 180.0,
         stop_timeout_s: float = 15.0,
+        app: ServeApp = BUNDLED_APP,
+        app_dir: Path | None = None,
     ) -> None:
         super().__init__(
             threads=threads, ready_timeout_s=ready_timeout_s, stop_timeout_s=stop_timeout_s
         )
+        if (app_dir is None) != (app == BUNDLED_APP):
+            raise ValueError("a user's app comes with its folder, the bundled one without")
         self.native = dict(native)
+        self.app = app
+        self._app_dir = app_dir
         self._num_cpus = num_cpus
 
     @property
@@ -129,10 +143,12 @@ class RayServeProcess(RuntimeProcess):
         ray = venv_executable(VENV, "ray", runtime="Ray")
         # Ray's unix sockets live under the temporary folder: keep its path short.
         root = await self._new_root("bp-ray-", "/tmp")
-        app_dir = root / "app"
-        app_dir.mkdir()
-        source = resources.files("batchpilot.runtimes.models").joinpath(APP_FILE)
-        (app_dir / APP_FILE).write_text(source.read_text(encoding="utf-8"), encoding="utf-8")
+        app_dir = self._app_dir
+        if app_dir is None:
+            app_dir = root / "app"
+            app_dir.mkdir()
+            source = resources.files("batchpilot.runtimes.models").joinpath(APP_FILE)
+            (app_dir / APP_FILE).write_text(source.read_text(encoding="utf-8"), encoding="utf-8")
         if not self.ports:
             self._choose_ports()
         try:
@@ -149,15 +165,12 @@ class RayServeProcess(RuntimeProcess):
     async def _ready(self) -> None:
         assert self._proc is not None
         deadline = time.monotonic() + self._ready_timeout_s
-        await self._wait_ready(
-            f"{self.dashboard_url}/api/serve/applications/", poll_s=_POLL_S, error=RayStartError
-        )
-        document = deploy_config(self.native, http_port=self.ports["http"])
+        applications = f"{self.dashboard_url}/api/serve/applications/"
+        await self._wait_ready(applications, poll_s=_POLL_S, error=RayStartError)
+        document = deploy_config(self.native, http_port=self.ports["http"], app=self.app)
         timeout = aiohttp.ClientTimeout(total=30.0)
         async with aiohttp.ClientSession(timeout=timeout) as session:
-            async with session.put(
-                f"{self.dashboard_url}/api/serve/applications/", json=document
-            ) as response:
+            async with session.put(applications, json=document) as response:
                 if response.status != 200:
                     text = await response.text()
                     raise RayStartError(
@@ -169,16 +182,33 @@ class RayServeProcess(RuntimeProcess):
                         f"Ray exited with code {self._proc.returncode}; its log:\n"
                         f"{self.stderr_tail()}"
                     )
-                with contextlib.suppress(aiohttp.ClientError, TimeoutError):
-                    async with session.post(self.url + "/", json={"size": 1}) as response:
-                        if response.status == 200:
-                            return
+                # until the app is listed, the REST API names only the others
+                with contextlib.suppress(
+                    aiohttp.ClientError, TimeoutError, ValueError, RayServeError
+                ):
+                    if await self._serving(session, applications):
+                        return
                 if time.monotonic() >= deadline:
                     raise RayStartError(
-                        f"the Serve app did not answer within {self._ready_timeout_s:g} s; "
-                        f"its logs are under {self.root}; Ray's log:\n{self.stderr_tail()}"
+                        f"the Serve app did not become ready within {self._ready_timeout_s:g} "
+                        f"s; its logs are under {self.root}; Ray's log:\n{self.stderr_tail()}"
                     )
                 await asyncio.sleep(_POLL_S)
+
+    async def _serving(self, session: aiohttp.ClientSession, applications: str) -> bool:
+        """Serve reports the app's deployment rolled out and the HTTP proxy routes the
+        app's prefix (it answers 404 until its route table has it)."""
+        async with session.get(applications) as response:
+            if response.status != 200:
+                return False
+            details = await response.json()
+        if not deployment_state(details, self.app.model).settled:
+            return False
+        async with session.get(f"{self.url}/-/routes") as response:
+            if response.status != 200:
+                return False
+            routes = await response.json()
+        return isinstance(routes, dict) and self.app.route_prefix in routes
 
     async def _terminate(self, proc: asyncio.subprocess.Process) -> None:
         """SIGTERM to every process of Ray's session, SIGKILL to those left after the

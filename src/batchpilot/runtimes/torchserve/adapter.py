@@ -1,7 +1,7 @@
 """TorchServe 0.12 as a BatchPilot runtime: knobs `batch_size` (requests) and
 `max_batch_delay` (whole milliseconds), fixed at registration, so applied live by a new
 model version (register, set-default, delete the old) and verified by the management
-API's description and the batch sizes the bundled handler reports."""
+API's description of the new version (its values, every worker READY)."""
 
 from __future__ import annotations
 

@@ -59,7 +59,8 @@ def launch_log(launcher_output: str, model_log: str, limit: int = _LAUNCH_LOG_TA
 
 
 class TorchServeProcess(RuntimeProcess):
-    """TorchServe 0.12 from its own environment serving the bundled handler, started at
+    """TorchServe 0.12 from its own environment serving the bundled handler (or a
+    user's: `handler`, the source of a handler module, served as `model`), started at
     `start`. Its own process group: a stop waits until the launcher, the Java front end
     and every worker have gone."""
 
@@ -75,12 +76,16 @@ class TorchServeProcess(RuntimeProcess):
         threads: int | None = None,
         ready_timeout_s: float = 120.0,
         stop_timeout_s: float = 15.0,
+        model: str = MODEL,
+        handler: bytes | None = None,
     ) -> None:
         super().__init__(
             threads=threads, ready_timeout_s=ready_timeout_s, stop_timeout_s=stop_timeout_s
         )
         self.start_config = start
         self.native_start = to_native(KNOBS, start)
+        self.model = model
+        self._handler = handler
         self.store: ModelStore | None = None
 
     @property
@@ -93,14 +98,14 @@ class TorchServeProcess(RuntimeProcess):
         if self.root is None or self.store is None:
             root = await self._new_root("batchpilot-torchserve-")
             (root / "store").mkdir()
-            self.store = ModelStore(root / "store")
+            self.store = ModelStore(root / "store", self.model, self._handler)
             self._choose_ports()
         assert self.root is not None
         stale = self.store.versions()
         version, archive = self.store.add()
         for old in stale:
             self.store.remove(old)
-        models = models_entry(MODEL, str(version), archive, self.native_start)
+        models = models_entry(self.model, str(version), archive, self.native_start)
         config = self.root / "config.properties"
         config.write_text(
             config_properties(
@@ -168,7 +173,7 @@ class TorchServeProcess(RuntimeProcess):
         /ping "Healthy" before its worker has imported torch."""
         assert self._proc is not None
         deadline = time.monotonic() + self._ready_timeout_s
-        url = f"{self.management_url}/models/{MODEL}"
+        url = f"{self.management_url}/models/{self.model}"
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=2.0)) as session:
             while True:
                 if self._proc.returncode is not None:
