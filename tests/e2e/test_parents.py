@@ -88,6 +88,10 @@ def tuner(name: str, target: dict[str, Any], method: str) -> dict[str, Any]:
     return isvc
 
 
+# The batching is left to the app's defaults, which the pods run (4 / 2 ms): whichever
+# configuration wins, even that incumbent, the write-back adds the two knobs to
+# user_config. With the knobs spelled out, a winning incumbent is rightly never
+# written, and the test could not tell a write-back from none.
 SERVE_CONFIG = """\
 applications:
   - name: ranker
@@ -96,8 +100,6 @@ applications:
       - name: Ranker
         num_replicas: 1
         user_config:
-          max_batch_size: 4
-          batch_wait_timeout_s: 0.002
           threshold: 0.5
 """
 
