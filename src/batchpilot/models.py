@@ -119,13 +119,17 @@ DEFAULT_MIN_REQUESTS = 2000
 # from each request's scheduled time, so that wait is charged to the server. Blaming the
 # client for it turned every overloaded step into an invalid one and stopped every search
 # at its first overload instead of bisecting. What the client alone causes:
-# the p99 stall of its event loop (a sampler task's oversleep) above this share of the
-# SLA p99 -- a stall delays sends and the reading of responses alike, so below the bound
+# a stall of its event loop (a sampler task's oversleep) above this share of the SLA
+# p99 -- a stall delays sends and the reading of responses alike, so below the bound
 # it can only make a server within 10 % of its SLA fail, never pass ...
 CLIENT_MAX_LOOP_DELAY_SHARE = 0.10
 # ... or one generator process using this share of a core or more over the window (a
 # saturated client falls behind whatever its loop's stalls say).
 CLIENT_MAX_CPU = 0.90
+# ... or sends that fell behind their schedule for good: the requests of the measured
+# window left over a span this much longer than they were scheduled over, so the server
+# was offered less than the rate a pass would be credited with.
+CLIENT_MIN_SEND_RATE_SHARE = 0.97
 
 
 class ClientHealth(Frozen):
@@ -145,6 +149,9 @@ class ClientHealth(Frozen):
     # the connections the user allowed the client (None: the generator's own pool, sized
     # for open loop); with a cap, a wait for a slot is the client's limit, not the server's
     connection_cap: int | None = None
+    # the scheduled span of the measured requests over the span their sends actually
+    # took (1.0: on schedule; below: the client fell behind and offered less)
+    send_rate_share: float = 1.0
     # the least time the client itself held a request that then timed out: its send lag,
     # plus its wait for a slot under connection_cap (None: no timeout in the window)
     timeout_held_min_ms: float | None = None
@@ -152,15 +159,29 @@ class ClientHealth(Frozen):
     def busiest_cpu(self) -> float:
         return self.cpu if self.cpu_max_worker is None else self.cpu_max_worker
 
+    def server_held_sends(self) -> bool:
+        """Whether sends waited for connections in the generator's own pool, sized for
+        open loop: only the server, holding every connection, makes them wait there."""
+        return self.connection_cap is None and self.conn_wait_p99_ms > 0
+
     def limit_reason(self, sla: SLA) -> str:
         """Why the client could not keep its schedule at this SLA (empty when it could):
         the validity rule, with the bounds named in the message."""
         reasons: list[str] = []
         bound = CLIENT_MAX_LOOP_DELAY_SHARE * sla.p99_ms
-        if self.loop_delay_p99_ms > bound:
+        # The worst stall, not a percentile of the loop's samples: a few 300 ms stalls
+        # among thousands of 10 ms samples leave the p99 low, yet delay every request in
+        # flight through them. Whether they explain a failure is client_could_explain's.
+        if self.loop_delay_max_ms > bound:
             reasons.append(
-                f"client event-loop stall p99 {self.loop_delay_p99_ms:.1f} ms > "
+                f"client event-loop stall up to {self.loop_delay_max_ms:.1f} ms > "
                 f"{CLIENT_MAX_LOOP_DELAY_SHARE:.0%} of SLA p99 ({bound:g} ms)"
+            )
+
+        if self.send_rate_share < CLIENT_MIN_SEND_RATE_SHARE and not self.server_held_sends():
+            reasons.append(
+                f"client sent at {self.send_rate_share:.0%} of the scheduled rate (its sends "
+                f"fell behind the schedule), < {CLIENT_MIN_SEND_RATE_SHARE:.0%}"
             )
         if self.busiest_cpu() >= CLIENT_MAX_CPU:
             reasons.append(
@@ -219,6 +240,10 @@ class CapacityResult(Frozen):
     # Why a rate below the capacity the search found broke the SLA and capped
     # effective_rps (capacity.lightload); empty when none did or none was measured.
     light_load: str = ""
+    # Why the search ended before its bracket reached `precision` (the step limit, the
+    # load budget, the rate cap): the answer is a lower bound of that coarseness. Empty
+    # when the bracket closed, or the configuration was pruned or client-bound.
+    short_of_precision: str = ""
 
     def capacity_label(self) -> str:
         if self.client_bound:

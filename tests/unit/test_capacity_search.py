@@ -174,8 +174,9 @@ async def test_a_noisy_fail_that_would_end_the_ramp_is_confirmed_and_overruled()
     result = await search_capacity(
         target, sla=SLA_100, start_rps=10.0, precision=0.05, confirm_failures=True
     )
-    # 40 fails, is measured again, passes: the ramp goes on to the real knee.
-    assert target.rates[:5] == [10.0, 20.0, 40.0, 40.0, 80.0]
+    # 40 fails, is measured again and passes, a third window settles it (passes): the
+    # ramp goes on to the real knee.
+    assert target.rates[:6] == [10.0, 20.0, 40.0, 40.0, 40.0, 80.0]
     assert 95.0 <= result.effective_rps <= 100.0
 
 
@@ -230,7 +231,7 @@ async def test_a_noisy_first_step_is_confirmed_before_ramping_down() -> None:
     result = await search_capacity(
         target, sla=SLA_100, start_rps=10.0, precision=0.05, confirm_failures=True
     )
-    assert target.rates[:3] == [10.0, 10.0, 20.0]
+    assert target.rates[:4] == [10.0, 10.0, 10.0, 20.0]
     assert result.effective_rps >= 95.0
 
 
@@ -240,8 +241,9 @@ async def test_a_noisy_bisection_fail_that_would_prune_is_confirmed() -> None:
         target, sla=SLA_100, start_rps=10.0, precision=0.01, must_beat=120.0, confirm_failures=True
     )
     # ramp to 160 (fail, confirmed), then the midpoint 120 ≤ 120 fails: that would prune,
-    # so it is measured again, passes, and the bisection goes on above the rate to beat
-    assert target.rates[:8] == [10.0, 20.0, 40.0, 80.0, 160.0, 160.0, 120.0, 120.0]
+    # so it is measured again, passes, a third window agrees, and the bisection goes on
+    # above the rate to beat
+    assert target.rates[:9] == [10.0, 20.0, 40.0, 80.0, 160.0, 160.0, 120.0, 120.0, 120.0]
     assert not result.pruned
     assert result.effective_rps >= 125.0 * 0.99
 
@@ -253,6 +255,56 @@ async def test_confirmation_respects_max_steps() -> None:
     )
     assert len(result.steps) == 5
     assert result.effective_rps == 80.0
+    assert result.short_of_precision == "the step limit (5 steps) came first"
+
+
+class Verdicts(KneeAt):
+    """A knee whose steps at one rate give the listed verdicts in turn, then the knee's."""
+
+    def __init__(self, capacity: float, rate: float, verdicts: list[bool]) -> None:
+        super().__init__(capacity)
+        self.rate = rate
+        self.verdicts = list(verdicts)
+
+    async def __call__(self, rate: float) -> StepResult:
+        step = await super().__call__(rate)
+        if rate == self.rate and self.verdicts:
+            return step.model_copy(update={"passed": self.verdicts.pop(0), "reason": "noise"})
+        return step
+
+
+async def test_a_pass_between_two_failures_does_not_overrule_them() -> None:
+    # fail, pass, fail at 40: the better of two windows would have credited 40 and
+    # ramped on; two out of three fail, so the ramp ends there
+    target = Verdicts(100.0, 40.0, [False, True, False])
+    result = await search_capacity(
+        target, sla=SLA_100, start_rps=10.0, precision=0.05, confirm_failures=True
+    )
+    assert target.rates[:5] == [10.0, 20.0, 40.0, 40.0, 40.0]
+    assert all(r < 40.0 for r in target.rates[5:])
+    assert 20.0 <= result.effective_rps < 40.0
+
+
+async def test_a_search_ended_by_the_load_budget_says_so() -> None:
+    target = KneeAt(1000.0)
+    result = await search_capacity(
+        target, sla=SLA_100, start_rps=10.0, precision=0.05, may_measure=lambda r: r <= 100.0
+    )
+    assert result.effective_rps == 80.0
+    assert result.short_of_precision == "the load budget did not allow a step at 160.0 req/s"
+
+
+async def test_a_search_ended_by_the_rate_cap_says_so() -> None:
+    result = await search_capacity(
+        KneeAt(1000.0), sla=SLA_100, start_rps=10.0, precision=0.05, max_rps=50.0
+    )
+    assert result.effective_rps == 50.0
+    assert result.short_of_precision.startswith("the rate cap 50 req/s passed")
+
+
+async def test_a_search_whose_bracket_closed_is_not_short() -> None:
+    result = await search_capacity(KneeAt(100.0), sla=SLA_100, start_rps=10.0, precision=0.05)
+    assert result.short_of_precision == ""
 
 
 async def test_summarise_steps_keeps_the_answer_monotone() -> None:
@@ -267,5 +319,5 @@ async def test_summarise_steps_keeps_the_answer_monotone() -> None:
         fail,
         steps[2].model_copy(update={"offered_rps": 60.0, "achieved_rps": 60.0}),
     ]
-    # a confirmation that passes overrides the failure it repeats
+    # the latest window at a rate is its verdict: the one that settled a disputed failure
     assert summarise_steps(overruled, sla=SLA_100, precision=0.05).effective_rps == 60.0

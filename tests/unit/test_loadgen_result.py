@@ -83,17 +83,12 @@ def test_timeline_buckets_by_scheduled_second() -> None:
     assert result.max_lag_ms == 4
 
 
-def test_achieved_rate_over_the_window_when_the_server_keeps_up() -> None:
-    # 100 responses spread over the 10 s window, each a little after its send.
-    done = [i * 0.1 + 0.05 for i in range(100)]
-    assert achieved_rate(done, 10.0) == pytest.approx(10.0)
-
-
-def test_achieved_rate_over_the_completion_span_when_responses_trail() -> None:
-    # 100 sends in 1 s but the server drains them at 20 per second.
-    done = [0.05 + i / 20.0 for i in range(100)]
-    assert achieved_rate(done, 1.0) == pytest.approx(100 / (99 / 20.0))
-    assert achieved_rate([], 1.0) == 0.0
+def test_achieved_rate_is_per_second_of_the_measured_window() -> None:
+    # however late the responses trail: a server that falls behind is charged in its
+    # latency, from each request's schedule, and in its timeouts
+    assert achieved_rate(100, 10.0) == pytest.approx(10.0)
+    assert achieved_rate(0, 1.0) == 0.0
+    assert achieved_rate(5, 0.0) == 0.0
 
 
 def test_merge_adds_rates_and_merges_histograms_exactly() -> None:

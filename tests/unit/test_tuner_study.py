@@ -371,6 +371,18 @@ def test_a_client_bound_trial_is_complete_with_a_lower_bound_and_flagged() -> No
     assert TrialRecord.model_validate_json(rec.model_dump_json()) == rec
 
 
+def test_a_trial_whose_search_ended_short_of_its_precision_says_so() -> None:
+    tuner = make(warm_start=[])
+    number, _, _ = tuner.ask()
+    short = measured(80.0).model_copy(
+        update={"short_of_precision": "the step limit (5 steps) came first"}
+    )
+    rec = tuner.tell(number, short)
+    assert rec.state == "Complete"
+    assert rec.effective_rps == 80.0
+    assert rec.reason == "ShortOfPrecision: a lower bound, the step limit (5 steps) came first"
+
+
 def test_a_wait_at_or_above_the_sla_p99_is_infeasible_at_light_load() -> None:
     """Heavy load fills batches at once, so a long wait can score well in the capacity
     search; a lone request at night waits all of it. Such a trial never becomes the best

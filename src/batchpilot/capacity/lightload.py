@@ -145,6 +145,7 @@ def capped_by(
             # a capped figure is measured, not a bound on what the client could drive
             "client_bound": False,
             "client_ceiling_rps": None,
+            "short_of_precision": "",  # the figure is the light-load cap's, not a bracket's
             "light_load": light_load_reason(failing, low.label, effective),
         }
     )

@@ -97,6 +97,11 @@ def render_capacity(data: dict[str, Any], console: Console) -> None:
                     "real capacity"
                 )
             )
+        if result.short_of_precision:
+            console.print(
+                f"[yellow]The search ended short of its {result.precision:.0%} precision[/]: "
+                f"{result.short_of_precision}; the capacity is at least this figure"
+            )
         console.print(
             f"Cost: {data['accelerator_hours_per_million']:,.3f} accelerator-hours per million "
             f"effective requests ({data['replicas']} replica(s) x "

@@ -81,9 +81,10 @@ async def search_above(
     upper bound drops to ≤ must_beat. Every step is returned, in order.
 
     With `confirm_failures`, a failing step that would decide the outcome is measured
-    once more at the same rate and only a second failure counts (a pass there counts as
-    a pass). Decisive failures are those that end the ramp (the first step and every
-    ramp-up step) and those that prune (a fail at a rate ≤ must_beat). Bisection fails
+    once more at the same rate: a second failure confirms it, and a pass there is
+    settled by a third window (two out of three). Decisive failures are those that end
+    the ramp (the first step and every ramp-up step) and those that prune (a fail at a
+    rate ≤ must_beat). Bisection fails
     above must_beat are not repeated: they move the answer by less than the bracket.
     The answer stays monotone: it is the highest passing rate below the lowest
     (confirmed) failure, since no step is ever measured above a counted failure.
@@ -91,7 +92,9 @@ async def search_above(
     simulator's deterministic steps do not, so it is off by default.
 
     With `may_measure`, every step is first offered to it: False ends the search as
-    `max_steps` does (a load budget spent), with the highest pass so far.
+    `max_steps` does (a load budget spent), with the highest pass so far. Either, or a
+    pass at `max_rps`, ends it short of its precision, which the result says
+    (`short_of_precision`).
 
     An invalid step (the client could not keep its schedule) is neither: the search
     stops ramping there and the result is `client_bound`, a lower bound on capacity.
@@ -102,11 +105,23 @@ async def search_above(
     passed: dict[float, StepResult] = {}
     client_bound = False
 
+    short = ""
+
     def result(lo: float, *, pruned: bool = False) -> CapacityResult:
-        return _capacity(passed.get(lo), steps, sla, precision, pruned, client_bound)
+        found = _capacity(passed.get(lo), steps, sla, precision, pruned, client_bound)
+        if short and not pruned and not client_bound:
+            return found.model_copy(update={"short_of_precision": short})
+        return found
 
     def spent(rate: float) -> bool:
-        return len(steps) >= max_steps or (may_measure is not None and not may_measure(rate))
+        nonlocal short
+        if len(steps) >= max_steps:
+            short = f"the step limit ({max_steps} steps) came first"
+        elif may_measure is not None and not may_measure(rate):
+            short = f"the load budget did not allow a step at {rate:.1f} req/s"
+        else:
+            return False
+        return True
 
     def cannot_win(failed_at: float) -> bool:
         return must_beat is not None and failed_at <= must_beat
@@ -126,10 +141,14 @@ async def search_above(
             return verdict
         if not (confirm_failures and decisive) or spent(rate):
             return False
-        # The confirmation's verdict is the step's, unless it is invalid: then it could
-        # not tell, and the valid failure stands.
+        # A second failure confirms. A pass there only disputes the first: taking it
+        # would credit a configuration the better of two noisy windows, so a third
+        # window decides, two out of three. A window that could not tell (invalid), or
+        # no budget left for the third, leaves the valid failure standing.
         confirmed = await once(rate)
-        return False if confirmed is None else confirmed
+        if not confirmed or spent(rate):
+            return False
+        return await once(rate) is True
 
     rate = min(start_rps, max_rps)
     lo = 0.0
@@ -164,6 +183,7 @@ async def search_above(
 
     while hi == math.inf:  # ramp up until a step fails
         if lo >= max_rps:
+            short = f"the rate cap {max_rps:g} req/s passed: the capacity may lie above it"
             return result(lo)
         rate = min(lo * growth, max_rps)
         if spent(rate):

@@ -4,12 +4,12 @@
 from __future__ import annotations
 
 import math
-import statistics
 from collections.abc import Sequence
 
 from batchpilot.loadgen.histogram import TOP_MS, LatencyHistogram
-from batchpilot.loadgen.result import LoadResult, TimelineSecond
-from batchpilot.models import SLA, StepResult, step_passes
+from batchpilot.loadgen.result import LoadResult, TrendBin, trend_points
+from batchpilot.loadgen.trend import mann_kendall_p, queue_growth_s, theil_sen
+from batchpilot.models import CLIENT_MIN_SEND_RATE_SHARE, SLA, StepResult, step_passes
 
 # A step with fewer measured requests than it asked for is judged on this one-sided
 # upper confidence bound of its p99 (an order statistic, exact binomial), not on luck.
@@ -48,50 +48,54 @@ def p99_upper_bound_ms(histogram: LatencyHistogram, level: float = P99_UCB_LEVEL
     return histogram.percentile_ms(100.0 * rank / n)
 
 
-# The trend test needs at least this many one-second points in a window's second half.
+# The trend test needs at least this many slices with answered requests in the second
+# half of the measured window (loadgen.result.TREND_BINS cut it).
 TREND_MIN_POINTS = 3
+# A steady rise across the whole measured window is a queue that grows: the offered rate
+# is above capacity by about the rise's slope (a 3 % overload adds 30 ms of queueing per
+# second, at any rate). It fails the step once the rise is significant (Mann-Kendall,
+# one-sided, at this level) and at least this share of the SLA p99.
+OVERLOAD_TREND_ALPHA = 0.01
+OVERLOAD_RISE_SHARE = 0.10
 
 
-def theil_sen(points: Sequence[tuple[float, float]]) -> tuple[float, float]:
-    """(slope, intercept) of the Theil-Sen line: the median of pairwise slopes, robust to
-    a few outlying seconds that a least-squares fit would follow."""
-    slopes = [
-        (y2 - y1) / (x2 - x1)
-        for i, (x1, y1) in enumerate(points)
-        for x2, y2 in points[i + 1 :]
-        if x2 != x1
-    ]
-    if not slopes:
-        raise ValueError("a trend needs at least two points at different times")
-    slope = statistics.median(slopes)
-    intercept = statistics.median(y - slope * x for x, y in points)
-    return slope, intercept
-
-
-def rising_trend(timeline: Sequence[TimelineSecond], window_s: float, sla_p99_ms: float) -> str:
+def rising_trend(
+    trend: Sequence[TrendBin], window_s: float, warmup_s: float, sla_p99_ms: float
+) -> str:
     """Why the window's latency is still climbing at its end (empty when it is not).
 
-    The rule: over the seconds that reach into the window's second half (at least
-    TREND_MIN_POINTS of them with answered requests), fit the Theil-Sen line to each
-    second's median latency; the step is not sustained when the slope is positive and
-    the line, carried one more window past the end, exceeds the SLA p99. A median still
-    rising that fast means the queue is growing: the next window would breach even if
-    this one did not."""
-    half = window_s / 2.0
-    # seconds that reach into the second half: 2, 3 and 4 of a 5 s window
-    points = [
-        (s.t_s + 0.5, s.p50_ms) for s in timeline if s.t_s + 1 > half and s.t_s < window_s and s.ok
-    ]
-    if len(points) < TREND_MIN_POINTS:
+    Two rules over the median latency of each slice of the measured window. The
+    second half: the Theil-Sen line through its slices (at least TREND_MIN_POINTS with
+    answered requests), carried one more measured window past the end, exceeds the SLA
+    p99 while rising: the next window would breach even if this one did not. The whole
+    window: a significant steady rise (Mann-Kendall at OVERLOAD_TREND_ALPHA) of at least
+    OVERLOAD_RISE_SHARE of the SLA across it: a queue that grows without bound however
+    generous the SLA, which a short window would otherwise let pass."""
+    answered = [(b.t_s, b.p50_ms) for b in trend if b.answered]
+    measured_s = window_s - warmup_s
+    if len(answered) < TREND_MIN_POINTS or measured_s <= 0:
         return ""
-    slope, intercept = theil_sen(points)
-    projected = intercept + slope * 2.0 * window_s
-    if slope <= 0 or projected <= sla_p99_ms:
-        return ""
-    return (
-        f"not sustained: median latency rising {slope:.1f} ms/s over the second half, "
-        f"{projected:.0f} ms one window on > SLA {sla_p99_ms:g} ms"
-    )
+    middle = warmup_s + measured_s / 2.0
+    late = [(t, y) for t, y in answered if t >= middle]
+    if len(late) >= TREND_MIN_POINTS:
+        slope, intercept = theil_sen(late)
+        projected = intercept + slope * (window_s + measured_s)
+        if slope > 0 and projected > sla_p99_ms:
+            return (
+                f"not sustained: median latency rising {slope:.1f} ms/s over the second "
+                f"half, {projected:.0f} ms one window on > SLA {sla_p99_ms:g} ms"
+            )
+    slope, _ = theil_sen(answered)
+    rise_ms = slope * measured_s
+    p = mann_kendall_p([y for _, y in answered])
+    if p < OVERLOAD_TREND_ALPHA and rise_ms >= OVERLOAD_RISE_SHARE * sla_p99_ms:
+        return (
+            f"not sustained: median latency rose steadily by {rise_ms:.0f} ms over the "
+            f"window ({slope:.1f} ms/s, Mann-Kendall p={p:.3f}), ≥ "
+            f"{OVERLOAD_RISE_SHARE:.0%} of SLA {sla_p99_ms:g} ms: a queue growing by "
+            f"about {slope / 10.0:.1f} % of the offered rate"
+        )
+    return ""
 
 
 def client_could_explain(load: LoadResult, sla: SLA, sla_p99_ms: float) -> bool:
@@ -99,10 +103,9 @@ def client_could_explain(load: LoadResult, sla: SLA, sla_p99_ms: float) -> bool:
 
     The client adds to a request at most its send lag and a stall of its loop while the
     response is read; the allowance is the p99 send lag plus the worst stall. The window
-    is excused when, less that allowance, its p99 is within the SLA and, over the
-    completions' span less the worst send lag and stall (by which the client alone can
-    stretch it), its achieved rate keeps up, every request that timed out only because
-    of the client counted as served. Non-OK requests stay
+    is excused when, less that allowance, its p99 is within the SLA and its achieved
+    rate keeps up, every request that timed out only because of the client counted as
+    served. Non-OK requests stay
     infinitely slow -- so a window judged on an infinite p99 (more than 1 % non-OK, or
     too few requests to bound it) is never excused -- except timeouts once the client's
     worst lag plus its worst stall reached the request timeout, or once it held every
@@ -141,12 +144,11 @@ def client_could_explain(load: LoadResult, sla: SLA, sla_p99_ms: float) -> bool:
         judged_ms = sla_p99_ms
     # Requests the client made time out would have counted as served, also when the
     # client's stalls made every request of the window time out (no OK at all).
-    span_s = load.duration_s - load.warmup_s
-    if load.ok_first_done_s is not None and load.ok_last_done_s is not None:
-        # the last response may have been sent that late and read after that stall
-        stretch_s = worst_ms / 1000.0
-        span_s = max(span_s, load.ok_last_done_s - load.ok_first_done_s - stretch_s)
-    achieved = (load.ok + excused) / span_s if span_s > 0 else 0.0
+    # The queue's growth over the window stretches the time to answer it
+    # (loadgen.result.achieved_rate), less what the client's own worst delay accounts for.
+    measured_s = load.duration_s - load.warmup_s
+    growth_s = queue_growth_s(trend_points(load.trend), measured_s) - worst_ms / 1000.0
+    achieved = (load.ok + excused) / (measured_s + max(growth_s, 0.0)) if measured_s > 0 else 0.0
     passed, _ = step_passes(
         p99_ms=max(judged_ms - allowance_ms, 0.0),
         error_rate=non_ok / load.requests,
@@ -163,7 +165,9 @@ def step_from_load(load: LoadResult, sla: SLA, *, min_requests: int = 0) -> Step
     A window that failed while its client was over its limits (ClientHealth.limit_reason)
     is invalid, neither a pass nor a failure, when the client's own delays could explain
     the failure (client_could_explain); one that passed stays a pass, since a stalled or
-    busy client only adds latency to requests timed from their schedule. The SLA p99
+    busy client only adds latency to requests timed from their schedule, unless its
+    sends fell behind the schedule for good (ClientHealth.send_rate_share): then the
+    server was offered less than the rate, and the pass is invalid too. The SLA p99
     counts every non-OK request as infinitely slow; with fewer than `min_requests`
     requests it is the p99's upper confidence bound instead. A window whose latency
     still climbs at its end fails (see rising_trend)."""
@@ -183,7 +187,7 @@ def step_from_load(load: LoadResult, sla: SLA, *, min_requests: int = 0) -> Step
             achieved_rps=load.achieved_rps,
             sla=sla,
         )
-        trend = rising_trend(load.timeline, load.duration_s, sla.p99_ms)
+        trend = rising_trend(load.trend, load.duration_s, load.warmup_s, sla.p99_ms)
         if trend:
             passed, reason = False, "; ".join(r for r in (reason, trend) if r)
         if short and not passed and not trend:
@@ -201,7 +205,20 @@ def step_from_load(load: LoadResult, sla: SLA, *, min_requests: int = 0) -> Step
                 f"fewer than {min_requests})"
             )
     valid = True
-    if limit and not passed:
+    share = load.client.send_rate_share
+    if passed and share < CLIENT_MIN_SEND_RATE_SHARE:
+        # the server was offered less than the rate this pass would be credited with
+        if load.client.server_held_sends():
+            passed, reason = (
+                False,
+                (
+                    f"not sustained: sends fell behind the schedule waiting for connections "
+                    f"the server held ({share:.0%} of the rate was offered)"
+                ),
+            )
+        else:
+            passed, reason, valid = False, f"invalid, client-bound: {limit}", False
+    elif limit and not passed:
         if client_could_explain(load, sla, p99):
             passed, reason, valid = False, f"invalid, client-bound: {limit}", False
         else:

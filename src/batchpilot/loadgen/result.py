@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from pydantic import BaseModel, ConfigDict
 
 from batchpilot.loadgen.histogram import TOP_MS, LatencyHistogram, merge_encoded
+from batchpilot.loadgen.trend import queue_growth_s
 from batchpilot.models import ClientHealth, LatencySummary
 
 OK = "ok"
@@ -34,6 +35,22 @@ class TimelineSecond(BaseModel):
     p50_ms: float
     p99_ms: float
     max_lag_ms: float
+
+
+# The measured part of a window is cut into this many equal bins for the latency trend:
+# enough points in its second half for a robust slope even in a 1 s step, whose
+# one-second timeline holds a single point.
+TREND_BINS = 8
+
+
+class TrendBin(BaseModel):
+    """Requests scheduled in one of the TREND_BINS equal slices of the measured window."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    t_s: float  # the slice's middle, from the schedule's zero
+    answered: int  # OK responses and timeouts: the requests it has a latency for
+    p50_ms: float
 
 
 class LoadResult(BaseModel):
@@ -69,6 +86,9 @@ class LoadResult(BaseModel):
     mean_lag_ms: float
     interrupted: bool = False
     timeline: list[TimelineSecond]
+    # the measured window's latency over time, in TREND_BINS slices (empty: too few
+    # requests, or a result written without it)
+    trend: list[TrendBin] = []
     histogram: str  # encoded HDR histogram of the latencies, for exact merging
     # p99 of every attempt with each non-OK one (error, timeout, give-up, not sent)
     # recorded at the histogram's top (an hour): the percentile the SLA is judged on.
@@ -86,16 +106,22 @@ class LoadResult(BaseModel):
         return LatencyHistogram.decode(self.histogram)
 
 
-def achieved_rate(ok_done_times: Sequence[float], window_s: float) -> float:
-    """Successful responses per second. Over the window when the server kept up; over the
-    span of completions when responses trailed past the window (a saturated server drains
-    its backlog late, so its completion span stretches and the rate falls to its
-    capacity). Counting only completions inside the window would instead penalise every
-    step by latency/window even when the server keeps up."""
-    if not ok_done_times:
+def achieved_rate(ok: int, measured_s: float, trend: Sequence[tuple[float, float]] = ()) -> float:
+    """Successful responses per second: over the measured window, stretched by how much
+    the median latency grew across it (`trend`: (s, ms) points; trend.queue_growth_s).
+    A server that keeps up answers a window's requests over the window, whatever its
+    latency spread; one that falls behind by a share of the rate grows its queue, and
+    its median latency, by that share of the window, and the stretch brings the rate
+    down to what it served. Dividing by the span of completions instead would charge
+    each configuration its spread (long waits, bursty arrivals) as lost throughput."""
+    if measured_s <= 0:
         return 0.0
-    span = max(ok_done_times) - min(ok_done_times)
-    return len(ok_done_times) / max(window_s, span)
+    return ok / (measured_s + queue_growth_s(trend, measured_s))
+
+
+def trend_points(trend: Sequence[TrendBin]) -> list[tuple[float, float]]:
+    """(time s, median ms) of the slices with answered requests."""
+    return [(b.t_s, b.p50_ms) for b in trend if b.answered]
 
 
 def summarise(
@@ -140,6 +166,9 @@ def summarise(
     lags: list[float] = []
     held_min_ms: float | None = None
     per_second: dict[int, _Second] = {}
+    bin_s = measured_s / TREND_BINS
+    bins: list[list[float]] = [[] for _ in range(TREND_BINS)]
+    measured_sends: list[int] = []
     measured_sent = 0
     for i, outcome in enumerate(outcomes):
         if outcome is None:
@@ -150,6 +179,8 @@ def summarise(
         second.max_lag_ms = max(second.max_lag_ms, lags_ms[i])
         measured = offsets[i] >= warmup_s
         measured_sent += measured
+        if measured:
+            measured_sends.append(i)
         if outcome == CANCELLED:
             continue
         if outcome == OK:
@@ -174,15 +205,27 @@ def summarise(
         if outcome in (OK, TIMEOUT):
             histogram.record_ms(latencies_ms[i])
             from_send.record_ms(max(latencies_ms[i] - lags_ms[i], 0.0))
+            if bin_s > 0:
+                slot = min(int((offsets[i] - warmup_s) / bin_s), TREND_BINS - 1)
+                bins[slot].append(latencies_ms[i])
     ok = kinds.pop(OK, 0)
     requests = ok + sum(kinds.values())
+    trend = [
+        TrendBin(
+            t_s=warmup_s + (k + 0.5) * bin_s,
+            answered=len(latencies),
+            p50_ms=_nearest_rank(sorted(latencies), 0.50),
+        )
+        for k, latencies in enumerate(bins)
+        if bin_s > 0
+    ]
     return LoadResult(
         urls=list(urls),
         arrival=arrival,
         seed=seed,
         target_rps=target_rps,
         offered_rps=measured_sent / measured_s if measured_s > 0 else 0.0,
-        achieved_rps=achieved_rate(ok_done, measured_s) if measured_s > 0 else 0.0,
+        achieved_rps=achieved_rate(ok, measured_s, trend_points(trend)),
         duration_s=window_s,
         warmup_s=warmup_s,
         timeout_s=timeout_s,
@@ -198,6 +241,7 @@ def summarise(
         mean_lag_ms=math.fsum(lags) / len(lags) if lags else 0.0,
         interrupted=interrupted,
         timeline=[per_second[t].freeze(t) for t in sorted(per_second)],
+        trend=trend,
         histogram=histogram.encode(),
         sla_p99_ms=sla_histogram.percentile_ms(99),
         sla_histogram=sla_histogram.encode(),
@@ -211,10 +255,30 @@ def summarise(
             cpu=cpu,
             connection_cap=connection_cap,
             timeout_held_min_ms=held_min_ms,
+            send_rate_share=send_rate_share(offsets, lags_ms, measured_sends),
         ),
         ok_first_done_s=min(ok_done, default=None),
         ok_last_done_s=max(ok_done, default=None),
     )
+
+
+def send_rate_share(
+    offsets: Sequence[float], lags_ms: Sequence[float], sent: Sequence[int]
+) -> float:
+    """How much of the scheduled rate the client really sent: the span between the
+    sends scheduled at the 1st and the 99th percentile of `sent` (indices in schedule
+    order), over the span between the times they actually left. A few late sends (one
+    stall) move neither end; a client that fell further and further behind stretches
+    the second. 1.0 when too few were sent to tell, at most 1.0."""
+    if len(sent) < 3:
+        return 1.0
+    first = sent[int(0.01 * (len(sent) - 1))]
+    last = sent[math.ceil(0.99 * (len(sent) - 1))]
+    scheduled = offsets[last] - offsets[first]
+    actual = scheduled + (lags_ms[last] - lags_ms[first]) / 1000.0
+    if scheduled <= 0 or actual <= 0:
+        return 1.0
+    return min(1.0, scheduled / actual)
 
 
 class _Second:
@@ -249,8 +313,8 @@ def _nearest_rank(ordered: Sequence[float], q: float) -> float:
 def merge_results(results: Sequence[LoadResult]) -> LoadResult:
     """Results of generators that ran at the same time (e.g. one per pod, or one per
     process sharing a schedule) as one run: counts add, histograms merge exactly, the
-    goodput is that of the union of completions (exact when all parts share one start),
-    the timeline adds second by second, and each part's client health is kept."""
+    goodputs add, the timeline adds second by second, and each part's client health is
+    kept."""
     if not results:
         raise ValueError("merge_results needs at least one result")
     histogram = merge_encoded(r.histogram for r in results)
@@ -265,13 +329,12 @@ def merge_results(results: Sequence[LoadResult]) -> LoadResult:
         for s in r.timeline:
             seconds.setdefault(s.t_s, []).append(s)
     sent = sum(r.offered_rps * (r.duration_s - r.warmup_s) for r in results)
-    measured_s = max(r.duration_s - r.warmup_s for r in results)
     firsts = [r.ok_first_done_s for r in results if r.ok_first_done_s is not None]
     lasts = [r.ok_last_done_s for r in results if r.ok_last_done_s is not None]
+    trend = _merge_trend(results)
+    # each part's goodput with the queue growth it saw: slice medians do not merge
+    # exactly, and the worst part's would stretch every part's window
     achieved = sum(r.achieved_rps for r in results)
-    if len(firsts) == len(lasts) == sum(r.ok > 0 for r in results) and ok and measured_s > 0:
-        # the same rule as one generator's achieved_rate, over the union of completions
-        achieved = ok / max(measured_s, max(lasts) - min(firsts))
     return LoadResult(
         urls=[u for r in results for u in r.urls],
         arrival=results[0].arrival,
@@ -300,6 +363,7 @@ def merge_results(results: Sequence[LoadResult]) -> LoadResult:
         ),
         interrupted=any(r.interrupted for r in results),
         timeline=[_merge_second(t, seconds[t]) for t in sorted(seconds)],
+        trend=trend,
         histogram=histogram.encode(),
         sla_p99_ms=sla_histogram.percentile_ms(99),
         sla_histogram=sla_histogram.encode(),
@@ -328,6 +392,7 @@ def merge_health(parts: Sequence[ClientHealth]) -> ClientHealth:
             (p.timeout_held_min_ms for p in parts if p.timeout_held_min_ms is not None),
             default=None,
         ),
+        send_rate_share=min(p.send_rate_share for p in parts),
         # the parts' caps add up to the client's; one uncapped part leaves it uncapped
         connection_cap=(
             None
@@ -347,4 +412,32 @@ def _merge_second(t: int, parts: Sequence[TimelineSecond]) -> TimelineSecond:
         p50_ms=max(p.p50_ms for p in parts),
         p99_ms=max(p.p99_ms for p in parts),
         max_lag_ms=max(p.max_lag_ms for p in parts),
+    )
+
+
+def _merge_trend(results: Sequence[LoadResult]) -> list[TrendBin]:
+    """Slice by slice, when every part cut the same window the same way (generators
+    sharing one schedule do); the worst part's median, as for the timeline. Empty when
+    the parts' slices differ: no trend is better than a wrong one."""
+    trends = [r.trend for r in results if r.trend]
+    if not trends or len(trends) != len(results):
+        return []
+    times = [[b.t_s for b in t] for t in trends]
+    if any(not _same_times(times[0], other) for other in times[1:]):
+        return []
+    return [
+        TrendBin(
+            t_s=parts[0].t_s,
+            answered=sum(p.answered for p in parts),
+            p50_ms=max(p.p50_ms for p in parts if p.answered)
+            if any(p.answered for p in parts)
+            else 0.0,
+        )
+        for parts in zip(*trends, strict=True)
+    ]
+
+
+def _same_times(a: Sequence[float], b: Sequence[float]) -> bool:
+    return len(a) == len(b) and all(
+        math.isclose(x, y, abs_tol=1e-6) for x, y in zip(a, b, strict=True)
     )

@@ -323,6 +323,8 @@ class Tuner:
         reason = "" if state == "Complete" else self._reason(state, result)
         if result.client_bound and state == "Complete":
             reason = client_bound_reason(result)
+        elif result.short_of_precision and state == "Complete":
+            reason = f"ShortOfPrecision: a lower bound, {result.short_of_precision}"
         if result.light_load:
             # a low rate broke the SLA: that, not the heavy load, set the figure
             reason = result.light_load
