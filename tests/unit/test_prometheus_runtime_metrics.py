@@ -8,8 +8,9 @@ import math
 
 import pytest
 
-from batchpilot.capacity.prometheus import NoLatencyHistogram, PrometheusStepSource
+from batchpilot.capacity.prometheus import NoLatencyHistogram, PrometheusStepSource, sla_quantile
 from batchpilot.capacity.promql import with_matchers
+from batchpilot.capacity.steps import quantile_upper_rank
 from batchpilot.loadgen.result import OK, LoadResult, summarise
 from batchpilot.models import SLA
 from batchpilot.runtimes.registry import get_runtime
@@ -81,10 +82,13 @@ class _Answers(PrometheusStepSource):
         super().__init__(*args, **kwargs)  # type: ignore[arg-type]
         self.answers = answers
         self.asked_at: list[float] = []
+        self.asked: list[str] = []
 
     async def query_scalar(self, query: str, *, at_unix: float) -> float:
         self.asked_at.append(at_unix)
-        kind = next(k for k, q in self.queries(10.0).items() if q == query)
+        self.asked.append(query)
+        _, window = self.measured_window(_load(), 0.0)
+        kind = next(k for k, q in self.queries(window, SLA_QUANTILE).items() if q == query)
         return self.answers[kind]
 
 
@@ -100,19 +104,72 @@ async def test_p99_is_read_in_the_histograms_unit_and_late_by_the_export_delay(
         URL,
         metrics=metrics,
         settle_s=0.0,
-        answers={"p50": p99_native / 2, "p99": p99_native, "ok_rps": 49.0, "total_rps": 50.0},
+        answers={
+            "p50": p99_native / 2,
+            "p99": p99_native,
+            "sla": p99_native * 1.2,
+            "ok_rps": 49.9,
+            "total_rps": 50.0,
+        },
     )
-    # a window long past: the source need not wait for Prometheus to scrape it
+    # a window long past: the source need not wait for Prometheus to scrape it; the
+    # 1 s schedule is read over 2 s, its end, without the drain that ran to 1010
     step = await source.step_result(
-        load=_load(), start_unix=1000.0, end_unix=1010.0, sla=SLA(p99_ms=100.0)
+        load=_load(), start_unix=1000.0, end_unix=1010.0, sla=SLA(p99_ms=100.0, max_error_rate=0.01)
     )
-    assert step.p99_ms == pytest.approx(p99_ms)
+    # 0.2 % of the 100 requests failed, counted infinitely slow: the SLA p99 is the
+    # answered requests' 99.2th percentile
+    assert step.ok_p99_ms == pytest.approx(p99_ms)
+    assert step.p99_ms == pytest.approx(p99_ms * 1.2)
+    assert f"histogram_quantile({SLA_QUANTILE:.6g}," in source.asked[-1]
     assert step.p50_ms == pytest.approx(p99_ms / 2)
-    assert step.error_rate == pytest.approx(0.02)
-    assert step.requests == 500
-    assert set(source.asked_at) == {1010.0 + metrics.export_delay_s}
+    assert step.error_rate == pytest.approx(0.002)
+    assert step.requests == 100
+    assert set(source.asked_at) == {1001.0 + metrics.export_delay_s}
     assert (metrics.export_delay_s > 0) is (name == "ray")
-    assert math.isfinite(step.p99_ms)
+    assert step.passed
+
+
+SLA_QUANTILE = 0.99 / 0.998
+
+
+def test_the_sla_quantile_counts_non_ok_attempts_as_infinitely_slow() -> None:
+    assert sla_quantile(10_000, 0.0) == pytest.approx(0.99)
+    assert sla_quantile(10_000, 0.005) == pytest.approx(0.99 / 0.995)
+    assert sla_quantile(10_000, 0.01) == pytest.approx(1.0)
+    assert sla_quantile(10_000, 0.02) is None  # more non-OK than the p99 leaves
+    # fewer than min_requests: the upper confidence bound's quantile
+    assert sla_quantile(1000, 0.0, 2000) == pytest.approx(quantile_upper_rank(1000) / 1000)
+    assert sla_quantile(100, 0.0, 2000) is None  # too few to bound a p99
+    assert sla_quantile(1000, 0.0, 1000) == pytest.approx(0.99)
+
+
+async def test_a_prometheus_step_over_too_few_requests_fails_on_the_bound() -> None:
+    source = _Answers(
+        URL, settle_s=0.0,
+        answers={"p50": 0.01, "p99": 0.02, "ok_rps": 50.0, "total_rps": 50.0},
+    )  # fmt: skip
+    step = await source.step_result(
+        load=_load(), start_unix=1000.0, end_unix=1001.0, sla=SLA(p99_ms=100.0), min_requests=2000
+    )
+    assert not step.passed
+    assert step.p99_ms == math.inf
+    assert "upper 95% bound of p99 from 100 requests, fewer than 2000" in step.reason
+
+
+async def test_a_prometheus_step_failed_by_a_stalled_client_is_invalid() -> None:
+    source = _Answers(
+        URL, settle_s=0.0,
+        answers={"p50": 0.06, "p99": 0.12, "ok_rps": 50.0, "total_rps": 50.0},
+    )  # fmt: skip
+    stalled = _load().model_copy(
+        update={"client": _load().client.model_copy(update={"loop_delay_max_ms": 40.0})}
+    )
+    step = await source.step_result(
+        load=stalled, start_unix=1000.0, end_unix=1001.0, sla=SLA(p99_ms=100.0)
+    )
+    assert not step.valid
+    assert step.reason.startswith("invalid, client-bound: client event-loop stall up to 40.0")
 
 
 def test_triton_names_its_summary_and_labels_by_model() -> None:

@@ -48,10 +48,17 @@ class StepSource(Protocol):
     """Decides a step from somewhere other than the client's own measurement."""
 
     async def step_result(
-        self, *, load: LoadResult, start_unix: float, end_unix: float, sla: SLA
+        self,
+        *,
+        load: LoadResult,
+        start_unix: float,
+        end_unix: float,
+        sla: SLA,
+        min_requests: int = 0,
     ) -> StepResult:
         """The step decision for the window [start_unix, end_unix] during which `load`
-        was offered."""
+        was offered (its schedule, then its drain), by the client's rules: fewer than
+        `min_requests` requests are judged on the p99's upper confidence bound."""
         ...
 
 
@@ -146,7 +153,9 @@ async def measure_step(
     end_unix = time.time()
     if source is None:
         return step_from_load(load, sla, min_requests=min_requests), load
-    step = await source.step_result(load=load, start_unix=start_unix, end_unix=end_unix, sla=sla)
+    step = await source.step_result(
+        load=load, start_unix=start_unix, end_unix=end_unix, sla=sla, min_requests=min_requests
+    )
     return step, load
 
 

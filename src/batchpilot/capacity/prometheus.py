@@ -12,7 +12,12 @@ from typing import Any, Protocol
 
 from batchpilot.capacity.prometheus_http import PrometheusHTTP, PrometheusQueryError
 from batchpilot.capacity.promql import MS_PER_UNIT, Metrics, with_matchers
-from batchpilot.capacity.scrape import check_window, scrape_interval_from_config
+from batchpilot.capacity.scrape import (
+    MIN_SCRAPES_PER_WINDOW,
+    check_window,
+    scrape_interval_from_config,
+)
+from batchpilot.capacity.steps import P99_UCB_LEVEL, judge_client, quantile_upper_rank
 from batchpilot.loadgen.result import LoadResult
 from batchpilot.models import SLA, StepResult, step_passes
 
@@ -148,21 +153,27 @@ class PrometheusStepSource:
             ca_file=ca_file,
         )
 
-    def queries(self, window_s: float) -> dict[str, str]:
+    def queries(self, window_s: float, sla_quantile: float | None = None) -> dict[str, str]:
         """The PromQL for a window, by what it measures (p50/p99 in the histogram's
-        unit, rates in requests per second)."""
+        unit, rates in requests per second); with `sla_quantile`, also the answered
+        requests' latency at that quantile ("sla": see sla_quantile)."""
         window = f"{max(1, round(window_s * 1000))}ms"
         buckets = with_matchers(
             f"{self._latency}_bucket", self._selector, self.metrics.latency_matchers
         )
         ok = with_matchers(self.metrics.ok_requests, self._selector)
         total = with_matchers(self.metrics.total_requests, self._selector)
-        return {
+        queries = {
             "p50": f"histogram_quantile(0.5, sum by (le) (rate({buckets}[{window}])))",
             "p99": f"histogram_quantile(0.99, sum by (le) (rate({buckets}[{window}])))",
             "ok_rps": f"sum(rate({ok}[{window}]))",
             "total_rps": f"sum(rate({total}[{window}]))",
         }
+        if sla_quantile is not None:
+            queries["sla"] = (
+                f"histogram_quantile({sla_quantile:.6g}, sum by (le) (rate({buckets}[{window}])))"
+            )
+        return queries
 
     async def live_ok_rps(self, window_s: float) -> float:
         """The successful requests per second the series served over the `window_s`
@@ -208,28 +219,64 @@ class PrometheusStepSource:
             body_excerpt=body_excerpt,
         )
 
-    async def step_result(
-        self, *, load: LoadResult, start_unix: float, end_unix: float, sla: SLA
-    ) -> StepResult:
-        # The runtime's figures for the window reach Prometheus export_delay_s late:
-        # read the window that much later, and only once Prometheus has scraped past it.
-        at_unix = end_unix + self.metrics.export_delay_s
-        await asyncio.sleep(max(0.0, at_unix - time.time()) + self._settle_s)
-        window_s = max(end_unix - start_unix, 2.0)
+    def measured_window(self, load: LoadResult, start_unix: float) -> tuple[float, float]:
+        """(end, length) of the window a step is read over: the schedule less its warm-up,
+        as the client's figures are, without the drain after it. Where that is shorter
+        than MIN_SCRAPES_PER_WINDOW scrape intervals (or 2 s), it reaches back into the
+        warm-up as far as it must to be read from enough scrapes."""
+        end = start_unix + load.duration_s
+        length = load.duration_s - load.warmup_s
+        floor = 2.0
         if self.scrape_interval_s is not None:
-            check_window(window_s, self.scrape_interval_s)
-        values = {
-            name: await self.query_scalar(query, at_unix=at_unix)
-            for name, query in self.queries(window_s).items()
-        }
+            floor = max(floor, MIN_SCRAPES_PER_WINDOW * self.scrape_interval_s)
+        return end, max(length, floor)
+
+    async def step_result(
+        self,
+        *,
+        load: LoadResult,
+        start_unix: float,
+        end_unix: float,
+        sla: SLA,
+        min_requests: int = 0,
+    ) -> StepResult:
+        """The step decided on the server's own figures by the client's rules: the SLA p99
+        counts every non-OK attempt (the server's, or the client's timeouts and
+        connection errors) as infinitely slow, a window with fewer than `min_requests`
+        requests is judged on its p99's upper confidence bound, the warm-up and the
+        drain are left out, and the client's health decides whether it could tell."""
+        # The runtime's figures for the window reach Prometheus export_delay_s late:
+        # read the window that much later, and only once Prometheus has scraped past it
+        # and the drain has ended.
+        window_end, window_s = self.measured_window(load, start_unix)
+        at_unix = window_end + self.metrics.export_delay_s
+        ready_unix = max(at_unix, end_unix + self.metrics.export_delay_s)
+        await asyncio.sleep(max(0.0, ready_unix - time.time()) + self._settle_s)
+        queries = self.queries(window_s)
+        values = {name: await self.query_scalar(q, at_unix=at_unix) for name, q in queries.items()}
         to_ms = MS_PER_UNIT[self.metrics.latency_unit]
-        p99_ms = values["p99"] * to_ms
+        ok_p99_ms = values["p99"] * to_ms
         total = values["total_rps"]
         ok_rps = values["ok_rps"] if math.isfinite(values["ok_rps"]) else 0.0
-        error_rate = 1.0 - ok_rps / total if math.isfinite(total) and total > 0 else 1.0
-        if not math.isfinite(p99_ms) or not (math.isfinite(total) and total > 0):
+        server_errors = 1.0 - ok_rps / total if math.isfinite(total) and total > 0 else 1.0
+        error_rate = max(server_errors, load.error_rate)
+        requests = round(total * window_s) if math.isfinite(total) else 0
+        p99_ms = math.inf
+        bound_note = ""
+        if not math.isfinite(ok_p99_ms) or requests <= 0:
             passed, reason = False, "Prometheus holds no requests for this window"
         else:
+            quantile = sla_quantile(requests, error_rate, min_requests)
+            if quantile is not None:
+                p99_ms = ok_p99_ms
+                if not math.isclose(quantile, 0.99):
+                    sla_query = self.queries(window_s, quantile)["sla"]
+                    p99_ms = await self.query_scalar(sla_query, at_unix=at_unix) * to_ms
+            if 0 < requests < min_requests:
+                bound_note = (
+                    f" (upper {P99_UCB_LEVEL:.0%} bound of p99 from {requests} requests, "
+                    f"fewer than {min_requests})"
+                )
             passed, reason = step_passes(
                 p99_ms=p99_ms,
                 error_rate=error_rate,
@@ -237,17 +284,25 @@ class PrometheusStepSource:
                 achieved_rps=max(0.0, ok_rps - self.background_ok_rps),
                 sla=sla,
             )
+            if not passed and bound_note:
+                reason += bound_note
+        passed, reason, valid = judge_client(load, sla, p99_ms, passed, reason)
         return StepResult(
             offered_rps=load.offered_rps,
             achieved_rps=ok_rps,
             p50_ms=_finite_or(values["p50"] * to_ms, 0.0),
-            p99_ms=_finite_or(p99_ms, math.inf),
+            p99_ms=p99_ms if math.isfinite(p99_ms) else math.inf,
+            ok_p99_ms=_finite_or(ok_p99_ms, math.inf),
             error_rate=error_rate,
-            requests=round(total * window_s) if math.isfinite(total) else 0,
+            requests=requests,
             passed=passed,
             reason=reason,
             duration_s=load.duration_s,
             source="prometheus",
+            valid=valid,
+            client=load.client,
+            worker_clients=load.worker_clients,
+            warmup_s=load.warmup_s,
         )
 
     async def query_scalar(self, query: str, *, at_unix: float) -> float:
@@ -270,6 +325,24 @@ class PrometheusStepSource:
         """Raise PrometheusQueryError unless the API answers a trivial query: the URL,
         TLS and the path are checked before any load is sent."""
         await self.query_scalar("vector(1)", at_unix=time.time())
+
+
+def sla_quantile(requests: int, non_ok_share: float, min_requests: int = 0) -> float | None:
+    """The quantile of the answered requests' latencies that is the SLA p99 of every
+    attempt, each non-OK one counted infinitely slow; with fewer than `min_requests`
+    requests, the quantile of that p99's upper confidence bound (steps.quantile_upper_rank).
+    None when it is infinite: more non-OK attempts than the quantile leaves, or too few
+    requests to bound it."""
+    quantile = 0.99
+    if 0 < requests < min_requests:
+        rank = quantile_upper_rank(requests)
+        if rank > requests:
+            return None
+        quantile = rank / requests
+    ok_share = 1.0 - non_ok_share
+    if ok_share <= 0 or quantile > ok_share:
+        return None
+    return min(quantile / ok_share, 1.0)
 
 
 def _finite_or(value: float, default: float) -> float:

@@ -159,6 +159,32 @@ def client_could_explain(load: LoadResult, sla: SLA, sla_p99_ms: float) -> bool:
     return passed
 
 
+def judge_client(
+    load: LoadResult, sla: SLA, sla_p99_ms: float, passed: bool, reason: str
+) -> tuple[bool, str, bool]:
+    """(passed, reason, valid) once the client's health is weighed in, whatever decided
+    the window (the client's figures or the server's own through Prometheus): a pass
+    whose sends fell behind for good offered less than its rate, and a failure the
+    client's own delays could explain is invalid."""
+    limit = load.client.limit_reason(sla)
+    share = load.client.send_rate_share
+    if passed and share < CLIENT_MIN_SEND_RATE_SHARE:
+        # the server was offered less than the rate this pass would be credited with
+        if load.client.server_held_sends():
+            return (
+                False,
+                f"not sustained: sends fell behind the schedule waiting for connections "
+                f"the server held ({share:.0%} of the rate was offered)",
+                True,
+            )
+        return False, f"invalid, client-bound: {limit}", False
+    if limit and not passed:
+        if client_could_explain(load, sla, sla_p99_ms):
+            return False, f"invalid, client-bound: {limit}", False
+        reason += f" (the client was over its limits too: {limit})"
+    return passed, reason, True
+
+
 def step_from_load(load: LoadResult, sla: SLA, *, min_requests: int = 0) -> StepResult:
     """The step rule applied to the client's own measurement of a window.
 
@@ -176,7 +202,6 @@ def step_from_load(load: LoadResult, sla: SLA, *, min_requests: int = 0) -> Step
     bound_only = False
     if short:
         p99 = p99_upper_bound_ms(LatencyHistogram.decode(load.sla_histogram))
-    limit = load.client.limit_reason(sla)
     if load.requests == 0:
         passed, reason = False, "no request completed"
     else:
@@ -204,25 +229,7 @@ def step_from_load(load: LoadResult, sla: SLA, *, min_requests: int = 0) -> Step
                 f" (upper {P99_UCB_LEVEL:.0%} bound of p99 from {load.requests} requests, "
                 f"fewer than {min_requests})"
             )
-    valid = True
-    share = load.client.send_rate_share
-    if passed and share < CLIENT_MIN_SEND_RATE_SHARE:
-        # the server was offered less than the rate this pass would be credited with
-        if load.client.server_held_sends():
-            passed, reason = (
-                False,
-                (
-                    f"not sustained: sends fell behind the schedule waiting for connections "
-                    f"the server held ({share:.0%} of the rate was offered)"
-                ),
-            )
-        else:
-            passed, reason, valid = False, f"invalid, client-bound: {limit}", False
-    elif limit and not passed:
-        if client_could_explain(load, sla, p99):
-            passed, reason, valid = False, f"invalid, client-bound: {limit}", False
-        else:
-            reason += f" (the client was over its limits too: {limit})"
+    passed, reason, valid = judge_client(load, sla, p99, passed, reason)
     return StepResult(
         offered_rps=load.offered_rps,
         achieved_rps=load.achieved_rps,
