@@ -47,20 +47,22 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import math
 import os
 import random
 import statistics
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
+from typing import Any
 
 import optuna
 from pydantic import BaseModel
 
 import results
 from batchpilot.capacity.search import search_capacity
-from batchpilot.models import BatchingConfig, CapacityResult, StepResult
+from batchpilot.models import SLA, BatchingConfig, CapacityResult, StepResult
 from batchpilot.operator.spec import LoadSpec, TuningSpec
 from batchpilot.simulator.propose import grid_configs, queue_grid
 from batchpilot.tuner.confirm import BRACKET_START, confirm_study, study_figures
@@ -69,7 +71,7 @@ from batchpilot.tuner.rules import rule_of_thumb, rules_of_thumb
 from batchpilot.tuner.runner import run_trials
 from batchpilot.tuner.simulated import SimulatedTarget
 from batchpilot.tuner.space import SearchSpace
-from batchpilot.tuner.study import Tuner
+from batchpilot.tuner.study import PRUNE_MARGIN, Tuner
 from families import FAMILIES, Family, NoisyObjective, Objective, edge_configs, family
 
 NOISES = (0.0, 0.05, 0.10, 0.20)
@@ -155,8 +157,19 @@ class NoiseRow(BaseModel):
     runs: int
 
 
+class PruningRow(BaseModel):
+    noise: float
+    challenger_gain: float  # the challenger's true capacity over the incumbent's
+    peers: int  # noisy scores of the incumbent's capacity the best so far is the top of
+    p_pruned_best_score: float  # pruned when must_beat is that best noisy score
+    p_pruned_lower_bound: float  # pruned against the tuner's must_beat (a lower bound)
+    runs: int
+
+
 class Report(BaseModel):
     rows: list[NoiseRow]
+    # how often pruning stops a truly better challenger (issue: noise prunes for good)
+    pruning: list[PruningRow] = []
     by_family: dict[str, list[NoiseRow]]
     families: list[str]
     seeds: int
@@ -356,6 +369,91 @@ def measure_all(
     )
 
 
+PRUNING_PEERS = 5
+PRUNING_GAIN = 1.10
+PRUNING_CAPACITY = 1000.0
+PRUNING_SLA = SLA(p99_ms=100.0)
+
+
+def _knee(true_rps: float, noise: float, rng: random.Random) -> Callable[[float], Any]:
+    """A service whose every window holds the SLA up to its capacity times a log-normal
+    factor of spread `noise`, drawn afresh per window."""
+
+    async def step(offered_rps: float) -> StepResult:
+        passed = offered_rps <= true_rps * math.exp(noise * rng.gauss(0.0, 1.0))
+        return StepResult(
+            offered_rps=offered_rps,
+            achieved_rps=offered_rps,
+            p50_ms=20.0,
+            p99_ms=50.0 if passed else 500.0,
+            error_rate=0.0,
+            requests=2000,
+            passed=passed,
+            reason="" if passed else "p99 500.0 ms > SLA 100 ms",
+            duration_s=LOAD_STEP_S,
+        )
+
+    return step
+
+
+async def _pruned(challenger_rps: float, must_beat: float, noise: float, seed: int) -> bool:
+    result = await search_capacity(
+        _knee(challenger_rps, noise, random.Random(seed)),
+        sla=PRUNING_SLA,
+        start_rps=start_rate(must_beat) or must_beat,
+        precision=PRECISION,
+        must_beat=must_beat,
+        confirm_failures=True,
+    )
+    return result.pruned
+
+
+async def pruning_case(noise: float, seed: int) -> tuple[bool, bool]:
+    """(pruned against the best noisy score, pruned against the tuner's must_beat) for
+    a challenger `PRUNING_GAIN` better than an incumbent whose best so far is the top
+    of `PRUNING_PEERS` noisy searches. The challenger's windows are the same draws
+    under both rules (common random numbers), so the two rates differ by the rule
+    alone."""
+    rng = random.Random(seed)
+    peers = [
+        (
+            await search_capacity(
+                _knee(PRUNING_CAPACITY, noise, rng),
+                sla=PRUNING_SLA,
+                start_rps=0.5 * PRUNING_CAPACITY,
+                precision=PRECISION,
+                confirm_failures=True,
+            )
+        ).effective_rps
+        for _ in range(PRUNING_PEERS)
+    ]
+    best = max(peers)
+    challenger = PRUNING_GAIN * PRUNING_CAPACITY
+    return (
+        await _pruned(challenger, best, noise, seed + 1),
+        await _pruned(challenger, best * (1.0 - PRUNE_MARGIN), noise, seed + 1),
+    )
+
+
+def pruning_rows(noises: Sequence[float], runs: int, seed_base: int) -> list[PruningRow]:
+    rows: list[PruningRow] = []
+    for noise in noises:
+        cases = [
+            asyncio.run(pruning_case(noise, 1_000_003 * seed_base + 2 * k)) for k in range(runs)
+        ]
+        rows.append(
+            PruningRow(
+                noise=noise,
+                challenger_gain=PRUNING_GAIN,
+                peers=PRUNING_PEERS,
+                p_pruned_best_score=round(sum(a for a, _ in cases) / runs, 3),
+                p_pruned_lower_bound=round(sum(b for _, b in cases) / runs, 3),
+                runs=runs,
+            )
+        )
+    return rows
+
+
 def _noises(text: str) -> list[float]:
     try:
         values = [float(v) / 100.0 for v in text.split(",") if v.strip()]
@@ -419,6 +517,7 @@ def main() -> None:
     report = measure_all(
         families, args.noise, seeds, Settings(max_rounds=args.max_rounds), jobs=args.jobs
     )
+    report.pruning = pruning_rows(args.noise, 10 * args.seeds, args.seed_base)
     recorder.save(report.model_dump(mode="json"))
     if args.json:
         print(json.dumps(report.model_dump(mode="json")))
@@ -452,6 +551,18 @@ def main() -> None:
         )
     console = Console()
     console.print(table)
+    pruning = Table(
+        title=f"Pruning a challenger {PRUNING_GAIN - 1:.0%} better than the best of "
+        f"{PRUNING_PEERS} noisy scores"
+    )
+    for column in ("noise", "pruned (against the best score)", "pruned (must_beat)", "runs"):
+        pruning.add_column(column)
+    for p in report.pruning:
+        pruning.add_row(
+            f"{p.noise:.0%}", f"{p.p_pruned_best_score:.3f}", f"{p.p_pruned_lower_bound:.3f}",
+            str(p.runs),
+        )  # fmt: skip
+    console.print(pruning)
     console.print(f"{report.elapsed_s:.0f} s")
 
 

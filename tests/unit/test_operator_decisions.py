@@ -484,7 +484,8 @@ class TestConfirmation:
         at(2, 16, 20.0, 610.0),  # the same configuration again: one finalist
         at(3, 32, 50.0, 700.0),  # the incumbent measured again: never a finalist
         at(4, 8, 5.0, 550.0),
-        at(5, 4, 5.0, 900.0, "Pruned"),  # pruned trials are not finalists
+        # pruned far below the best: not a finalist
+        at(5, 4, 5.0, 0.0, "Pruned").model_copy(update={"effective_rps": 400.0}),
         at(6, 2, 1.0, 520.0),
     )
 
@@ -500,6 +501,18 @@ class TestConfirmation:
         ]
         assert conf.incumbent == self.BASE
         assert (conf.rounds, conf.reason) == (3, "done")
+
+    def test_a_trial_pruned_near_the_best_is_a_finalist(self) -> None:
+        # the highest rate it held before one window pruned it: ≥ 80 % of the best 700
+        near = at(5, 4, 5.0, 0.0, "Pruned").model_copy(update={"effective_rps": 580.0})
+        trials = [*self.TRIALS[:5], near, self.TRIALS[6]]
+        conf = decisions.start_confirmation(spec(maxTrials=7, finalists=3), trials, "done")
+        assert conf is not None
+        assert conf.finalists == [
+            {"max_batch_size": 16, "max_queue_time_ms": 20.0},
+            {"max_batch_size": 4, "max_queue_time_ms": 5.0},
+            {"max_batch_size": 8, "max_queue_time_ms": 5.0},
+        ]
 
     def test_nothing_to_confirm_finishes_at_once(self) -> None:
         switched_off = status(*self.TRIALS)

@@ -39,6 +39,7 @@ from batchpilot.operator.status import (
 # backoff_delay lives with the retry helper; handlers and tests know it by this name too.
 from batchpilot.retry import backoff_delay as backoff_delay
 from batchpilot.tuner.study import retried
+from batchpilot.tuner.summary import NEAR_BEST_SHARE
 from batchpilot.tuner.verdict import (
     Estimate,
     Verdict,
@@ -112,19 +113,26 @@ def start_confirmation(
     spec: InferenceServiceSpec, trials: Sequence[TrialEntry], reason: str
 ) -> Confirmation | None:
     """The confirmation phase for these trials: the top `tuning.finalists` distinct
-    configurations by the study's score (Complete trials, most req/s first, the earlier
-    on a tie) and the incumbent, the baseline trial's configuration. None when there is
-    no measured baseline or no finalist besides it (nothing to compare). Finalists are
-    distinct in their batching knobs; one that differs from a better one only in extra
-    parameters is left out."""
+    configurations by the study's score (Complete trials, and Pruned ones within
+    NEAR_BEST_SHARE of the best; most req/s first, the earlier on a tie) and the
+    incumbent, the baseline trial's configuration. None when there is no measured
+    baseline or no finalist besides it (nothing to compare). Finalists are distinct in
+    their batching knobs; one that differs from a better one only in extra parameters
+    is left out."""
     baseline = baseline_trial(trials)
     if spec.tuning.finalists == 0 or baseline is None or baseline.state not in FINISHED_STATES:
         return None
     incumbent = batching_config(baseline.params)
-    done = sorted(
-        (t for t in trials if t.state == "Complete" and t.effective_rps),
-        key=lambda t: (-(t.effective_rps or 0.0), t.number),
-    )
+    complete = [t for t in trials if t.state == "Complete" and t.effective_rps]
+    best = max((t.effective_rps or 0.0 for t in complete), default=0.0)
+    # a trial pruned by one unlucky window near the best may still be confirmed
+    # (tuner.summary.finalists)
+    near = [
+        t
+        for t in trials
+        if t.state == "Pruned" and (t.effective_rps or 0.0) >= NEAR_BEST_SHARE * best > 0
+    ]
+    done = sorted(complete + near, key=lambda t: (-(t.effective_rps or 0.0), t.number))
     seen = {incumbent}
     finalists: list[dict[str, float | int]] = []
     for trial in done:

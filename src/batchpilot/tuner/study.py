@@ -63,6 +63,15 @@ RECORD_ATTR = "batchpilot.record"  # the TrialRecord, kept with the Optuna trial
 RESULT_ATTR = "batchpilot.result"  # the CapacityResult with its steps, for reports
 
 
+# How far below the best score so far a trial's search may fall before it is pruned.
+# The best score is the highest of several noisy measurements, biased upwards by about
+# 1.5 standard deviations among ten trials: at 10 % per-window noise a challenger truly
+# 10 % better was pruned about a quarter of the time against it
+# (benchmarks/decision_quality.py, "pruning" rows). 15 % keeps most of the pruning's
+# saving (a trial far below the best still stops at its first failing step).
+PRUNE_MARGIN = 0.15
+
+
 class TrialRecord(BaseModel):
     """One trial as the outside world sees it (status of the custom resource, reports)."""
 
@@ -403,9 +412,14 @@ class Tuner:
         return max(done, key=lambda r: (r.effective_rps or 0.0, -r.number), default=None)
 
     def must_beat(self) -> float | None:
-        """Best effective req/s so far: a ramp that provably cannot exceed it may stop."""
+        """A lower bound of the best effective req/s so far, which a trial's search must
+        be able to exceed or stop early (pruned). Not the best score itself: that is
+        the highest of several noisy windows, and pruning against it stops a better
+        challenger whenever one of its decisive windows is unlucky (`PRUNE_MARGIN`)."""
         best = self.best()
-        return best.effective_rps if best is not None else None
+        if best is None or best.effective_rps is None:
+            return None
+        return best.effective_rps * (1.0 - PRUNE_MARGIN)
 
     def result(self, number: int) -> CapacityResult | None:
         """The full measurement of a trial told to this study (also one resumed from

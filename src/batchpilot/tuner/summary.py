@@ -77,19 +77,30 @@ class TuneSummary(BaseModel):
 def finalists(
     records: Sequence[TrialRecord], incumbent: BatchingConfig, k: int
 ) -> list[BatchingConfig]:
-    """The top `k` distinct configurations by the study's score (complete trials, most
-    effective req/s first, the earlier trial on a tie), never the incumbent: it is
-    re-measured beside them anyway."""
-    done = sorted(
-        (r for r in records if r.state == "Complete" and r.effective_rps),
-        key=lambda r: (-(r.effective_rps or 0.0), r.number),
-    )
+    """The top `k` distinct configurations by the study's score (most effective req/s
+    first, the earlier trial on a tie), never the incumbent: it is re-measured beside
+    them anyway. Complete trials, and pruned ones whose partial figure (the highest
+    rate they held before stopping) reached `NEAR_BEST_SHARE` of the best: one unlucky
+    window pruned them, and the confirmation's rounds can tell."""
+    complete = [r for r in records if r.state == "Complete" and r.effective_rps]
+    best = max((r.effective_rps or 0.0 for r in complete), default=0.0)
+    near = [
+        r
+        for r in records
+        if r.state == "Pruned" and (r.effective_rps or 0.0) >= NEAR_BEST_SHARE * best > 0
+    ]
+    done = sorted(complete + near, key=lambda r: (-(r.effective_rps or 0.0), r.number))
     chosen: list[BatchingConfig] = []
     for rec in done:
         config = rec.config()
         if config != incumbent and config not in chosen:
             chosen.append(config)
     return chosen[:k]
+
+
+# A pruned trial whose partial figure reached this share of the best complete one may
+# still be a finalist (see finalists).
+NEAR_BEST_SHARE = 0.8
 
 
 def with_verdict(
