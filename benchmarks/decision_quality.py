@@ -65,13 +65,14 @@ from batchpilot.capacity.search import search_capacity
 from batchpilot.models import SLA, BatchingConfig, CapacityResult, StepResult
 from batchpilot.operator.spec import LoadSpec, TuningSpec
 from batchpilot.simulator.propose import grid_configs, queue_grid
-from batchpilot.tuner.confirm import BRACKET_START, confirm_study, study_figures
+from batchpilot.tuner.confirm import bracket_start, confirm_study, looks_of, study_figures
 from batchpilot.tuner.local import start_rate
 from batchpilot.tuner.rules import rule_of_thumb, rules_of_thumb
-from batchpilot.tuner.runner import run_trials
+from batchpilot.tuner.runner import Remeasured, remeasure_interleaved, run_trials
 from batchpilot.tuner.simulated import SimulatedTarget
 from batchpilot.tuner.space import SearchSpace
 from batchpilot.tuner.study import PRUNE_MARGIN, Tuner
+from batchpilot.tuner.verdict import Verdict, decide, undecided
 from families import FAMILIES, Family, NoisyObjective, Objective, edge_configs, family
 
 NOISES = (0.0, 0.05, 0.10, 0.20)
@@ -166,8 +167,19 @@ class PruningRow(BaseModel):
     runs: int
 
 
+class IdenticalRow(BaseModel):
+    noise: float
+    finalists: int  # identical to each other and to the incumbent
+    precision: float  # the capacity search's
+    p_false_write_back: float  # runs whose verdict called a gain: every one is false
+    median_rounds: float
+    runs: int
+
+
 class Report(BaseModel):
     rows: list[NoiseRow]
+    # the verdict's false-positive rate: K finalists no better than the incumbent
+    identical: list[IdenticalRow] = []
     # how often pruning stops a truly better challenger (issue: noise prunes for good)
     pruning: list[PruningRow] = []
     by_family: dict[str, list[NoiseRow]]
@@ -250,7 +262,9 @@ async def pipeline(truth: Truth, noise: float, seed: int, settings: Settings) ->
     async def measure(config: BatchingConfig, round_index: int) -> CapacityResult:
         figure = figures.get(config)
         return await probe.measure(
-            config, must_beat=None, start_rps=BRACKET_START * figure if figure else None
+            config,
+            must_beat=None,
+            start_rps=bracket_start(figure, config, round_index, seed) if figure else None,
         )
 
     confirmed = await confirm_study(
@@ -454,6 +468,85 @@ def pruning_rows(noises: Sequence[float], runs: int, seed_base: int) -> list[Pru
     return rows
 
 
+IDENTICAL_FINALISTS = (1, 3, 10)
+QUICK_PRECISION = 0.15  # tune --quick's
+
+
+async def identical_case(
+    finalists: int, noise: float, precision: float, seed: int, settings: Settings
+) -> tuple[bool, int]:
+    """(written back, rounds) for `finalists` configurations exactly as good as the
+    incumbent, confirmed as the product confirms (interleaved rounds in a seeded order
+    per round, each search started near 80 % of a study figure with its jitter,
+    adaptive rounds while undecided, the verdict with its simultaneous intervals): a
+    write-back is a false one by construction. The study figures are one noisy search
+    each, as a study would have left them."""
+    rng = random.Random(seed)
+    incumbent = BatchingConfig(max_batch_size=1, max_queue_time_ms=0.0)
+    chosen = [
+        BatchingConfig(max_batch_size=2 ** (k + 1), max_queue_time_ms=1.0) for k in range(finalists)
+    ]
+
+    async def search(start: float) -> CapacityResult:
+        return await search_capacity(
+            _knee(PRUNING_CAPACITY, noise, rng),
+            sla=PRUNING_SLA,
+            start_rps=start,
+            precision=precision,
+            confirm_failures=True,
+        )
+
+    figures = {
+        c: (await search(0.5 * PRUNING_CAPACITY)).effective_rps for c in [*chosen, incumbent]
+    }
+
+    async def measure(config: BatchingConfig, round_index: int) -> CapacityResult:
+        return await search(bracket_start(figures[config], config, round_index, seed))
+
+    looks = looks_of(settings.rounds, settings.max_rounds)
+
+    def judge(so_far: Remeasured) -> Verdict:
+        return decide(
+            so_far.rounds(), incumbent, min_gain_percent=settings.min_gain_percent, looks=looks
+        )
+
+    remeasured = await remeasure_interleaved(
+        SimulatedTarget(incumbent),
+        measure,
+        chosen,
+        incumbent,
+        rounds=settings.rounds,
+        max_rounds=settings.max_rounds,
+        undecided=lambda so_far: undecided(judge(so_far)),
+        shuffle_seed=seed,
+    )
+    return judge(remeasured).significant, remeasured.completed_rounds()
+
+
+def identical_rows(
+    noises: Sequence[float], runs: int, seed_base: int, settings: Settings
+) -> list[IdenticalRow]:
+    rows: list[IdenticalRow] = []
+    for noise in [n for n in noises if n > 0]:
+        for k in IDENTICAL_FINALISTS:
+            for precision in (PRECISION, QUICK_PRECISION):
+                cases = [
+                    asyncio.run(identical_case(k, noise, precision, seed_base + i, settings))
+                    for i in range(runs)
+                ]
+                rows.append(
+                    IdenticalRow(
+                        noise=noise,
+                        finalists=k,
+                        precision=precision,
+                        p_false_write_back=round(sum(w for w, _ in cases) / runs, 3),
+                        median_rounds=statistics.median(r for _, r in cases),
+                        runs=runs,
+                    )
+                )
+    return rows
+
+
 def _noises(text: str) -> list[float]:
     try:
         values = [float(v) / 100.0 for v in text.split(",") if v.strip()]
@@ -518,6 +611,9 @@ def main() -> None:
         families, args.noise, seeds, Settings(max_rounds=args.max_rounds), jobs=args.jobs
     )
     report.pruning = pruning_rows(args.noise, 10 * args.seeds, args.seed_base)
+    report.identical = identical_rows(
+        args.noise, 10 * args.seeds, args.seed_base, Settings(max_rounds=args.max_rounds)
+    )
     recorder.save(report.model_dump(mode="json"))
     if args.json:
         print(json.dumps(report.model_dump(mode="json")))
@@ -563,6 +659,15 @@ def main() -> None:
             str(p.runs),
         )  # fmt: skip
     console.print(pruning)
+    identical = Table(title="False write-back: finalists no better than the incumbent")
+    for column in ("noise", "finalists", "precision", "false write-back", "rounds", "runs"):
+        identical.add_column(column)
+    for i in report.identical:
+        identical.add_row(
+            f"{i.noise:.0%}", str(i.finalists), f"{i.precision:.0%}",
+            f"{i.p_false_write_back:.3f}", f"{i.median_rounds:g}", str(i.runs),
+        )  # fmt: skip
+    console.print(identical)
     console.print(f"{report.elapsed_s:.0f} s")
 
 

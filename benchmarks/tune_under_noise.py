@@ -65,7 +65,7 @@ from batchpilot.models import BatchingConfig, CapacityResult, RequestMix
 from batchpilot.processes import stop_process
 from batchpilot.runtimes.reference import ReferenceControl
 from batchpilot.server.process import ServerProcess
-from batchpilot.tuner.confirm import BRACKET_START
+from batchpilot.tuner.confirm import bracket_start
 from batchpilot.tuner.local import LocalProbe
 from batchpilot.tuner.localmode import ROUND_SEED_STRIDE
 from batchpilot.tuner.runner import RoundDone, remeasure_interleaved
@@ -492,7 +492,9 @@ async def remeasure(
             round_probe.seed = seed + ROUND_SEED_STRIDE * (round_index + 1)
             figure = figure_of(summary, config)
             return await round_probe.measure(
-                config, must_beat=None, start_rps=BRACKET_START * figure if figure else None
+                config,
+                must_beat=None,
+                start_rps=bracket_start(figure, config, round_index, seed) if figure else None,
             )
 
         def progress(event: RoundDone) -> None:

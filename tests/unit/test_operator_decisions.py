@@ -20,6 +20,7 @@ from batchpilot.operator.status import (
     RoundMeasurement,
     TrialEntry,
 )
+from batchpilot.tuner.runner import round_order
 
 NOW = datetime(2026, 1, 1, tzinfo=UTC)
 
@@ -540,7 +541,9 @@ class TestConfirmation:
             s = status(*self.TRIALS, confirmation=conf)
             expected = "finish" if len(taken) == 9 else "confirm"
             assert decisions.plan(spec(finalists=2), s, 1).kind == expected
-        assert taken == [(r, p) for r in range(3) for p in order]
+        # every configuration once a round, each round in its own seeded order
+        assert taken == [(r, p) for r in range(3) for p in round_order(order, r, 0)]
+        assert len({tuple(str(p) for _, p in taken[3 * r : 3 * r + 3]) for r in range(3)}) > 1
 
     def confirmation_with(
         self, figures: dict[int, list[float]], **tuning: Any
@@ -566,7 +569,8 @@ class TestConfirmation:
         assert conf.max_rounds == 4
         verdict = decisions.verdict_of(conf, sp)
         assert verdict.gain_low_percent < 5.0 <= verdict.gain_high_percent
-        assert decisions.next_measurement(conf, sp) == (3, conf.finalists[0])
+        fourth_round = round_order([*conf.finalists, conf.incumbent], 3, sp.tuning.seed)
+        assert decisions.next_measurement(conf, sp) == (3, fourth_round[0])
         s = status(*self.TRIALS, confirmation=conf)
         assert decisions.plan(sp, s, 1).kind == "confirm"
         # the fourth round, however it ends, is the last: the cap

@@ -238,3 +238,45 @@ def test_every_finalist_has_a_gain_by_the_same_method() -> None:
     b = next(e for e in verdict.ranking if e.config == B)
     gain, low, high = gain_over_incumbent(verdict, b)
     assert low < gain < high
+
+
+def test_ten_identical_finalists_judged_at_four_looks_are_rarely_significant() -> None:
+    # The best of ten identical finalists, with up to four looks of an adaptive
+    # confirmation: per-comparison intervals (the 95 % level left whole for each
+    # finalist at each look) call a gain far more often than their level says;
+    # simultaneous ones keep the false write-backs within 5 %.
+    finalists = [BatchingConfig(max_batch_size=2**k, max_queue_time_ms=1.0) for k in range(10)]
+    truth = {**{c: 100.0 for c in finalists}, INC: 100.0}
+    per_comparison_level = 1.0 - 0.05 * len(finalists)  # undoes the split over finalists
+
+    def false_gain(seed: int, *, simultaneous: bool) -> bool:
+        rng = random.Random(seed)
+        table = noisy(truth, rng, rounds=3, noise=0.2)
+        for _ in range(4):
+            verdict = (
+                decide(table, INC, min_gain_percent=0.0, looks=4)
+                if simultaneous
+                else decide(table, INC, min_gain_percent=0.0, level=per_comparison_level)
+            )
+            if verdict.significant:
+                return True
+            more = noisy(truth, rng, rounds=1, noise=0.2)
+            table = {c: [*v, *more[c]] for c, v in table.items()}
+        return False
+
+    runs = 300
+    joint = sum(false_gain(seed, simultaneous=True) for seed in range(runs))
+    naive = sum(false_gain(seed, simultaneous=False) for seed in range(runs))
+    assert joint / runs <= 0.05, (joint, naive)
+    assert naive / runs > 0.05, (joint, naive)  # what per-comparison intervals did
+
+
+def test_the_intervals_widen_with_the_finalists_and_the_looks() -> None:
+    rounds = {A: [112.0, 109.0, 115.0], INC: [100.0, 98.0, 102.0]}
+    one = decide(rounds, INC)
+    peeked = decide(rounds, INC, looks=4)
+    assert peeked.gain_percent == pytest.approx(one.gain_percent)
+    assert peeked.gain_low_percent < one.gain_low_percent
+    assert "simultaneous over 4 comparison(s)" in peeked.method
+    three = decide({**rounds, B: [100.0, 99.0, 101.0], C: [99.0, 97.0, 103.0]}, INC)
+    assert "simultaneous over 3 comparison(s)" in three.method

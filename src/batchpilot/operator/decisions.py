@@ -38,6 +38,8 @@ from batchpilot.operator.status import (
 
 # backoff_delay lives with the retry helper; handlers and tests know it by this name too.
 from batchpilot.retry import backoff_delay as backoff_delay
+from batchpilot.tuner.confirm import looks_of
+from batchpilot.tuner.runner import round_order
 from batchpilot.tuner.study import retried
 from batchpilot.tuner.summary import NEAR_BEST_SHARE
 from batchpilot.tuner.verdict import (
@@ -154,20 +156,22 @@ def start_confirmation(
 def next_measurement(
     confirmation: Confirmation, spec: InferenceServiceSpec
 ) -> tuple[int, Params] | None:
-    """(round, params) of the next measurement: the finalists in order, then the
-    incumbent, round after round; None once every round is measured. After `rounds`
+    """(round, params) of the next measurement: the finalists and the incumbent, each
+    round in its own order drawn from `tuning.seed` and the round
+    (runner.round_order); None once every round is measured. After `rounds`
     rounds, another whole round while the verdict is undecided (`verdict.undecided`), up
     to `max_rounds`. Rebuilt from the measurements in status alone, so a restarted
     operator resumes where it stopped."""
     order = [*confirmation.finalists, confirmation.incumbent]
     done = len(confirmation.measurements)
     completed, within = divmod(done, len(order))
+    this_round = round_order(order, completed, spec.tuning.seed)
     if within or completed < confirmation.rounds:
-        return completed, dict(order[within])
+        return completed, dict(this_round[within])
     cap = confirmation.max_rounds if confirmation.max_rounds is not None else confirmation.rounds
     if completed >= cap or not undecided(verdict_of(confirmation, spec)):
         return None
-    return completed, dict(order[0])
+    return completed, dict(this_round[0])
 
 
 def verdict_of(confirmation: Confirmation, spec: InferenceServiceSpec) -> Verdict:
@@ -180,6 +184,7 @@ def verdict_of(confirmation: Confirmation, spec: InferenceServiceSpec) -> Verdic
         batching_config(confirmation.incumbent),
         min_gain_percent=spec.tuning.min_gain_percent,
         seed=spec.tuning.seed,
+        looks=looks_of(confirmation.rounds, confirmation.max_rounds),
     )
 
 

@@ -3,15 +3,17 @@
 re-measured interleaved (`runner.remeasure_interleaved`), then the verdict
 (`verdict.decide`).
 
-Each round's capacity search starts at `BRACKET_START` of the configuration's study
-figure: the first step passes on all but the worst drift, the next (twice as high)
-brackets the capacity, and the bisection has no far ramp to climb. That search never
+Each round's capacity search starts near `BRACKET_START` of the configuration's study
+figure (`bracket_start`, jittered so that equal configurations do not share one grid):
+the first step passes on all but the worst drift, the next (twice as high) brackets the
+capacity, and the bisection has no far ramp to climb. That search never
 visits light load, so each finalist's first round also measures a few rates below the
 capacity it finds (`probes_light_load`, capacity.lightload); one that breaks the SLA
 there scores 0 req/s for that round and cannot be written back (`Remeasured.rounds`)."""
 
 from __future__ import annotations
 
+import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -23,6 +25,19 @@ from batchpilot.tuner.summary import finalists
 from batchpilot.tuner.verdict import Verdict, decide, undecided
 
 BRACKET_START = 0.8
+# Each round's start is moved by up to this share either way, drawn per configuration
+# and round: from one fixed start, configurations of equal figures bisect on the same
+# grid of rates, and the grid's coarseness becomes an error they share, which the
+# verdict's noise estimate (the spread across rounds) never sees.
+BRACKET_JITTER = 0.1
+
+
+def bracket_start(figure: float, config: BatchingConfig, round_index: int, seed: int) -> float:
+    """Where a confirmation round's capacity search starts: `BRACKET_START` of the
+    configuration's study figure, jittered by `BRACKET_JITTER` (seeded by the
+    configuration, the round and `seed`, so a resumed run starts where it did)."""
+    draw = random.Random(f"{seed}/{config.label()}/{round_index}").uniform(-1.0, 1.0)
+    return BRACKET_START * figure * (1.0 + BRACKET_JITTER * draw)
 
 
 def probes_light_load(config: BatchingConfig, incumbent: BatchingConfig, round_index: int) -> bool:
@@ -30,6 +45,12 @@ def probes_light_load(config: BatchingConfig, incumbent: BatchingConfig, round_i
     finalist's first round, once, before anything can be written back. The incumbent is
     not: it is what runs already, and the verdict only keeps it or replaces it."""
     return round_index == 0 and config != incumbent
+
+
+def looks_of(rounds: int, max_rounds: int | None) -> int:
+    """How many times an adaptive confirmation may judge its table: after `rounds`
+    rounds, then after each extra one up to `max_rounds`."""
+    return 1 + max(0, (max_rounds if max_rounds is not None else rounds) - rounds)
 
 
 @dataclass(frozen=True)
@@ -72,7 +93,13 @@ async def confirm_study(
     on_start(chosen)
 
     def judge(so_far: Remeasured) -> Verdict:
-        return decide(so_far.rounds(), incumbent, min_gain_percent=min_gain_percent, seed=seed)
+        return decide(
+            so_far.rounds(),
+            incumbent,
+            min_gain_percent=min_gain_percent,
+            seed=seed,
+            looks=looks_of(rounds, max_rounds),
+        )
 
     remeasured = await remeasure_interleaved(
         target,
@@ -83,6 +110,7 @@ async def confirm_study(
         max_rounds=max_rounds,
         undecided=lambda so_far: undecided(judge(so_far)),
         on_done=on_done,
+        shuffle_seed=seed,
     )
     verdict = judge(remeasured)
     return Confirmed(finalists=chosen, remeasured=remeasured, verdict=verdict)

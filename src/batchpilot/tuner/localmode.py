@@ -28,8 +28,8 @@ from batchpilot.runtimes.registry import DEFAULT_RUNTIME, get_runtime
 from batchpilot.tuner.attached import Attached, check_attached, leave_attached
 from batchpilot.tuner.config import TuneConfig
 from batchpilot.tuner.confirm import (
-    BRACKET_START,
     Confirmed,
+    bracket_start,
     confirm_study,
     probes_light_load,
     study_figures,
@@ -334,7 +334,7 @@ async def _confirm(
         return await round_probe.measure(
             config,
             must_beat=None,
-            start_rps=BRACKET_START * figure if figure else None,
+            start_rps=bracket_start(figure, config, round_index, tuning.seed) if figure else None,
             light_load=probes_light_load(config, incumbent, round_index),
         )
 

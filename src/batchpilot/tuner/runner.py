@@ -8,13 +8,17 @@ as interrupted and retries."""
 
 from __future__ import annotations
 
+import random
 from collections.abc import Awaitable, Callable, Collection, Sequence
 from dataclasses import dataclass
+from typing import TypeVar
 
 from batchpilot.errors import TargetError
 from batchpilot.models import BatchingConfig, CapacityResult
 from batchpilot.tuner.interfaces import Probe, ServerDied, Target
 from batchpilot.tuner.study import TrialRecord, Tuner
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -77,15 +81,32 @@ async def run_trials(
 
 
 def interleaved_order(
-    finalists: Sequence[BatchingConfig], incumbent: BatchingConfig, rounds: int
+    finalists: Sequence[BatchingConfig],
+    incumbent: BatchingConfig,
+    rounds: int,
+    *,
+    shuffle_seed: int | None = None,
 ) -> list[tuple[int, BatchingConfig]]:
     """(round, configuration) in measuring order: the finalists in the order given, then
-    the incumbent, round after round (A B C I, A B C I, ...). A finalist equal to the
+    the incumbent, round after round (A B C I, A B C I, ...); with `shuffle_seed`, each
+    round in its own seeded random order (`round_order`). A finalist equal to the
     incumbent or to an earlier finalist is measured once a round, as the earlier one."""
     if rounds < 1:
         raise ValueError(f"rounds must be >= 1, got {rounds}")
-    configs = list(dict.fromkeys([c for c in finalists if c != incumbent]))
-    return [(r, c) for r in range(rounds) for c in [*configs, incumbent]]
+    configs = [*dict.fromkeys([c for c in finalists if c != incumbent]), incumbent]
+    return [(r, c) for r in range(rounds) for c in round_order(configs, r, shuffle_seed)]
+
+
+def round_order(configs: Sequence[T], round_index: int, seed: int | None) -> list[T]:
+    """The order of one round's measurements: as given without a seed, else a random
+    permutation drawn from (seed, round). A fixed order puts each configuration at the
+    same place in every round, so a drift within rounds (a neighbour that starts work
+    every few minutes, a cache warming) favours the same one each time, an error the
+    rounds cannot average out."""
+    ordered = list(configs)
+    if seed is not None:
+        random.Random(f"{seed}/{round_index}").shuffle(ordered)
+    return ordered
 
 
 MeasureRound = Callable[[BatchingConfig, int], Awaitable[CapacityResult]]
@@ -141,9 +162,11 @@ async def remeasure_interleaved(
     max_rounds: int | None = None,
     undecided: Callable[[Remeasured], bool] = lambda _: False,
     on_done: Callable[[RoundDone], None] = lambda _: None,
+    shuffle_seed: int | None = None,
 ) -> Remeasured:
     """Apply and measure the finalists and the incumbent interleaved (`interleaved_order`),
-    so drift over the minutes this takes hits them all alike. `measure(config, round)`
+    so drift over the minutes this takes hits them all alike; with `shuffle_seed`, each
+    round in its own random order (`round_order`). `measure(config, round)`
     scores what is live; it is given the round so that every configuration of a round
     can be offered the same schedule (the same seeds). A finalist the target refuses is
     dropped from every round; the incumbent ran before the study, so its refusal is the
@@ -158,7 +181,7 @@ async def remeasure_interleaved(
     one_round = [c for _, c in interleaved_order(finalists, incumbent, 1)]
     r = 0
     while r < rounds or (r < cap and undecided(out)):
-        for config in one_round:
+        for config in round_order(one_round, r, shuffle_seed):
             if config in out.refused:
                 continue
             try:

@@ -16,9 +16,10 @@ machine is multiplicative (a neighbour costs a share of the CPU, not a number of
 and gains are ratios. A t-interval rather than a bootstrap: at 3 to 5 rounds a bootstrap
 over rounds has 27 to 3,125 resamples, whose spread understates the uncertainty; the t
 quantile pays for the few rounds honestly (4.30 at 2 degrees of freedom against 1.96).
-The intervals are per comparison, not adjusted for the choice among the finalists: the
-written-back gain must clear `min_gain_percent` at its lower bound, which is the margin
-against that choice.
+The intervals are simultaneous (Bonferroni) over the finalists, since the winner is the
+best of them, and over the looks of an adaptive confirmation, since it stops as soon as
+a gain looks proven; the written-back gain must then clear `min_gain_percent` at its
+lower bound.
 
 A round in which no rate met the SLA measured 0 req/s, which has no logarithm: it counts
 as 1 % of the best round in the table (a finite stand-in for "failed outright"). A
@@ -83,9 +84,17 @@ def decide(
     min_gain_percent: float = 5.0,
     level: float = 0.95,
     seed: int = 0,
+    looks: int = 1,
 ) -> Verdict:
     """The verdict on `rounds[c][r]`: configuration c's effective req/s in interleaved
     round r (the same r for every configuration is the same A B C I pass).
+
+    The intervals are simultaneous over the choice and the peeking: the error budget
+    `1 - level` is split (Bonferroni) over the eligible finalists, since the winner is
+    the best of them, and over `looks`, the number of times an adaptive confirmation
+    may judge the table before it stops (its extra rounds included). Per-comparison
+    intervals at one look wrote back identical configurations in about a fifth of runs
+    once ten finalists and six looks were allowed (benchmarks/decision_quality.py).
 
     `seed` is part of the interface for methods that resample; the t method used here
     is deterministic and does not draw. Raises ValueError on tables it cannot judge."""
@@ -100,7 +109,9 @@ def decide(
     logs = {c: [math.log(max(v, floor)) for v in rounds[c]] for c in configs}
     eligible = [c for c in configs if c == incumbent or min(rounds[c]) > 0.0]
     sigma, dof = _pooled_noise(logs, eligible, incumbent)
-    t = float(stats.t.ppf(0.5 + level / 2.0, dof))
+    comparisons = max(1, len([c for c in eligible if c != incumbent])) * max(1, looks)
+    joint = 1.0 - (1.0 - level) / comparisons
+    t = float(stats.t.ppf(0.5 + joint / 2.0, dof))
     half = t * sigma / math.sqrt(n_rounds)
 
     def estimate(config: BatchingConfig) -> Estimate:
@@ -132,7 +143,8 @@ def decide(
         f"two-way rounds x configurations model on log throughput "
         f"(randomised complete block, rounds as blocks; paired t on log ratios when one "
         f"finalist), pooled residual t with {dof} dof over {n_rounds} interleaved rounds, "
-        f"two-sided {level:.0%} intervals"
+        f"two-sided {level:.0%} intervals simultaneous over {comparisons} comparison(s) "
+        f"(Bonferroni: finalists x looks)"
     )
     if winner.config == incumbent:
         return Verdict(
