@@ -34,6 +34,7 @@ from opsupport import (
 
 from batchpilot.operator.status import INTERRUPTED_REASON
 from batchpilot.operator.world import TargetProblem
+from batchpilot.tuner.runner import round_order
 
 pytestmark = [
     pytest.mark.operator,
@@ -329,7 +330,11 @@ async def test_an_incumbent_that_is_already_best_stays_with_no_significant_gain(
     assert len(confirmation["finalists"]) == 2
     measured = confirmation["measurements"]
     order = [*confirmation["finalists"], ORIGINAL]
-    assert [m["params"] for m in measured] == order * 3  # A B I, A B I, A B I
+    # every configuration once a round, each round in its own order from tuning.seed
+    # (the default, 0)
+    assert [m["params"] for m in measured] == [
+        p for r in range(3) for p in round_order(order, r, 0)
+    ]
     assert [m["round"] for m in measured] == [0, 0, 0, 1, 1, 1, 2, 2, 2]
     assert "two-sided 95% intervals" in confirmation["method"]
     seeds = _confirmation_seeds(cluster, 3, 3)
