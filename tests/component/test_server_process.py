@@ -16,7 +16,10 @@ from collections.abc import Callable
 import aiohttp
 import pytest
 
-from batchpilot.server.process import ServerProcess, ServerStartError, free_port
+from batchpilot.models import BatchingConfig
+from batchpilot.server.process import ModelCrashes, ServerProcess, ServerStartError, free_port
+from batchpilot.tuner.interfaces import ServerDied
+from batchpilot.tuner.watch import Watch
 
 pytestmark = pytest.mark.component
 
@@ -288,3 +291,43 @@ async def test_a_killed_server_reports_its_exit_code_and_restarts() -> None:
         ):
             assert response.status == 200
             assert (await response.json())["max_batch_size"] == 4
+
+
+class _Answering:
+    """The target of the watch: the server's own admin endpoint answers."""
+
+    async def current(self) -> BatchingConfig:
+        return BatchingConfig(max_batch_size=4, max_queue_time_ms=2.0)
+
+    async def apply(self, config: BatchingConfig) -> None:
+        return None
+
+
+def _children(pid: int) -> list[int]:
+    with open(f"/proc/{pid}/task/{pid}/children", encoding="ascii") as listing:
+        return [int(p) for p in listing.read().split()]
+
+
+async def test_a_model_process_killed_under_the_server_is_reported_as_a_crash() -> None:
+    # The server lives on, answers 500 and starts a new model process: without the
+    # report a tuner would score the configuration as slow, not as one that crashed.
+    config = BatchingConfig(max_batch_size=4, max_queue_time_ms=2.0)
+    async with (
+        ServerProcess(max_batch_size=4, max_queue_time_ms=2.0, threads=1) as server,
+        aiohttp.ClientSession(timeout=TIMEOUT) as http,
+    ):
+        watch = Watch(server, _Answering())
+        await watch.check(config, suspect=False)  # nothing died yet
+        assert await server.model_crashes() == ModelCrashes(deaths=0, last="")
+        [model_process] = _children(server.pid)
+        os.kill(model_process, signal.SIGKILL)
+        async with http.post(
+            f"{server.url}/v1/predict", json={"synthetic": {"size": 1}}
+        ) as response:
+            assert response.status in (200, 500)  # the batch in flight, or the next one
+        crashes = await server.model_crashes()
+        assert crashes == ModelCrashes(deaths=1, last="was killed by SIGKILL")
+        with pytest.raises(ServerDied, match="the model process was killed by SIGKILL at"):
+            await watch.check(config, suspect=False)
+        await watch.check(config, suspect=False)  # reported once
+        assert await server.exit_code() is None  # the server itself lives on

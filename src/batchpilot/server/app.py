@@ -234,7 +234,15 @@ async def delete_profile(request: web.Request) -> web.Response:
 
 
 async def healthz(request: web.Request) -> web.Response:
-    return web.json_response({"status": "ok"})
+    """Alive, and how many model processes died under the server: it answers 500 while
+    one is replaced, which a tuner must not read as a slow configuration."""
+    engine = request.app[STATE].engine
+    return web.json_response(
+        {
+            "status": "ok",
+            "model_process": {"crashes": engine.crashes, "last": engine.last_crash},
+        }
+    )
 
 
 async def readyz(request: web.Request) -> web.Response:

@@ -15,7 +15,7 @@ import signal
 import socket
 import subprocess
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from batchpilot.server.inputs import INPUT_RULES, InputRules, ModelInput
 from batchpilot.server.model_process import HEADER, ModelInfo, Reply, Request, encode
@@ -67,6 +67,8 @@ class _Channel:
         self._abandoned: set[int] = set()
         self._sending: asyncio.Task[None] | None = None
         self._reading: asyncio.Task[None] | None = None
+        # told how the process ended when it dies under the server (not when stopped)
+        self.on_death: Callable[[str], None] | None = None
 
     async def request(self, request: Request) -> Reply:
         ticket = self._sent
@@ -149,6 +151,8 @@ class _Channel:
         self.failure = ModelError(
             f"the model process {self.ending}; a new one starts with the next batch"
         )
+        if self.on_death is not None:
+            self.on_death(self.ending)
 
     def close(self, wait_s: float) -> int:
         """Stop the pending send and read (their callers then find the failure), close
@@ -184,6 +188,11 @@ class InferenceEngine:
         self.info: ModelInfo | None = None
         self._channel: _Channel | None = None
         self._warmed = 0  # the largest batch size warmed up, kept across restarts
+        # model processes that died under the server (killed, out of memory, crashed),
+        # and how the last one ended: a tuner reads them to tell a crash from a slow
+        # configuration, since the server answers 500 and starts a new one
+        self.crashes = 0
+        self.last_crash = ""
         self._lock: asyncio.Lock | None = None
         self._lock_loop: asyncio.AbstractEventLoop | None = None
 
@@ -294,6 +303,7 @@ class InferenceEngine:
             theirs.close()
         ours.setblocking(False)
         channel = _Channel(process, ours)
+        channel.on_death = self._crashed
         try:
             self.info = await self._hello(channel)
             log.info(
@@ -314,6 +324,10 @@ class InferenceEngine:
             channel.close(wait_s=0)
             raise
         return channel
+
+    def _crashed(self, ending: str) -> None:
+        self.crashes += 1
+        self.last_crash = ending
 
     async def _hello(self, channel: _Channel) -> ModelInfo:
         try:

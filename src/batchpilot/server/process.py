@@ -8,7 +8,9 @@ import os
 import sys
 import tempfile
 from collections.abc import Mapping, Sequence
-from typing import IO
+from typing import IO, NamedTuple
+
+import aiohttp
 
 from batchpilot.processes import (
     ChildProcess,
@@ -20,12 +22,17 @@ from batchpilot.processes import (
     wait_ready,
 )
 
-__all__ = ["ServerProcess", "ServerStartError", "free_port"]
+__all__ = ["ModelCrashes", "ServerProcess", "ServerStartError", "free_port"]
 
 STDERR_TAIL_BYTES = 4000
 _POLL_INTERVAL_S = 0.1
 _PROBE_TIMEOUT_S = 2.0
 _PORT_ATTEMPTS = 3
+
+
+class ModelCrashes(NamedTuple):
+    deaths: int  # model processes that died under the server since it started
+    last: str  # how the last one ended, e.g. "was killed by SIGKILL"
 
 
 class ServerStartError(RuntimeError):
@@ -160,6 +167,21 @@ class ServerProcess(ChildProcess):
         if self._proc is None:
             return None
         return await exit_code_of(self._proc, grace_s)
+
+    async def model_crashes(self) -> ModelCrashes | None:
+        """How many model processes died under the server since it started, and how the
+        last one ended (its /healthz); None when the server does not answer."""
+        timeout = aiohttp.ClientTimeout(total=_PROBE_TIMEOUT_S)
+        try:
+            async with (
+                aiohttp.ClientSession(timeout=timeout) as session,
+                session.get(f"{self.url}/healthz") as response,
+            ):
+                body = await response.json()
+            report = body["model_process"]
+            return ModelCrashes(deaths=int(report["crashes"]), last=str(report["last"]))
+        except (aiohttp.ClientError, TimeoutError, ValueError, KeyError, TypeError):
+            return None
 
     async def restart(self) -> None:
         """Stop the process (if it still runs) and start it again with the same flags."""

@@ -1,6 +1,8 @@
 """A target and probe that watch the server process they tune (local mode): a trial
 during which the process exits, or after which the server answers nothing at all, is
-reported as `ServerDied`, and the server is started again so the study can go on.
+reported as `ServerDied`, and the server is started again so the study can go on. So is
+a trial during which the server's model process died (the reference server answers 500
+while it starts a new one, and reports the deaths on /healthz).
 
 The rule for "answers nothing at all": every request of the capacity search's lowest
 step failed (nothing achieved, error rate 100 %) and the server's admin endpoint does
@@ -12,7 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 from batchpilot.errors import TargetError
 from batchpilot.models import BatchingConfig, CapacityResult
@@ -22,6 +24,20 @@ log = logging.getLogger(__name__)
 
 # How long to let the event loop notice that the child process has exited.
 _EXIT_GRACE_S = 0.2
+
+
+class Crashes(Protocol):
+    deaths: int
+    last: str
+
+
+@runtime_checkable
+class ReportsCrashes(Protocol):
+    """A server that outlives its model process and says so (the reference server): it
+    answers 500 while a new one starts, which would otherwise read as a slow
+    configuration."""
+
+    async def model_crashes(self) -> Crashes | None: ...
 
 
 class Supervised(Protocol):
@@ -49,6 +65,7 @@ class Watch:
     def __init__(self, server: Supervised, target: Target) -> None:
         self.server = server
         self.target = target
+        self._crashes_seen = 0  # model-process deaths already reported
 
     async def _alive(self) -> bool:
         try:
@@ -66,12 +83,33 @@ class Watch:
         elif suspect and not await self._alive():
             why = "the server stopped answering (every request and its admin endpoint failed)"
         else:
+            await self._check_model_process(config)
             return
         tail = self.server.stderr_tail(300).strip().splitlines()
         detail = f"{why} at {config.label()}" + (f"; last log line: {tail[-1]}" if tail else "")
         log.warning("%s; starting it again", detail)
         with contextlib.suppress(Exception):
             await self.server.restart()
+        self._crashes_seen = 0  # a new server counts from 0
+        raise ServerDied(detail)
+
+    async def _check_model_process(self, config: BatchingConfig) -> None:
+        """Raise ServerDied when a model process died under a server that lives on: the
+        trial measured a crash (out of memory once batches filled, a killed worker),
+        not a configuration that is merely slow."""
+        if not isinstance(self.server, ReportsCrashes):
+            return
+        crashes = await self.server.model_crashes()
+        if crashes is None or crashes.deaths <= self._crashes_seen:
+            return
+        died = crashes.deaths - self._crashes_seen
+        self._crashes_seen = crashes.deaths
+        detail = (
+            f"the model process {crashes.last} at {config.label()}"
+            + (f" ({died} deaths during the trial)" if died > 1 else "")
+            + "; the server started a new one"
+        )
+        log.warning("%s", detail)
         raise ServerDied(detail)
 
 
