@@ -12,7 +12,13 @@ from batchpilot.models import SLA, BatchingConfig, CapacityResult, StepResult
 from batchpilot.tuner.interfaces import ServerDied
 from batchpilot.tuner.runner import run_trial
 from batchpilot.tuner.study import SearchSpace, Tuner
-from batchpilot.tuner.watch import Watch, WatchedProbe, WatchedTarget, answered_nothing
+from batchpilot.tuner.watch import (
+    Watch,
+    WatchedProbe,
+    WatchedTarget,
+    answered_nothing,
+    crashed,
+)
 
 SLA_ = SLA(p99_ms=100.0)
 BIG = BatchingConfig(max_batch_size=96, max_queue_time_ms=5.0)
@@ -158,3 +164,11 @@ async def test_the_trial_loop_records_the_death_and_the_tuner_avoids_its_batch_s
         done = await run_trial(tuner, target, probe)
         assert done.record.config().max_batch_size < 96
     assert server.restarts == 1
+
+
+def test_a_crashed_round_cannot_win_the_confirmation() -> None:
+    measured = result(50.0, 0.0)
+    assert measured.effective_rps > 0
+    round_ = crashed(measured)
+    assert (round_.effective_rps, round_.feasible, round_.p99_ms) == (0.0, False, None)
+    assert round_.steps == measured.steps  # what was measured before it died stays

@@ -35,7 +35,7 @@ from batchpilot.tuner.confirm import (
     study_figures,
 )
 from batchpilot.tuner.figures import runtime_figures
-from batchpilot.tuner.interfaces import Probe, Target
+from batchpilot.tuner.interfaces import Probe, ServerDied, Target
 from batchpilot.tuner.local import LocalProbe
 from batchpilot.tuner.progress import TrialProgress
 from batchpilot.tuner.rules import rules_of_thumb
@@ -43,7 +43,7 @@ from batchpilot.tuner.runner import RoundDone, TrialDone, TrialStart, run_trials
 from batchpilot.tuner.space import SearchSpace
 from batchpilot.tuner.study import Tuner
 from batchpilot.tuner.summary import TuneSummary, label_of, summary_of_study, with_verdict
-from batchpilot.tuner.watch import Watch, WatchedProbe, WatchedTarget
+from batchpilot.tuner.watch import Watch, WatchedProbe, WatchedTarget, answered_nothing, crashed
 
 if TYPE_CHECKING:
     from batchpilot.capacity.http import StepSource
@@ -262,6 +262,7 @@ async def tune_local(run: LocalRun, console: Console) -> TuneSummary:
         # one BatchPilot did not start is not its to restart
         trial_target: Target = target
         trial_probe: Probe = probe
+        watch: Watch | None = None
         if server is not None:
             watch = Watch(server, target)
             trial_target, trial_probe = WatchedTarget(target, watch), WatchedProbe(probe, watch)
@@ -282,7 +283,9 @@ async def tune_local(run: LocalRun, console: Console) -> TuneSummary:
             progress.stop()
             summary = _summary(tuner, run, rules, interrupted, started)
             if not interrupted and cfg.tuning.confirm:
-                summary = await _confirm(summary, tuner, cfg, target, probe, console, started)
+                summary = await _confirm(
+                    summary, tuner, cfg, target, probe, console, started, watch=watch
+                )
         finally:
             progress.stop()
             if attach is not None:
@@ -305,9 +308,13 @@ async def _confirm(
     probe: LocalProbe,
     console: Console,
     started: float,
+    *,
+    watch: Watch | None = None,
 ) -> TuneSummary:
     """Re-measure the finalists and the incumbent interleaved (tuner/confirm.py), and
-    recommend by the verdict (tuner/verdict.py)."""
+    recommend by the verdict (tuner/verdict.py). With `watch`, the rounds are watched as
+    the trials are: a round during which the server or its model process died scores
+    0 req/s (the configuration cannot win) and the server is started again."""
     incumbent = next((r.config() for r in tuner.records() if r.source == "baseline"), None)
     if incumbent is None:
         return summary
@@ -331,12 +338,23 @@ async def _confirm(
         round_probe = copy.copy(probe)
         round_probe.seed = tuning.seed + ROUND_SEED_STRIDE * (round_index + 1)
         figure = study_figure.get(config)
-        return await round_probe.measure(
+        result = await round_probe.measure(
             config,
             must_beat=None,
             start_rps=bracket_start(figure, config, round_index, tuning.seed) if figure else None,
             light_load=probes_light_load(config, incumbent, round_index),
         )
+        if watch is None:
+            return result
+        try:
+            await watch.check(config, suspect=answered_nothing(result))
+        except ServerDied as died:
+            console.print(
+                f"[yellow]{config.label()} crashed in round {round_index + 1}: {died}[/]",
+                highlight=False,
+            )
+            return crashed(result)
+        return result
 
     def done(event: RoundDone) -> None:
         of = f"/{tuning.rounds}" if event.round < tuning.rounds else " (undecided, extra)"

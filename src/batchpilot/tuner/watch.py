@@ -58,6 +58,15 @@ def answered_nothing(result: CapacityResult) -> bool:
     return lowest.achieved_rps == 0.0 and lowest.error_rate >= 1.0
 
 
+def crashed(result: CapacityResult) -> CapacityResult:
+    """A measurement during which the server or its model process died, as a round of
+    the confirmation scores it: no rate met the SLA, so the configuration cannot win
+    (what is written back must hold in every round)."""
+    return result.model_copy(
+        update={"effective_rps": 0.0, "feasible": False, "p99_ms": None, "pruned": False}
+    )
+
+
 class Watch:
     """Shared by the watched target and probe: turns a dead server into `ServerDied`
     and starts it again (at its start-up configuration; the next trial applies its own)."""
