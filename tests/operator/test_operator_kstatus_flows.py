@@ -156,3 +156,36 @@ async def test_raising_max_trials_continues_the_study(
     assert status["trialsProgress"] == "4/4"
     assert reasons_of(kmock).count("StudyStarted") == 1
     assert status["applied"] is True
+
+
+async def test_a_crash_is_retried_then_keeps_the_study_below_its_batch_size(
+    kmock: kmock.KubernetesEmulator, operator: Operator, cluster: FakeCluster
+) -> None:
+    # every batch of 16 or more is OOM-killed: the first crash is retried at once, the
+    # retry confirms it, and no later trial goes to 16 or above
+    def oom(params: Mapping[str, float | int]) -> float:
+        if int(params["max_batch_size"]) >= 16:
+            raise TargetProblem(
+                "Crashed", "during the trial: container server of pod p exited (OOMKilled)"
+            )
+        return 100.0 * int(params["max_batch_size"])
+
+    cluster.score = oom
+    tuning = {"maxTrials": 10, "maxFailures": 5, "finalists": 0, "sampler": "Random", "seed": 3}
+    kmock.objects[ISVC, NAMESPACE, "resnet"] = isvc(tuning=tuning)
+    async with operator():
+        await eventually(
+            lambda: phase_is(kmock, "Converged") or phase_is(kmock, "Failed"), what="the end"
+        )
+    trials = status_of(kmock)["trials"]
+    crashes = [i for i, t in enumerate(trials) if t["reason"].startswith("ServerDied")]
+    assert crashes, trials
+    first = crashes[0]
+    assert (
+        "Crashed: during the trial: container server of pod p exited (OOMKilled)"
+        in (trials[first]["reason"])
+    )
+    assert trials[first + 1]["params"] == trials[first]["params"]  # the retry
+    assert trials[first + 1]["reason"].startswith("ServerDied")
+    limit = min(int(trials[i]["params"]["max_batch_size"]) for i in (first, first + 1))
+    assert all(int(t["params"]["max_batch_size"]) < limit for t in trials[first + 2 :]), trials

@@ -4,6 +4,7 @@ that killed the server sets, as the tuner records, rebuilds and enforces them.""
 from __future__ import annotations
 
 import pytest
+from optuna.trial import TrialState as OptunaState
 
 # the made-up landscape and driver of the tuner's own tests
 from test_tuner_study import landscape, make, measured, run
@@ -115,8 +116,10 @@ def test_batch_limit_is_the_smallest_batch_that_killed_the_server() -> None:
         rec(3, 32, 5.0, None, reason="rollout timed out"),
     ]
     assert records[1].reason.startswith(SERVER_DIED)
+    # two deaths at 64 or above: what fits memory at one size fits at a smaller one
     assert batch_limit(records) == 64
     assert batch_limit(records[:1]) is None
+    assert batch_limit(records[:2]) is None  # one death alone may be transient
 
 
 def test_tuner_refines_after_a_stall_and_a_rebuild_replays_it() -> None:
@@ -143,11 +146,16 @@ def test_the_budget_tail_is_refined() -> None:
 
 
 def died_at_64(tuner: Tuner) -> None:
-    """Baseline, then a trial at batch 64 that kills the server."""
+    """Baseline, then a trial at batch 64 that kills the server, and its retry, which
+    kills it again."""
     number, config, _ = tuner.ask()
     tuner.tell(number, landscape(config))
     number, config, _ = tuner.ask()
     assert config.max_batch_size == 64
+    tuner.tell_server_died(number, "the server process exited with code -9")
+    assert tuner.batch_limit() is None  # one death may be transient: asked again at once
+    number, retry, _ = tuner.ask()
+    assert retry == config
     tuner.tell_server_died(number, "the server process exited with code -9")
 
 
@@ -164,9 +172,38 @@ def test_a_server_death_puts_its_batch_size_and_above_out_of_the_study(sampler: 
     assert all(int(p["max_batch_size"]) < 64 for p in asked)  # the warm start at 100 too
     # rebuilt from its records alone: the same limit, the same suggestions
     history = [TrialRecord.model_validate_json(r.model_dump_json()) for r in tuner.records()]
-    again = make(history[:2], sampler=sampler, warm_start=[big, bigger])
+    again = make(history[:3], sampler=sampler, warm_start=[big, bigger])
     assert again.batch_limit() == 64
     assert run(again, 25) == asked
+
+
+def test_a_death_the_retry_survives_closes_nothing() -> None:
+    tuner = make(warm_start=[BatchingConfig(max_batch_size=64, max_queue_time_ms=10.0)])
+    number, config, _ = tuner.ask()
+    tuner.tell(number, landscape(config))
+    number, config, _ = tuner.ask()
+    tuner.tell_server_died(number, "the model process was killed by SIGKILL")
+    number, retry, _ = tuner.ask()
+    assert retry == config
+    tuner.tell(number, landscape(retry))
+    assert tuner.batch_limit() is None
+    asked = run(tuner, 25)
+    assert any(int(p["max_batch_size"]) >= 64 for p in asked)
+
+
+def test_a_death_is_told_to_the_sampler_as_a_constraint_violation() -> None:
+    tuner = make(warm_start=[BatchingConfig(max_batch_size=64, max_queue_time_ms=10.0)])
+    tuner.tell(tuner.ask()[0], measured(50.0))
+    number, _, _ = tuner.ask()
+    tuner.tell_server_died(number, "OOMKilled")
+    frozen = tuner.study.trials[number]
+    assert frozen.state == OptunaState.COMPLETE
+    assert (frozen.value, frozen.constraints) == (0.0, {"sla": 1.0})
+    # and so when rebuilt from the records
+    history = [TrialRecord.model_validate_json(r.model_dump_json()) for r in tuner.records()]
+    rebuilt = make(history, warm_start=[])
+    assert rebuilt.study.trials[number].constraints == {"sla": 1.0}
+    assert rebuilt.study.trials[number].value == 0.0
 
 
 def test_tell_server_died_is_an_ordinary_failure_for_the_best() -> None:

@@ -159,11 +159,14 @@ async def test_the_trial_loop_records_the_death_and_the_tuner_avoids_its_batch_s
     done = await run_trial(tuner, target, probe)
     assert done.record.state == "Failed"
     assert done.record.reason.startswith("ServerDied at max_batch_size 96: ")
+    retry = await run_trial(tuner, target, probe)  # a death is confirmed by its retry
+    assert retry.record.config() == done.record.config()
+    assert retry.record.reason.startswith("ServerDied at max_batch_size 96: ")
     assert tuner.batch_limit() == 96
     for _ in range(8):
         done = await run_trial(tuner, target, probe)
         assert done.record.config().max_batch_size < 96
-    assert server.restarts == 1
+    assert server.restarts == 2
 
 
 def test_a_crashed_round_cannot_win_the_confirmation() -> None:

@@ -434,6 +434,10 @@ class StudyRunner:
             self._event("Warning", exc.reason, exc.message)
             if exc.stops_study:
                 self._stopping = exc
+            if exc.reason == "Crashed":
+                # told to the sampler as a constraint violation, retried once to tell a
+                # transient crash from this batch size's (Tuner.tell_server_died)
+                return tuner.tell_server_died(number, f"{exc.reason}: {exc.message}")
             return tuner.tell_failed(number, f"{exc.reason}: {exc.message}")
         except TimeoutError:
             return tuner.tell_failed(number, f"trial deadline of {deadline} s passed")

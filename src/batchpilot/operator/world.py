@@ -718,14 +718,15 @@ class KubeWorld:
         if in_place:
             await self._check_replicas(replicas)
         await self._check_not_reverted(await self._measured())
-        # a pod that restarted mid-measurement (crash, OOM kill, eviction) makes the
-        # figures say nothing about this configuration: the trial fails and is not scored
+        # a container that ended mid-measurement (a crash, an OOM kill) is this
+        # configuration's doing: the trial is a crash, which the study retries once and
+        # then keeps the sampler away from; a pod that went away or restarted otherwise
+        # (eviction, a node drain) makes the figures say nothing: the trial fails
         after = await self._pods(workload)
-        restarted = "; ".join(
-            m
-            for m in (decisions.restarted_pods(pods, after), decisions.crashed_since(after, since))
-            if m
-        )
+        crashed = decisions.crashed_since(after, since)
+        if crashed:
+            raise TargetProblem("Crashed", f"during the trial: {crashed}")
+        restarted = decisions.restarted_pods(pods, after)
         if restarted:
             raise TargetProblem("PodRestarted", f"during the trial: {restarted}")
         return result

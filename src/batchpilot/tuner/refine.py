@@ -11,8 +11,9 @@ and doubled.
 Everything here is a pure function of the trial records, so a tuner rebuilt from its
 records (the operator's path) decides exactly as the original did.
 
-A trial that killed the server (`SERVER_DIED` in its reason) puts every batch size at or
-above its own out of the study, whatever the wait: what kills a server at a large batch
+A trial that killed the server (`SERVER_DIED` in its reason) is retried once; when the
+retry kills it too, every batch size at or above its own is out of the study, whatever
+the wait: what kills a server at a large batch
 is memory, which a batch of that size needs however long the batcher waited to fill it,
 and under the capacity search's rising load the batches fill whatever the wait.
 """
@@ -53,11 +54,38 @@ def server_died_reason(max_batch_size: int, detail: str) -> str:
     return f"{SERVER_DIED} at max_batch_size {max_batch_size}: {detail}"
 
 
+# A batch size is out once the server died this many times at it or above: a trial and
+# its retry (Tuner.tell_server_died queues one), or two sizes, since what fits memory at
+# a batch size fits at every smaller one. One transient crash (a neighbour's memory
+# spike, a node event) does not close the space above it for good.
+CONFIRMED_DEATHS = 2
+FINISHED = ("Complete", "Pruned", "Infeasible")
+
+
+def deaths_by_batch(records: Iterable[RecordLike]) -> dict[int, int]:
+    """How many trials killed the server at each batch size, leaving out each death
+    that a later trial of the same configuration survived (a transient crash)."""
+    ordered = sorted(records, key=lambda r: r.number)
+    deaths: dict[int, int] = {}
+    for i, r in enumerate(ordered):
+        if not r.reason.startswith(SERVER_DIED):
+            continue
+        if any(later.state in FINISHED and later.params == r.params for later in ordered[i + 1 :]):
+            continue
+        batch = int(r.params[BATCH])
+        deaths[batch] = deaths.get(batch, 0) + 1
+    return deaths
+
+
 def batch_limit(records: Iterable[RecordLike]) -> int | None:
-    """The smallest batch size that killed the server in this study: it and every larger
-    one are out. None when no trial did."""
-    died = [int(r.params[BATCH]) for r in records if r.reason.startswith(SERVER_DIED)]
-    return min(died, default=None)
+    """The smallest batch size at which the server died such that it died at least
+    CONFIRMED_DEATHS times at that size or above: it and every larger one are out. None
+    while no death is confirmed."""
+    deaths = deaths_by_batch(records)
+    confirmed = [
+        b for b in deaths if sum(n for other, n in deaths.items() if other >= b) >= CONFIRMED_DEATHS
+    ]
+    return min(confirmed, default=None)
 
 
 def _best(records: Sequence[RecordLike]) -> RecordLike | None:

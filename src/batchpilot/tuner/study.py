@@ -38,7 +38,14 @@ from batchpilot.tuner.outcome import (
     state_of,
     violation_of,
 )
-from batchpilot.tuner.refine import batch_limit, next_refinement, server_died_reason
+from batchpilot.tuner.refine import (
+    CONFIRMED_DEATHS,
+    SERVER_DIED,
+    batch_limit,
+    deaths_by_batch,
+    next_refinement,
+    server_died_reason,
+)
 from batchpilot.tuner.samplers import make_sampler
 from batchpilot.tuner.space import BATCH, ParameterSpec, Params, SearchSpace
 
@@ -119,6 +126,9 @@ def _optuna_trial(space: SearchSpace, rec: TrialRecord) -> FrozenTrial:
     }
     value = rec.effective_rps if rec.effective_rps is not None else 0.0
     constraints = {SLA_CONSTRAINT: violation_of(rec.state)}
+    if rec.state == "Failed" and rec.reason.startswith(SERVER_DIED):
+        # told as tell_server_died told it: a point that violates the constraint
+        return create_trial(value=0.0, constraints={SLA_CONSTRAINT: 1.0}, **common)
     if rec.state in ("Complete", "Infeasible"):
         return create_trial(value=value, constraints=constraints, **common)
     if rec.state == "Pruned":
@@ -137,7 +147,7 @@ def _optuna_trial(space: SearchSpace, rec: TrialRecord) -> FrozenTrial:
 def _study_batch_limit(study: optuna.Study) -> int | None:
     """The batch limit of `refine.batch_limit`, from the records kept with the trials."""
     records = []
-    for trial in study.get_trials(deepcopy=False, states=(OptunaState.FAIL,)):
+    for trial in study.get_trials(deepcopy=False, states=(OptunaState.FAIL, OptunaState.COMPLETE)):
         raw = trial.user_attrs.get(RECORD_ATTR)
         if raw is not None:
             records.append(TrialRecord.model_validate(raw))
@@ -151,6 +161,7 @@ def replay_queue(
     have not consumed, with interrupted trials' retries in front. Replays the order in
     which `ask` hands them out, so a resumed run neither skips nor repeats one."""
     queue: deque[tuple[Params, Source]] = deque(fixed)
+    deaths: dict[int, int] = {}
     for rec in sorted(records, key=lambda r: r.number):
         for i, (params, source) in enumerate(queue):
             if params == rec.params and source == rec.source:
@@ -158,6 +169,11 @@ def replay_queue(
                 break
         if rec.state == "Failed" and retried(rec.reason):
             queue.appendleft((dict(rec.params), rec.source))
+        elif rec.reason.startswith(SERVER_DIED):
+            batch = int(rec.params[BATCH])
+            deaths[batch] = deaths.get(batch, 0) + 1
+            if deaths[batch] < CONFIRMED_DEATHS:  # its retry, as tell_server_died queued
+                queue.appendleft((dict(rec.params), rec.source))
     return queue
 
 
@@ -385,11 +401,29 @@ class Tuner:
         return rec
 
     def tell_server_died(self, number: int, detail: str) -> TrialRecord:
-        """The trial killed the server (it exited, or stopped answering at all, e.g. out
-        of memory at a large batch): failed, and its batch size and every larger one
-        are out of this study (see `refine`)."""
-        batch = int(self._records[number].params[BATCH]) if number in self._records else 0
-        return self.tell_failed(number, server_died_reason(batch, detail))
+        """The trial killed the server (it exited, stopped answering at all, or its model
+        process or container died, e.g. out of memory at a large batch). Failed, and told
+        to the sampler as a point that violates the SLA constraint with a score of 0
+        (a failed trial it would ignore, and ask about the same region again). The first
+        death at a batch size is retried at once; once the retry dies too, that batch
+        size and every larger one are out of this study (`refine.batch_limit`)."""
+        trial = self._take(number)
+        batch = int(self._records[number].params[BATCH])
+        rec = self._records[number].model_copy(
+            update={
+                "state": "Failed",
+                "reason": server_died_reason(batch, detail),
+                "finished_at": self._clock(),
+            }
+        )
+        trial.set_user_attr(RECORD_ATTR, rec.model_dump(mode="json"))
+        trial.set_constraint(SLA_CONSTRAINT, 1.0)
+        self._study.tell(trial, 0.0)
+        self._records[number] = rec
+        if deaths_by_batch(self._records.values()).get(batch, 0) < CONFIRMED_DEATHS:
+            # asked again at once, before the sampler goes anywhere near it
+            self._queue.appendleft((dict(rec.params), rec.source))
+        return rec
 
     def batch_limit(self) -> int | None:
         """The smallest batch size that killed the server in this study, or None."""
