@@ -24,6 +24,11 @@ from batchpilot.tls import verifying_context
 logger = logging.getLogger(__name__)
 
 BODY_EXCERPT_CHARS = 200
+# The most an answer may hold. A step's queries answer a few hundred bytes and the
+# configuration a few KiB to a few MiB; a server that streams more (a hostile or broken
+# address in a tenant's spec) would otherwise fill the operator's memory, and the
+# standby's after it.
+MAX_BODY_BYTES = 16 * 1024 * 1024
 # Prometheus behind a proxy or a rolling restart answers these for a moment
 _RETRY_STATUSES = frozenset({502, 503, 504})
 
@@ -170,7 +175,7 @@ class PrometheusHTTP:
                 f"{self.url}{path}", params=params, ssl=self._ssl or True, allow_redirects=False
             ) as response,
         ):
-            body = await response.read()
+            body = await self._read_capped(response, path.rsplit("/", 1)[-1])
             if response.status in _RETRY_STATUSES:
                 raise _RetryableStatus(response.status, response.reason or "", body)
             if response.status != 200:
@@ -188,6 +193,24 @@ class PrometheusHTTP:
                 "a Prometheus API success",
                 body_excerpt=_excerpt(body),
             ) from None
+
+    async def _read_capped(self, response: aiohttp.ClientResponse, what: str) -> bytes:
+        """The body, refused (PrometheusQueryError) past MAX_BODY_BYTES: by its declared
+        length before a byte is read, else as soon as it streams past the cap."""
+        too_big = PrometheusQueryError(
+            f"Prometheus at {self.shown} answered {what} with more than "
+            f"{MAX_BODY_BYTES // (1024 * 1024)} MiB; a Prometheus API answer to these "
+            "queries is a few KiB"
+        )
+        declared = response.content_length
+        if declared is not None and declared > MAX_BODY_BYTES:
+            raise too_big
+        body = bytearray()
+        async for chunk in response.content.iter_chunked(64 * 1024):
+            body += chunk
+            if len(body) > MAX_BODY_BYTES:
+                raise too_big
+        return bytes(body)
 
     def _status_error(
         self, what: str, status: int, reason: str, body: bytes
