@@ -166,6 +166,24 @@ def test_the_canary_selects_its_own_pods_only_and_keeps_the_template() -> None:
     assert body["metadata"]["annotations"] == {"team": "ml"}
 
 
+def test_the_canary_drops_what_says_who_manages_or_scrapes_the_target() -> None:
+    w = workload()
+    w["metadata"]["annotations"] = {
+        "team": "ml",
+        "argocd.argoproj.io/tracking-id": "shop:apps/Deployment:prod/resnet",
+        "kustomize.toolkit.fluxcd.io/name": "apps",
+        "meta.helm.sh/release-name": "resnet",
+        "prometheus.io/scrape": "true",
+    }
+    w["spec"]["template"].setdefault("metadata", {})["annotations"] = {
+        "prometheus.io/scrape": "true"
+    }
+    body = canary.canary_manifest(w, OWNER, "c1", {canary.CANARY_LABEL: "c1"})
+    assert body["metadata"]["annotations"] == {"team": "ml"}
+    # the pods keep theirs: a Prometheus source measuring the canary needs them scraped
+    assert body["spec"]["template"]["metadata"]["annotations"] == {"prometheus.io/scrape": "true"}
+
+
 def test_a_statefulset_canary_keeps_its_claims_and_deletes_them_with_it() -> None:
     w = workload("StatefulSet")
     claim = {

@@ -34,6 +34,22 @@ _DROPPED_ANNOTATIONS = (
     "deployment.kubernetes.io/revision",
     "kubectl.kubernetes.io/last-applied-configuration",
 )
+# Annotations of the target's own object that say who manages it or what watches it:
+# Argo CD's tracking id would make Argo CD prune the canary as an object of its app, Flux
+# would claim it for a kustomization or release, and a scrape annotation on the object
+# (not on its pods, which a Prometheus source of the canary's needs) would have it
+# counted as production. The canary is the InferenceService's, so none of them apply.
+_DROPPED_ANNOTATION_PREFIXES = (
+    "argocd.argoproj.io/",
+    "kustomize.toolkit.fluxcd.io/",
+    "helm.toolkit.fluxcd.io/",
+    "meta.helm.sh/",
+    "prometheus.io/",
+)
+
+
+def _kept_annotation(key: str) -> bool:
+    return key not in _DROPPED_ANNOTATIONS and not key.startswith(_DROPPED_ANNOTATION_PREFIXES)
 
 
 class CanaryRefused(ValueError):
@@ -179,7 +195,7 @@ def canary_manifest(
             "annotations": {
                 k: v
                 for k, v in (meta.get("annotations") or {}).items()
-                if k not in _DROPPED_ANNOTATIONS
+                if _kept_annotation(k)
             },
             "ownerReferences": [
                 {
