@@ -64,6 +64,34 @@ def test_kstatus_conditions_follow_the_phase(
     assert found["Reconciling"].message == "news"
 
 
+@pytest.mark.parametrize("reason", ["TargetNotFound", "TargetTaken"])
+def test_a_study_blocked_on_the_user_is_stalled_not_reconciling(reason: str) -> None:
+    blocked = decisions.set_condition(
+        [],
+        type="TargetReady",
+        status="False",
+        reason=reason,
+        message="deployment resnet not found in namespace ml",
+        generation=2,
+        now=NOW,
+    )
+    status = InferenceServiceStatus(
+        phase="Pending", observed_generation=2, message="waiting", conditions=blocked
+    )
+    found = conditions(kstatus.with_kstatus(status, NOW))
+    assert (found["Ready"].status, found["Reconciling"].status, found["Stalled"].status) == (
+        "False",
+        "False",
+        "True",
+    )
+    assert found["Stalled"].reason == reason
+    assert found["Stalled"].message == "deployment resnet not found in namespace ml"
+    # a target problem a retry can clear stays in progress
+    transient = [c.model_copy(update={"reason": "Unreachable"}) for c in blocked]
+    status = status.model_copy(update={"conditions": transient})
+    assert conditions(kstatus.with_kstatus(status, NOW))["Reconciling"].status == "True"
+
+
 def test_ready_keeps_the_reason_its_setter_gave() -> None:
     given = decisions.set_condition(
         [], type="Ready", status="True", reason="NoSignificantGain", message="stays",

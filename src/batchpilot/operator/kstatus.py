@@ -62,6 +62,18 @@ def _failure_reason(conditions: list[Condition]) -> str:
     return "StudyFailed"
 
 
+# TargetReady reasons no retry can clear: the target does not exist, or another
+# InferenceService tunes it. The study waits (and picks up a fix at once), Stalled.
+USER_BLOCKED = frozenset({"TargetNotFound", "TargetTaken"})
+
+
+def _blocked_on_the_user(conditions: list[Condition]) -> Condition | None:
+    target = _find(conditions, "TargetReady")
+    if target is not None and target.status == "False" and target.reason in USER_BLOCKED:
+        return target
+    return None
+
+
 def with_kstatus(status: InferenceServiceStatus, now: datetime) -> InferenceServiceStatus:
     """`status` with Ready, Reconciling and Stalled set from its phase."""
     generation = status.observed_generation
@@ -91,6 +103,13 @@ def with_kstatus(status: InferenceServiceStatus, now: datetime) -> InferenceServ
             ready = ("False", degraded.reason or "Degraded")
         reconciling = ("False", "Converged")
         stalled = ("False", "Converged")
+    elif (blocked := _blocked_on_the_user(conditions)) is not None:
+        # waiting on something only the user can change: Flux and `kubectl wait` must
+        # report it, not wait for ever
+        ready = ("False", blocked.reason)
+        reconciling = ("False", blocked.reason)
+        stalled = ("True", blocked.reason)
+        message = blocked.message or message
     else:
         # a study waiting for its maintenance window is still under way
         waiting = window is not None and window.status == "False"
