@@ -170,7 +170,7 @@ def kserve_v2(
     def body(size: int) -> bytes:
         return v2_body(size, input_name=input_name, features=features, datatype=datatype)
 
-    return RequestProtocol("v2", v2_path(model, version), body, _with_json(headers or {}))
+    return RequestProtocol("v2", v2_path(model, version), body, with_json(headers or {}))
 
 
 # One word of the generated prompts: a common word that most tokenizers keep as one token.
@@ -213,7 +213,7 @@ def openai(
         "openai-chat" if chat else "openai",
         OPENAI_CHAT_PATH if chat else OPENAI_COMPLETIONS_PATH,
         body,
-        _with_json(headers or {}),
+        with_json(headers or {}),
     )
 
 
@@ -238,7 +238,7 @@ def template_protocol(
     def body(size: int) -> bytes:
         return template.replace(SIZE_PLACEHOLDER, str(size)).encode()
 
-    return RequestProtocol("template", path, body, _with_json(headers or {}))
+    return RequestProtocol("template", path, body, with_json(headers or {}))
 
 
 def parse_headers(items: Sequence[str]) -> dict[str, str]:
@@ -256,7 +256,7 @@ def parse_headers(items: Sequence[str]) -> dict[str, str]:
     return result
 
 
-def _with_json(headers: Mapping[str, str]) -> Mapping[str, str]:
+def with_json(headers: Mapping[str, str]) -> Mapping[str, str]:
     """The headers given, with a JSON content type unless they set their own."""
     merged = dict(JSON_HEADERS)
     if any(k.lower() == "content-type" for k in headers):
