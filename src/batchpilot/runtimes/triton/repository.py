@@ -81,6 +81,12 @@ def write_repository(
     )
     source = resources.files("batchpilot.runtimes.triton").joinpath("model.py")
     (model_dir / "1" / "model.py").write_text(source.read_text(encoding="utf-8"), "utf-8")
+    return write_backends(root, install)
+
+
+def write_backends(root: Path, install: TritonInstall) -> Path:
+    """Lay out `root/backends/python` alone, for a model repository of the user's own
+    (its python-backend models run from it); returns `root`."""
     backend = root / "backends" / "python"
     backend.mkdir(parents=True, exist_ok=True)
     for path in (
