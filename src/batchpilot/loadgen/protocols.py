@@ -218,12 +218,17 @@ def openai(
 
 
 def template_protocol(
-    template: str, *, path: str, headers: Mapping[str, str] | None = None
+    template: str,
+    *,
+    path: str,
+    headers: Mapping[str, str] | None = None,
+    require_size: bool = True,
 ) -> RequestProtocol:
     """A raw JSON body with `{size}` standing for the request's size, e.g.
-    '{"instances": [[{size}]]}'. The template must contain the placeholder and be valid
-    JSON once a size is put in."""
-    if SIZE_PLACEHOLDER not in template:
+    '{"instances": [[{size}]]}'. The template must be valid JSON once a size is put in,
+    and contain the placeholder unless `require_size` is off (one sample body sent for
+    every size)."""
+    if require_size and SIZE_PLACEHOLDER not in template:
         raise ValueError(
             f"the body template has no {SIZE_PLACEHOLDER} placeholder for the request size: "
             f"{template[:80]!r}"
