@@ -137,8 +137,18 @@ def test_metadata_that_says_too_little_is_refused(metadata: object) -> None:
         parse_inputs(metadata, "m")
 
 
+SENT: list[dict[str, Any]] = []
+
+
 @pytest_asyncio.fixture
 async def v2_server() -> AsyncIterator[str]:
+    async def infer(request: web.Request) -> web.Response:
+        body = await request.json()
+        SENT.append(body)
+        if [t["name"] for t in body["inputs"]] != ["x"]:
+            return web.json_response({"error": "unexpected inference input"}, status=400)
+        return web.json_response({"outputs": []})
+
     async def metadata(request: web.Request) -> web.Response:
         if request.match_info["model"] != "ident":
             return web.json_response({"error": "unknown model"}, status=404)
@@ -150,6 +160,7 @@ async def v2_server() -> AsyncIterator[str]:
     app = web.Application()
     app.router.add_get("/v2/models/{model}", metadata)
     app.router.add_get("/v2/models/{model}/config", config)
+    app.router.add_post("/v2/models/{model}/infer", infer)
     runner = web.AppRunner(app)
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)
@@ -179,3 +190,43 @@ async def test_the_fetch_names_a_model_the_server_does_not_have(v2_server: str) 
 async def test_the_fetch_names_a_server_that_is_not_there() -> None:
     with pytest.raises(MetadataError, match="cannot read the metadata of model 'm'"):
         await fetch_v2_model("http://127.0.0.1:9", "m", triton_config=False, timeout_s=2.0)
+
+
+async def test_loadtest_v2_sends_the_inputs_the_metadata_declares(v2_server: str) -> None:
+    from batchpilot.loadgen.arrivals import Poisson
+    from batchpilot.loadgen.cli import _run
+    from batchpilot.loadgen.protocol_option import build_protocol, reads_metadata
+    from batchpilot.models import RequestMix
+
+    assert reads_metadata(protocol="v2", input_name=None, features=None)
+    assert not reads_metadata(protocol="v2", input_name=None, features=4)
+    assert not reads_metadata(protocol="v2", input_name="x", features=None)
+    request = build_protocol(
+        protocol="v2",
+        model="ident",
+        max_tokens=None,
+        input_name=None,
+        features=None,
+        body_template=None,
+        headers=(),
+        path=None,
+    )
+    SENT.clear()
+    result = await _run(
+        [v2_server],
+        20.0,
+        0.5,
+        RequestMix.default(),
+        Poisson(),
+        5.0,
+        0,
+        request,
+        (0, 1),
+        None,
+        None,
+        "ident",
+    )
+    assert SENT, "requests were sent"
+    assert result.error_rate == 0.0, result.errors
+    assert {t["inputs"][0]["name"] for t in SENT} == {"x"}
+    assert all(t["inputs"][0]["shape"] == [1, 4] for t in SENT)

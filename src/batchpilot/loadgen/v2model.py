@@ -19,6 +19,7 @@ from __future__ import annotations
 import functools
 import json
 import random
+import ssl
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -180,30 +181,42 @@ async def fetch_v2_model(
     url: str,
     model: str,
     *,
-    triton_config: bool,
+    triton_config: bool | None,
     timeout_s: float = METADATA_TIMEOUT_S,
     headers: Mapping[str, str] | None = None,
+    tls: ssl.SSLContext | bool = True,
 ) -> V2Model:
-    """Read `model`'s metadata from the v2 server at base URL `url` (and, with
-    `triton_config`, Triton's `max_batch_size` from its config endpoint; without, the
-    inputs are taken as declared, no dimension the batch's)."""
+    """Read `model`'s metadata from the v2 server at base URL `url` and, with
+    `triton_config`, Triton's `max_batch_size` from its config endpoint (None: where the
+    server has that endpoint, as a server of any v2 kind may be asked); without it the
+    inputs are taken as declared, no dimension the batch's. `tls` verifies https."""
     base = url.rstrip("/")
-    metadata = await _get_json(f"{base}/v2/models/{model}", model, timeout_s, headers)
-    inputs = parse_inputs(metadata, model)
+    get = functools.partial(_get_json, model=model, timeout_s=timeout_s, headers=headers, tls=tls)
+    inputs = parse_inputs(await get(f"{base}/v2/models/{model}"), model)
     batched = False
-    if triton_config:
-        config = await _get_json(f"{base}/v2/models/{model}/config", model, timeout_s, headers)
-        batched = max_batch_size_of(config, model) > 0
+    if triton_config is not False:
+        try:
+            config = await get(f"{base}/v2/models/{model}/config")
+        except MetadataError:
+            if triton_config:
+                raise
+        else:
+            batched = max_batch_size_of(config, model) > 0
     return V2Model(name=model, inputs=inputs, batched=batched)
 
 
 async def _get_json(
-    url: str, model: str, timeout_s: float, headers: Mapping[str, str] | None
+    url: str,
+    *,
+    model: str,
+    timeout_s: float,
+    headers: Mapping[str, str] | None,
+    tls: ssl.SSLContext | bool,
 ) -> object:
     try:
         async with (
             aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=timeout_s)) as session,
-            session.get(url, headers=dict(headers or {})) as response,
+            session.get(url, headers=dict(headers or {}), ssl=tls) as response,
         ):
             text = await response.text()
     except (aiohttp.ClientError, TimeoutError) as exc:
