@@ -7,6 +7,7 @@ import asyncio
 import logging
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 from optuna.storages import BaseStorage
@@ -17,9 +18,8 @@ from batchpilot.extras import matplotlib_missing
 from batchpilot.loadgen.arrival_option import ARRIVAL_HELP
 from batchpilot.loadgen.arrivals import ARRIVAL_SYNTAX, ArrivalKind
 from batchpilot.loadgen.connections_option import max_connections_option
-from batchpilot.loadgen.protocols import RequestProtocol
+from batchpilot.loadgen.protocols import RequestProtocol, template_protocol
 from batchpilot.models import DEFAULT_MIN_REQUESTS, MAX_LOAD_WORKERS, SLA, RequestMix
-from batchpilot.runtimes.base import Runtime
 from batchpilot.runtimes.registry import DEFAULT_RUNTIME, runtime_names
 from batchpilot.tuner.config import (
     QUICK_FINALISTS,
@@ -36,6 +36,9 @@ from batchpilot.tuner.config import (
 )
 from batchpilot.tuner.samplers import SAMPLERS, sampler_factory
 from batchpilot.tuner.space import SearchSpace
+
+if TYPE_CHECKING:
+    from batchpilot.runtimes.base import Runtime
 
 EXIT_INTERRUPTED = 130
 
@@ -619,8 +622,6 @@ def _tune_simulated(
 def _body_template(path: Path, runtime: Runtime, model: str | None) -> RequestProtocol:
     """The requests of `tune --body-template FILE`: the file's JSON to the runtime's
     inference path for `model`."""
-    from batchpilot.loadgen.protocols import template_protocol
-
     try:
         text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
