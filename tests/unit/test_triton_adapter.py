@@ -8,13 +8,15 @@ from typing import Any
 
 import pytest
 
-from batchpilot.errors import TargetError
+from batchpilot.errors import RequestShapeError, TargetError
+from batchpilot.loadgen.protocols import RequestProtocol, template_protocol
 from batchpilot.models import BatchingConfig
 from batchpilot.runtimes.base import LaunchError, representable
 from batchpilot.runtimes.registry import get_runtime, runtime_names
 from batchpilot.runtimes.triton.adapter import (
     TritonRuntime,
     check_batches,
+    refused_requests,
     row_body,
     to_batching,
     triton_protocol,
@@ -83,8 +85,10 @@ def test_without_the_models_record_the_mean_batch_decides() -> None:
     assert how == "mean executed batch 2.00 (nv_inference_count/exec_count)"
     _, problem = check_batches(2, {}, TritonCounters(inferences=12, executions=4))
     assert problem == "Triton's mean executed batch 3.00 is above the new cap 2"
-    _, problem = check_batches(2, {}, TritonCounters())
-    assert problem == "Triton executed no batch after the change"
+    # answered requests that the metrics do not show: not this server's metrics
+    how, problem = check_batches(2, {}, TritonCounters())
+    assert problem is None
+    assert "not seen" in how
 
 
 def test_the_models_batch_record_is_read_per_model_and_as_a_delta() -> None:
@@ -129,7 +133,7 @@ def test_metrics_name_triton_counters() -> None:
 def test_control_reads_metrics_from_port_8002_of_a_server_it_did_not_start() -> None:
     control = TritonRuntime().control("http://10.0.0.5:8000", model="resnet")
     assert control.control.metrics_url == "http://10.0.0.5:8002/metrics"
-    assert control.protocol.path == "/v2/models/resnet/infer"
+    assert control.protocol is None, "requests are built from the model's metadata"
     explicit = TritonRuntime().control("http://h:8000", metrics_url="http://h:9000/metrics")
     assert explicit.control.metrics_url == "http://h:9000/metrics"
     assert explicit.control.model == "batchpilot"
@@ -166,11 +170,16 @@ class FakeMetrics:
         )
 
 
-def control_with(readings: list[dict[int, int]], failed: list[str] | None = None) -> Any:
+REQUESTS = TritonRuntime().protocol("batchpilot")
+
+
+def control_with(
+    readings: list[dict[int, int]], failed: list[tuple[int | None, str]] | None = None
+) -> Any:
     control = TritonRuntime().control("http://127.0.0.1:1")
     control.control = FakeMetrics(readings)  # type: ignore[assignment]
 
-    async def burst(n: int) -> list[str]:
+    async def burst(n: int, protocol: RequestProtocol) -> list[tuple[int | None, str]]:
         return failed or []
 
     control._burst = burst  # type: ignore[method-assign]
@@ -180,7 +189,7 @@ def control_with(readings: list[dict[int, int]], failed: list[str] | None = None
 async def test_a_batch_the_old_instance_finished_is_looked_at_again() -> None:
     # first burst: the old instance's batch of 16 is still seen; second: only the new cap
     control = control_with([{16: 1}, {16: 2, 4: 1}, {16: 2, 4: 1}, {16: 2, 4: 3}])
-    batches, how = await control._executed(4)
+    batches, how = await control._executed(4, REQUESTS)
     assert batches == {4: 2}
     assert how == "executed batch sizes {4: 2} (the model's record)"
 
@@ -188,10 +197,51 @@ async def test_a_batch_the_old_instance_finished_is_looked_at_again() -> None:
 async def test_batches_above_the_cap_twice_fail_the_change() -> None:
     control = control_with([{}, {16: 1}, {16: 1}, {16: 2}])
     with pytest.raises(TargetError, match="batches of 16 requests above the new cap 4"):
-        await control._executed(4)
+        await control._executed(4, REQUESTS)
 
 
 async def test_requests_failing_after_a_change_fail_it() -> None:
-    control = control_with([{}], failed=["HTTP 400: bad input", "HTTP 400: bad input"])
-    with pytest.raises(TargetError, match="2 requests failed right after the change: HTTP 400"):
-        await control._executed(4)
+    control = control_with([{}], failed=[(503, "HTTP 503: busy"), (None, "TimeoutError: ")])
+    with pytest.raises(TargetError, match="2 requests failed right after the change: HTTP 503"):
+        await control._executed(4, REQUESTS)
+
+
+async def test_requests_refused_with_a_4xx_stop_with_the_servers_words_and_the_flag() -> None:
+    refusal = (
+        400,
+        "HTTP 400: {\"error\":\"unexpected inference input 'INPUT0' for model 'ident'\"}",
+    )
+    control = control_with([{}], failed=[refusal, refusal])
+    with pytest.raises(RequestShapeError) as caught:
+        await control._executed(16, REQUESTS)
+    message = str(caught.value)
+    assert "unexpected inference input 'INPUT0' for model 'ident'" in message
+    assert "--body-template" in message
+
+
+def test_only_a_4xx_is_a_refusal_of_the_requests() -> None:
+    assert refused_requests([(503, "busy"), (None, "timeout")], "m") is None
+    refused = refused_requests([(None, "timeout"), (422, '{"error": "bad shape"}')], "m")
+    assert refused is not None
+    assert "HTTP 422: bad shape" in refused
+
+
+async def test_metrics_that_cannot_be_read_leave_the_batches_unchecked() -> None:
+    control = TritonRuntime().control(
+        "http://127.0.0.1:1", metrics_url="http://127.0.0.1:9/metrics"
+    )
+
+    async def burst(n: int, protocol: RequestProtocol) -> list[tuple[int | None, str]]:
+        return []
+
+    control._burst = burst  # type: ignore[method-assign]
+    batches, how = await control._executed(4, REQUESTS)
+    assert batches == {}
+    assert "not checked" in how
+
+
+async def test_the_users_body_replaces_the_metadata() -> None:
+    control = TritonRuntime().control("http://127.0.0.1:1", model="ident")
+    own = template_protocol('{"inputs": [], "id": "{size}"}', path="/v2/models/ident/infer")
+    assert await control.request_protocol(own) is own
+    assert await control.request_protocol() is own

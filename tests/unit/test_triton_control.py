@@ -14,7 +14,9 @@ from batchpilot.runtimes.triton.control import (
     TritonCounters,
     TritonError,
     batching_of,
+    effective_preferred,
     parse_counters,
+    preferred_sizes,
     with_batching,
 )
 from batchpilot.runtimes.triton.install import RuntimeMissing, TritonInstall, find_install
@@ -49,18 +51,36 @@ def test_with_batching_replaces_the_knobs_and_keeps_the_rest() -> None:
     assert config["dynamic_batching"]["max_queue_delay_microseconds"] == 5000
 
 
-def test_preferred_sizes_above_the_new_maximum_are_dropped() -> None:
-    config = triton_config(preferred_batch_size=[2, 4, 8])
-    assert with_batching(config, TritonBatching(4, 0))["dynamic_batching"][
+def preferred_at(original: dict[str, Any], cap: int) -> list[int]:
+    preferred: list[int] = with_batching(original, TritonBatching(cap, 0))["dynamic_batching"][
         "preferred_batch_size"
-    ] == [2, 4]
+    ]
+    return preferred
 
 
-def test_with_no_preferred_size_left_the_maximum_is_preferred() -> None:
-    edited = with_batching(triton_config(preferred_batch_size=[8]), TritonBatching(2, 0))
-    assert edited["dynamic_batching"]["preferred_batch_size"] == [2]
-    edited = with_batching(triton_config(), TritonBatching(32, 0))
-    assert edited["dynamic_batching"]["preferred_batch_size"] == [8]
+def test_pinned_preferred_sizes_are_kept_exactly_while_within_the_cap() -> None:
+    # the user's model: max_batch_size 16, preferred [8]; caps 8 -> 32 -> 4 -> 64
+    users = triton_config(preferred_batch_size=[8]) | {"max_batch_size": 16}
+    assert [preferred_at(users, cap) for cap in (8, 32, 4, 64)] == [[8], [8], [], [8]]
+    assert [effective_preferred(users, cap) for cap in (8, 32, 4, 64)] == [[8], [8], [4], [8]]
+    several = triton_config(preferred_batch_size=[2, 4, 8])
+    assert preferred_at(several, 8) == [2, 4, 8]
+    assert preferred_at(several, 4) == [], "cleared whole, not cut to [2, 4]"
+
+
+def test_every_trial_starts_from_the_original_not_the_previous_trial() -> None:
+    users = triton_config(preferred_batch_size=[8]) | {"max_batch_size": 16}
+    after_cap_4 = with_batching(users, TritonBatching(4, 0))
+    assert preferred_at(users, 64) == [8]
+    # the same policy on the trial's own configuration would lose the user's [8]
+    assert preferred_at(after_cap_4, 64) == []
+
+
+def test_a_list_of_the_cap_alone_is_triton_filling_in_so_it_follows_the_cap() -> None:
+    filled = triton_config(preferred_batch_size=[8])  # max_batch_size 8
+    assert preferred_sizes(filled, 32) == []
+    assert effective_preferred(filled, 32) == [32]
+    assert effective_preferred(filled, 2) == [2]
 
 
 def test_a_model_without_dynamic_batching_gets_a_block() -> None:
@@ -69,7 +89,7 @@ def test_a_model_without_dynamic_batching_gets_a_block() -> None:
     edited = with_batching(config, TritonBatching(4, 100))
     assert edited["dynamic_batching"] == {
         "max_queue_delay_microseconds": 100,
-        "preferred_batch_size": [4],
+        "preferred_batch_size": [],
     }
 
 
@@ -165,6 +185,7 @@ def test_the_pbtxt_snippet_sets_both_knobs() -> None:
     assert "allow_ragged_batch: true" in whole
     assert "count: 2" in whole
     assert batching_pbtxt(TritonBatching(4, 0)) in whole
+    assert "preferred_batch_size: [ 2, 8 ]" in batching_pbtxt(TritonBatching(16, 0), [2, 8])
 
 
 def test_the_environment_puts_the_interpreters_own_libpython_and_venv_first(

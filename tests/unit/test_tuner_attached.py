@@ -10,7 +10,7 @@ import pytest
 from click.testing import CliRunner
 from rich.console import Console
 
-from batchpilot.errors import TargetError
+from batchpilot.errors import RequestShapeError, TargetError
 from batchpilot.models import BatchingConfig
 from batchpilot.runtimes.registry import get_runtime
 from batchpilot.tuner.attached import Attached, check_attached, final_config, leave_attached
@@ -21,7 +21,10 @@ WINNER = BatchingConfig(max_batch_size=16, max_queue_time_ms=8.0)
 
 
 class FakeTarget:
-    def __init__(self, *, read_error: str = "", apply_error: str = "") -> None:
+    def __init__(
+        self, *, read_error: str = "", apply_error: str = "", refused: bool = False
+    ) -> None:
+        self.refused = refused
         self.url = "http://127.0.0.1:1"
         self.live = FOUND
         self.applied: list[BatchingConfig] = []
@@ -34,6 +37,8 @@ class FakeTarget:
         return self.live
 
     async def apply(self, config: BatchingConfig) -> None:
+        if self.refused:
+            raise RequestShapeError("HTTP 400: unexpected inference input; set --body-template")
         if self.apply_error:
             raise TargetError(self.apply_error)
         self.applied.append(config)
@@ -70,6 +75,15 @@ async def test_a_control_that_cannot_change_the_server_stops_before_any_load() -
         await check_attached(target, get_runtime("mlserver"), None, _console())
 
 
+async def test_requests_the_server_refuses_stop_in_their_own_words() -> None:
+    target = FakeTarget(refused=True)
+    with pytest.raises(RequestShapeError) as caught:
+        await check_attached(target, get_runtime("triton"), "ident", _console())
+    # not wrapped as a control that cannot change the server: the requests are wrong
+    assert "cannot be changed" not in str(caught.value)
+    assert "--body-template" in str(caught.value)
+
+
 @pytest.mark.parametrize(
     ("keep", "recommended", "left"),
     [(False, WINNER, FOUND), (True, WINNER, WINNER), (True, None, FOUND)],
@@ -104,6 +118,11 @@ async def test_a_failed_restore_says_what_the_server_may_still_run() -> None:
         (["--local", "--url", "http://127.0.0.1:9"], "--local and --url exclude each other"),
         (["--url", "ftp://x"], "--url ftp://x: target URL 'ftp://x' is not valid"),
         (["--url", "http://127.0.0.1:9", "--model", " "], "--model must name a model"),
+        (["--simulator", "c.json", "--body-template", "b.json"], "--body-template applies to"),
+        (
+            ["--local", "--runtime", "triton", "--body-template", "no-such-body.json"],
+            "--body-template no-such-body.json: cannot read it",
+        ),
     ],
 )
 def test_url_flags_reject_bad_input_in_one_line(args: list[str], message: str) -> None:
@@ -119,3 +138,15 @@ def test_server_model_in_the_file_is_refused_with_url(tmp_path: Path) -> None:
     result = CliRunner().invoke(tune, ["--url", "http://127.0.0.1:9", "--config", str(config)])
     assert result.exit_code == 2
     assert "name the one to tune with --model" in result.output
+
+
+def test_a_body_template_goes_to_the_models_inference_path(tmp_path: Path) -> None:
+    from batchpilot.tuner.cli import _body_template
+
+    sample = tmp_path / "body.json"
+    sample.write_text(
+        '{"inputs": [{"name": "text", "datatype": "BYTES", "shape": [1, 1], "data": ["hello"]}]}'
+    )
+    requests = _body_template(sample, get_runtime("triton"), "ident")
+    assert requests.path == "/v2/models/ident/infer"
+    assert requests.body(1) == requests.body(16) == sample.read_bytes()

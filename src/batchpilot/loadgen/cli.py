@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import math
 import sys
 
@@ -16,10 +17,16 @@ from batchpilot.loadgen.connections_option import max_connections_option
 from batchpilot.loadgen.endpoints import UnreachableError, check_reachable, normalise_urls
 from batchpilot.loadgen.generator import MAX_DURATION_S, MAX_RATE, run_load
 from batchpilot.loadgen.mix import parse_mix
-from batchpilot.loadgen.protocol_option import build_protocol, protocol_options, with_ca_bundle
+from batchpilot.loadgen.protocol_option import (
+    build_protocol,
+    protocol_options,
+    reads_metadata,
+    with_ca_bundle,
+)
 from batchpilot.loadgen.protocols import RequestProtocol, speaking
 from batchpilot.loadgen.report import render_load
 from batchpilot.loadgen.result import LoadResult
+from batchpilot.loadgen.v2model import fetch_v2_model, v2_model_protocol
 from batchpilot.models import MAX_LOAD_WORKERS, RequestMix
 
 INTERRUPTED_EXIT = 130
@@ -134,6 +141,9 @@ def loadtest(
                 share,
                 start_at,
                 max_connections,
+                model
+                if reads_metadata(protocol=protocol, input_name=input_name, features=features)
+                else None,
             )
         )
     except (UnreachableError, ValueError) as e:
@@ -158,10 +168,22 @@ async def _run(
     share: tuple[int, int],
     start_at: float | None,
     max_connections: int | None,
+    metadata_of: str | None = None,
 ) -> LoadResult:
+    """`metadata_of`: the v2 model whose metadata (read from the first URL) shapes the
+    requests, None to send `request` as it is."""
     stop = asyncio.Event()
     on_interrupt(stop.set)
     await check_reachable(urls)
+    if metadata_of is not None:
+        # MetadataError is a ValueError: one line, before any load
+        model = await fetch_v2_model(
+            urls[0], metadata_of, triton_config=None, headers=request.headers, tls=request.tls()
+        )
+        built = v2_model_protocol(model, seed=seed, headers=request.headers)
+        request = dataclasses.replace(
+            built, ca_file=request.ca_file, server_name=request.server_name
+        )
     with speaking(request):
         return await run_load(
             urls,

@@ -42,7 +42,8 @@ def protocol_options() -> Callable[[F], F]:
             type=click.Choice(PROTOCOLS, case_sensitive=False),
             default=None,
             help="Request protocol: reference (the reference server's synthetic body), v2 "
-            "(KServe v2 / Triton HTTP inference: one FP32 tensor [size, features]), openai "
+            "(KServe v2 / Triton HTTP inference: the inputs the model's metadata declares, "
+            "or with --input-name/--features one FP32 tensor [size, features]), openai "
             "or openai-chat (completions with a prompt of size words) or template "
             "(--body-template) [default reference, template with --body-template].",
         ),
@@ -56,7 +57,10 @@ def protocol_options() -> Callable[[F], F]:
             help="openai, openai-chat: max_tokens of every request [default 16].",
         ),
         click.option(
-            "--input-name", default=None, help="v2: the input tensor's name [default INPUT]."
+            "--input-name",
+            default=None,
+            help="v2: send one FP32 tensor of this name instead of the inputs the model's "
+            "metadata declares [default: from the metadata; INPUT with --features].",
         ),
         click.option(
             "--features",
@@ -166,3 +170,9 @@ def with_ca_bundle(request: RequestProtocol, ca_bundle: str | None) -> RequestPr
     except ValueError as exc:
         raise ValueError(f"--ca-bundle: {exc}") from None
     return request
+
+
+def reads_metadata(*, protocol: str | None, input_name: str | None, features: int | None) -> bool:
+    """Whether `--protocol v2` builds its requests from the model's metadata: unless
+    --input-name or --features describe the tensor by hand."""
+    return (protocol or "").lower() == "v2" and input_name is None and features is None

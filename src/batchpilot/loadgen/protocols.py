@@ -170,7 +170,7 @@ def kserve_v2(
     def body(size: int) -> bytes:
         return v2_body(size, input_name=input_name, features=features, datatype=datatype)
 
-    return RequestProtocol("v2", v2_path(model, version), body, _with_json(headers or {}))
+    return RequestProtocol("v2", v2_path(model, version), body, with_json(headers or {}))
 
 
 # One word of the generated prompts: a common word that most tokenizers keep as one token.
@@ -213,17 +213,22 @@ def openai(
         "openai-chat" if chat else "openai",
         OPENAI_CHAT_PATH if chat else OPENAI_COMPLETIONS_PATH,
         body,
-        _with_json(headers or {}),
+        with_json(headers or {}),
     )
 
 
 def template_protocol(
-    template: str, *, path: str, headers: Mapping[str, str] | None = None
+    template: str,
+    *,
+    path: str,
+    headers: Mapping[str, str] | None = None,
+    require_size: bool = True,
 ) -> RequestProtocol:
     """A raw JSON body with `{size}` standing for the request's size, e.g.
-    '{"instances": [[{size}]]}'. The template must contain the placeholder and be valid
-    JSON once a size is put in."""
-    if SIZE_PLACEHOLDER not in template:
+    '{"instances": [[{size}]]}'. The template must be valid JSON once a size is put in,
+    and contain the placeholder unless `require_size` is off (one sample body sent for
+    every size)."""
+    if require_size and SIZE_PLACEHOLDER not in template:
         raise ValueError(
             f"the body template has no {SIZE_PLACEHOLDER} placeholder for the request size: "
             f"{template[:80]!r}"
@@ -238,7 +243,7 @@ def template_protocol(
     def body(size: int) -> bytes:
         return template.replace(SIZE_PLACEHOLDER, str(size)).encode()
 
-    return RequestProtocol("template", path, body, _with_json(headers or {}))
+    return RequestProtocol("template", path, body, with_json(headers or {}))
 
 
 def parse_headers(items: Sequence[str]) -> dict[str, str]:
@@ -256,7 +261,7 @@ def parse_headers(items: Sequence[str]) -> dict[str, str]:
     return result
 
 
-def _with_json(headers: Mapping[str, str]) -> Mapping[str, str]:
+def with_json(headers: Mapping[str, str]) -> Mapping[str, str]:
     """The headers given, with a JSON content type unless they set their own."""
     merged = dict(JSON_HEADERS)
     if any(k.lower() == "content-type" for k in headers):

@@ -183,6 +183,25 @@ class Profiled(Protocol):
     async def profile(self) -> dict[str, object]: ...
 
 
+@runtime_checkable
+class ShapesRequests(Protocol):
+    """A control whose requests are built from the served model itself (its metadata):
+    the load sends those too. `override` (the user's own body) replaces them."""
+
+    async def request_protocol(
+        self, override: RequestProtocol | None = None
+    ) -> RequestProtocol: ...
+
+
+@runtime_checkable
+class PersistsAsRun(Protocol):
+    """A control that knows what a configuration ran with beyond the two knobs (what it
+    kept of the model's original configuration), so the persisted text is what was
+    measured."""
+
+    async def persistence(self, config: BatchingConfig) -> Persistence: ...
+
+
 class LocalServer(Protocol):
     """A runtime started on this machine for `tune --local --runtime NAME`: bound to
     127.0.0.1 on free ports, ready when `start` returns, gone after `stop`."""

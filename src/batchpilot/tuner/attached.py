@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from rich.console import Console
 
-from batchpilot.errors import TargetError
+from batchpilot.errors import RequestShapeError, TargetError
 from batchpilot.models import BatchingConfig
 from batchpilot.runtimes.base import Runtime
 from batchpilot.tuner.interfaces import Target
@@ -73,6 +73,8 @@ async def check_attached(
     )
     try:
         await target.apply(baseline)
+    except RequestShapeError:
+        raise  # the requests are wrong, not the control: its own message says what to set
     except TargetError as exc:
         raise TargetError(
             f"its configuration cannot be changed through the {runtime.name} control, so "

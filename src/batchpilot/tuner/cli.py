@@ -7,6 +7,7 @@ import asyncio
 import logging
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 from optuna.storages import BaseStorage
@@ -17,6 +18,7 @@ from batchpilot.extras import matplotlib_missing
 from batchpilot.loadgen.arrival_option import ARRIVAL_HELP
 from batchpilot.loadgen.arrivals import ARRIVAL_SYNTAX, ArrivalKind
 from batchpilot.loadgen.connections_option import max_connections_option
+from batchpilot.loadgen.protocols import RequestProtocol, template_protocol
 from batchpilot.models import DEFAULT_MIN_REQUESTS, MAX_LOAD_WORKERS, SLA, RequestMix
 from batchpilot.runtimes.registry import DEFAULT_RUNTIME, runtime_names
 from batchpilot.tuner.config import (
@@ -34,6 +36,9 @@ from batchpilot.tuner.config import (
 )
 from batchpilot.tuner.samplers import SAMPLERS, sampler_factory
 from batchpilot.tuner.space import SearchSpace
+
+if TYPE_CHECKING:
+    from batchpilot.runtimes.base import Runtime
 
 EXIT_INTERRUPTED = 130
 
@@ -222,6 +227,15 @@ def _storage(spec: str | None) -> str | BaseStorage | None:
     "runtime's own port on the --url host].",
 )
 @click.option(
+    "--body-template",
+    "body_template",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="--local, --url: send this file's JSON as every request's body (a {size} in it "
+    "becomes the request's size) instead of the requests built from the model's metadata "
+    "(Triton) or the runtime's own; for inputs such as BYTES, or a payload of your own.",
+)
+@click.option(
     "--keep-winner",
     is_flag=True,
     help="--url: leave the recommended configuration live at the end instead of putting "
@@ -351,6 +365,7 @@ def tune(
     prometheus_url: str | None,
     prometheus_selector: str,
     control_url: str | None,
+    body_template: Path | None,
     keep_winner: bool,
     cost_file: Path | None,
     profile_url: str | None,
@@ -417,6 +432,10 @@ def tune(
         raise TuneError(
             f"{url_only[0]} applies to --url runs: --local tunes the runtime's bundled "
             "model, measured by the client, and stops the server at the end"
+        )
+    if simulated and body_template is not None:
+        raise TuneError(
+            "--body-template applies to --local and --url runs; a simulated run sends no load"
         )
     if not simulated:
         if replicas is not None:
@@ -518,7 +537,11 @@ def tune(
                 selector=prometheus_selector,
                 step_s=config.measurement.step_duration_s,
             )
+    requests = None
+    if body_template is not None:
+        requests = _body_template(body_template, get_runtime(runtime), model)
     run = LocalRun(
+        requests=requests,
         config=config,
         space=space,
         mix=request_mix,
@@ -594,3 +617,17 @@ def _tune_simulated(
         console.print(f"Report: {', '.join(str(p) for p in paths)}", highlight=False)
     if as_json:
         sys.stdout.write(summary.model_dump_json() + "\n")
+
+
+def _body_template(path: Path, runtime: Runtime, model: str | None) -> RequestProtocol:
+    """The requests of `tune --body-template FILE`: the file's JSON to the runtime's
+    inference path for `model`."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise TuneError(f"--body-template {path}: cannot read it: {exc}") from None
+    inference = runtime.protocol(model or runtime.default_model).path
+    try:
+        return template_protocol(text, path=inference, require_size=False)
+    except ValueError as exc:
+        raise TuneError(f"--body-template {path}: {exc}") from None

@@ -6,13 +6,20 @@ the runtimes: the adapters know nothing of the tuner's summary."""
 from __future__ import annotations
 
 from batchpilot.models import BatchingConfig
-from batchpilot.runtimes.base import Runtime, Verification
+from batchpilot.runtimes.base import Persistence, Runtime, Verification
 from batchpilot.tuner.summary import ConfigFigures, RuntimeFigures, TuneSummary
 
 
 def runtime_figures(
-    runtime: Runtime, summary: TuneSummary, verification: Verification | None = None
+    runtime: Runtime,
+    summary: TuneSummary,
+    verification: Verification | None = None,
+    *,
+    persisted: Persistence | None = None,
 ) -> RuntimeFigures:
+    """`persisted`: the recommendation's persistence as the control that measured it
+    knows it (default: the runtime's, for its bundled model)."""
+
     def native(config: BatchingConfig | ConfigFigures | None) -> dict[str, float] | None:
         if config is None:
             return None
@@ -21,11 +28,8 @@ def runtime_figures(
         )
         return {k: float(v) for k, v in runtime.native(canonical).items()}
 
-    persisted = (
-        runtime.persistence(summary.recommended, model=runtime.default_model)
-        if summary.recommended is not None
-        else None
-    )
+    if persisted is None and summary.recommended is not None:
+        persisted = runtime.persistence(summary.recommended, model=runtime.default_model)
     return RuntimeFigures(
         name=runtime.name,
         knobs={k.canonical: f"{k.native} ({k.unit})" for k in runtime.knobs},

@@ -22,8 +22,9 @@ from optuna.storages import BaseStorage
 from rich.console import Console
 
 from batchpilot.loadgen.arrivals import ArrivalKind, Poisson
+from batchpilot.loadgen.protocols import RequestProtocol
 from batchpilot.models import SLA, BatchingConfig, CapacityResult, RequestMix
-from batchpilot.runtimes.base import Profiled
+from batchpilot.runtimes.base import PersistsAsRun, Profiled, ShapesRequests
 from batchpilot.runtimes.registry import DEFAULT_RUNTIME, get_runtime
 from batchpilot.tuner.attached import Attached, check_attached, leave_attached
 from batchpilot.tuner.config import TuneConfig
@@ -66,6 +67,8 @@ class LocalRun:
     attach: Attached | None = None
     # steps decided on the server's own metrics (`tune --url --prometheus`)
     source: StepSource | None = None
+    # the user's own request body (`tune --body-template`) in place of the runtime's
+    requests: RequestProtocol | None = None
 
 
 class SimulatorWarmStart:
@@ -196,6 +199,9 @@ async def tune_local(run: LocalRun, console: Console) -> TuneSummary:
             server=server,
             control_url=attach.control_url if attach is not None else None,
         )
+        protocol = run.requests or runtime.protocol(model)
+        if isinstance(target, ShapesRequests):
+            protocol = await target.request_protocol(run.requests)
         baseline = (
             await check_attached(target, runtime, model, console, control_url=attach.control_url)
             if attach is not None
@@ -221,7 +227,7 @@ async def tune_local(run: LocalRun, console: Console) -> TuneSummary:
             timeout_s=cfg.measurement.timeout_s,
             seed=cfg.tuning.seed,
             arrival=run.arrival,
-            protocol=runtime.protocol(model),
+            protocol=protocol,
             workers=cfg.measurement.workers,
             source=run.source,
             max_connections=cfg.measurement.max_connections,
@@ -290,9 +296,15 @@ async def tune_local(run: LocalRun, console: Console) -> TuneSummary:
             progress.stop()
             if attach is not None:
                 await leave_attached(target, attach, baseline, summary, console)
-        return summary.model_copy(
-            update={"runtime": runtime_figures(runtime, summary, target.last_verification)}
-        )
+        persisted = None
+        if summary.recommended is not None:
+            persisted = (
+                await target.persistence(summary.recommended)
+                if isinstance(target, PersistsAsRun)
+                else runtime.persistence(summary.recommended, model=model)
+            )
+        figures = runtime_figures(runtime, summary, target.last_verification, persisted=persisted)
+        return summary.model_copy(update={"runtime": figures})
 
 
 # Round r offers every configuration the schedule of seed + ROUND_SEED_STRIDE * (r + 1):

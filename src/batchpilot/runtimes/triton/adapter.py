@@ -1,7 +1,10 @@
 """Triton Inference Server as a BatchPilot runtime: `max_batch_size` and
 `dynamic_batching.max_queue_delay_microseconds` (whole µs) changed live through explicit
-model control, verified by reading the configuration back and by the batch sizes Triton
-executes right after the change; kept by the exact `config.pbtxt` lines (recommend-only)."""
+model control, verified by Triton's configuration read back and the model READY, with the
+batch sizes Triton executes right after the change as an extra check where its metrics
+are reachable; kept by the exact `config.pbtxt` lines (recommend-only). Requests are
+built from the model's own metadata (`loadgen.v2model`), so a model of the user's own
+is sent the inputs it declares."""
 
 from __future__ import annotations
 
@@ -16,7 +19,9 @@ import aiohttp
 from typing_extensions import Unpack
 
 from batchpilot.capacity.promql import Metrics, with_matchers
+from batchpilot.errors import RequestShapeError
 from batchpilot.loadgen.protocols import JSON_HEADERS, RequestProtocol, v2_path
+from batchpilot.loadgen.v2model import BODY_FLAG, MetadataError, fetch_v2_model, v2_model_protocol
 from batchpilot.models import BatchingConfig
 from batchpilot.runtimes.base import (
     ControlEndpoint,
@@ -35,6 +40,7 @@ from batchpilot.runtimes.triton.control import (
     TritonCounters,
     TritonError,
     batches_since,
+    effective_preferred,
     parse_batch_sizes,
     parse_counters,
 )
@@ -115,23 +121,65 @@ def check_batches(
         return f"executed batch sizes {batches} (the model's record)", None
     mean = counters.mean_batch
     if math.isnan(mean):
-        return "", "Triton executed no batch after the change"
+        # the requests were answered, so these metrics are not this model's on this
+        # server (another server's port, a metrics endpoint elsewhere): nothing to check
+        return "executed batches not seen in the metrics (not this server's?)", None
     if mean > cap:
         return "", f"Triton's mean executed batch {mean:.2f} is above the new cap {cap}"
     return f"mean executed batch {mean:.2f} (nv_inference_count/exec_count)", None
 
 
+def refused_requests(failed: list[tuple[int | None, str]], model: str) -> str | None:
+    """What to tell the user when the server refused the requests with a 4xx (the
+    request, not the server, is wrong): its message and the flag that gives a body of the
+    user's own; None when no answer was a 4xx."""
+    for status, text in failed:
+        if status is not None and 400 <= status < 500:
+            return (
+                f"Triton refused the requests built for model {model!r} (HTTP {status}: "
+                f"{error_text(text)}); give a request body it accepts with {BODY_FLAG}"
+            )
+    return None
+
+
+def error_text(text: str) -> str:
+    """The server's message from a JSON {"error": ...} answer, else the text."""
+    try:
+        data = json.loads(text)
+    except ValueError:
+        return text[:200]
+    if isinstance(data, dict) and isinstance(data.get("error"), str):
+        return str(data["error"])
+    return text[:200]
+
+
 class TritonRuntimeControl:
     """The tuner's Target for one model on one Triton: live change by explicit model
-    control, verified by read-back and by the batches executed after the change."""
+    control, verified by read-back and READY, and by the batches executed after the
+    change where Triton's metrics are reachable. Requests follow `protocol`, or the
+    model's own metadata when it is None."""
 
     def __init__(
-        self, url: str, *, model: str, metrics_url: str, protocol: RequestProtocol
+        self, url: str, *, model: str, metrics_url: str, protocol: RequestProtocol | None = None
     ) -> None:
         self.control = TritonControl(url, metrics_url, model)
         self.url = self.control.url
         self.protocol = protocol
         self.last_verification: Verification | None = None
+
+    async def request_protocol(self, override: RequestProtocol | None = None) -> RequestProtocol:
+        """The requests the model takes: `override` when given (the user's own body),
+        else built once from the model's metadata. TritonError says why none can be
+        built (metadata unreadable, an input such as BYTES that needs a sample)."""
+        if override is not None:
+            self.protocol = override
+        if self.protocol is None:
+            try:
+                model = await fetch_v2_model(self.url, self.control.model, triton_config=True)
+                self.protocol = v2_model_protocol(model)
+            except MetadataError as exc:
+                raise TritonError(str(exc)) from None
+        return self.protocol
 
     async def native(self) -> NativeValues:
         return native_of(await self.control.batching())
@@ -145,34 +193,53 @@ class TritonRuntimeControl:
             wanted = to_batching(runtime.native(config))
         except ValueError as exc:
             raise TritonError(str(exc)) from None
+        protocol = await self.request_protocol()
         started = time.monotonic()
         change = await self.control.apply(wanted)
         live = runtime.canonical(native_of(change.live))
         if live != representable(runtime.knobs, config):
             raise TritonError(f"asked for {config.label()}, Triton runs {live.label()}")
-        batches, how = await self._executed(wanted.max_batch_size)
+        batches, how = await self._executed(wanted.max_batch_size, protocol)
         self.last_verification = Verification(
             requested=config,
             live=live,
             native=native_of(change.live),
             batch_sizes=batches or None,
-            verified_by=f"config read-back; {how}",
+            verified_by=(
+                f"config read-back (preferred_batch_size {list(change.preferred)}), "
+                f"model READY; {how}"
+            ),
             change_s=time.monotonic() - started,
         )
 
-    async def _executed(self, cap: int) -> tuple[dict[int, int], str]:
+    async def persistence(self, config: BatchingConfig) -> Persistence:
+        """The `config.pbtxt` lines of `config` with the preferred batch sizes it ran
+        with, decided from the model's original configuration as every trial's were."""
+        batching = to_batching(TritonRuntime().native(config))
+        preferred = effective_preferred(await self.control.original(), batching.max_batch_size)
+        return recommended(self.control.model, batching_pbtxt(batching, preferred))
+
+    async def _executed(self, cap: int, protocol: RequestProtocol) -> tuple[dict[int, int], str]:
         """Send a burst of requests and read the batches Triton executed meanwhile. The
         old instance may still finish a batch it held when the load returned: a batch
-        above the cap is looked at again with a second burst before the change fails."""
+        above the cap is looked at again with a second burst before the change fails.
+        Requests refused with a 4xx stop at once (RequestShapeError): they are shaped
+        wrong for this model, which no retry changes. Metrics that cannot be read leave
+        the batches unchecked: the read-back has verified the change."""
         problem = ""
         for _ in range(_VERIFY_BURSTS):
-            before = await self.control.metrics_text()
-            failed = await self._burst(min(2 * cap, _VERIFY_MAX_REQUESTS))
+            before = await self._metrics()
+            failed = await self._burst(min(2 * cap, _VERIFY_MAX_REQUESTS), protocol)
             if failed:
+                refused = refused_requests(failed, self.control.model)
+                if refused is not None:
+                    raise RequestShapeError(refused)
                 raise TritonError(
-                    f"{len(failed)} requests failed right after the change: {failed[0]}"
+                    f"{len(failed)} requests failed right after the change: {failed[0][1]}"
                 )
-            after = await self.control.metrics_text()
+            after = await self._metrics()
+            if before is None or after is None:
+                return {}, f"executed batches not checked ({self.control.metrics_url} unreadable)"
             model = self.control.model
             batches = batches_since(
                 parse_batch_sizes(after, model), parse_batch_sizes(before, model)
@@ -184,27 +251,47 @@ class TritonRuntimeControl:
             problem = found
         raise TritonError(problem)
 
-    async def _burst(self, n: int) -> list[str]:
-        """`n` requests at once; what went wrong with those that did not answer 2xx."""
-        url = self.url + self.protocol.path
-        body = self.protocol.body(1)
+    async def _metrics(self) -> str | None:
+        try:
+            return await self.control.metrics_text()
+        except TritonError as exc:
+            log.info("executed batches not checked: %s", exc)
+            return None
+
+    async def _burst(self, n: int, protocol: RequestProtocol) -> list[tuple[int | None, str]]:
+        """`n` requests at once; (HTTP status or None, what went wrong) for those that
+        did not answer 2xx."""
+        url = self.url + protocol.path
+        body = protocol.body(1)
         timeout = aiohttp.ClientTimeout(total=_VERIFY_TIMEOUT_S)
         async with aiohttp.ClientSession(timeout=timeout) as session:
 
-            async def one() -> str | None:
+            async def one() -> tuple[int | None, str] | None:
                 try:
                     async with session.post(
-                        url, data=body, headers=dict(self.protocol.headers)
+                        url, data=body, headers=dict(protocol.headers)
                     ) as response:
                         text = await response.text()
                         if 200 <= response.status < 300:
                             return None
-                        return f"HTTP {response.status}: {text[:200]}"
+                        return response.status, f"HTTP {response.status}: {text[:200]}"
                 except (aiohttp.ClientError, TimeoutError) as exc:
-                    return f"{type(exc).__name__}: {exc}"
+                    return None, f"{type(exc).__name__}: {exc}"
 
             results = await asyncio.gather(*(one() for _ in range(n)))
         return [r for r in results if r is not None]
+
+
+def recommended(model: str, snippet: str) -> Persistence:
+    return Persistence(
+        kind="recommend",
+        where=(
+            f"replace these lines in config.pbtxt of model {model!r} (in its model "
+            "repository or the ConfigMap holding it; a live change does not survive a "
+            "restart)"
+        ),
+        snippet=snippet,
+    )
 
 
 class TritonRuntime(Runtime[TritonRuntimeControl, TritonProcess]):
@@ -269,10 +356,7 @@ class TritonRuntime(Runtime[TritonRuntimeControl, TritonProcess]):
         else:
             host = urlsplit(url).hostname or "127.0.0.1"
             metrics_url = f"http://{host}:{DEFAULT_METRICS_PORT}/metrics"
-        name = model or MODEL_NAME
-        return TritonRuntimeControl(
-            url, model=name, metrics_url=metrics_url, protocol=self.protocol(name)
-        )
+        return TritonRuntimeControl(url, model=model or MODEL_NAME, metrics_url=metrics_url)
 
     def _launch(
         self, start: BatchingConfig, native: NativeValues, threads: int | None, workload: str | None
@@ -280,12 +364,7 @@ class TritonRuntime(Runtime[TritonRuntimeControl, TritonProcess]):
         return TritonProcess(to_batching(native), threads=threads)
 
     def persistence(self, config: BatchingConfig, *, model: str | None = None) -> Persistence:
-        return Persistence(
-            kind="recommend",
-            where=(
-                f"replace these lines in config.pbtxt of model {model or MODEL_NAME!r} (in "
-                "its model repository or the ConfigMap holding it; a live change does not "
-                "survive a restart)"
-            ),
-            snippet=batching_pbtxt(to_batching(self.native(config))),
-        )
+        """Without the model's original configuration at hand, the preferred batch size
+        is the cap (a model that pins none); a control knows the original
+        (`TritonRuntimeControl.persistence`)."""
+        return recommended(model or MODEL_NAME, batching_pbtxt(to_batching(self.native(config))))

@@ -27,23 +27,43 @@ class TritonError(TargetError):
     """Triton answered something unexpected or runs another configuration than asked."""
 
 
-def with_batching(config: dict[str, Any], batching: TritonBatching) -> dict[str, Any]:
-    """A copy of a model configuration (Triton's JSON form) with the batching knobs
-    replaced. Preferred batch sizes above the new maximum are dropped (Triton refuses
-    them); with none left the maximum is preferred, as Triton's python backend fills it
-    in. Everything else in the configuration is kept as it is."""
-    edited: dict[str, Any] = json.loads(json.dumps(config))
+def preferred_sizes(original: dict[str, Any], cap: int) -> list[int]:
+    """The preferred batch sizes a trial at `cap` runs with, always decided from the
+    user's original configuration, never from a previous trial's: the sizes the user
+    pinned are kept exactly when every one is within the cap; otherwise (none pinned, or
+    one above the cap, which Triton refuses) they are cleared, and Triton then prefers
+    the cap itself. A list equal to the original cap alone is what Triton fills in for a
+    model that pins none, so it counts as none pinned."""
+    dynamic = original.get("dynamic_batching") or {}
+    pinned = [int(size) for size in dynamic.get("preferred_batch_size", [])]
+    if pinned == [original.get("max_batch_size")]:
+        return []
+    return pinned if all(size <= cap for size in pinned) else []
+
+
+def effective_preferred(original: dict[str, Any], cap: int) -> list[int]:
+    """What Triton reads back (and runs) for `preferred_sizes`: a cleared list is
+    filled in with the cap."""
+    return preferred_sizes(original, cap) or [cap]
+
+
+def with_batching(original: dict[str, Any], batching: TritonBatching) -> dict[str, Any]:
+    """A copy of the user's original model configuration (Triton's JSON form) with the
+    batching knobs replaced and the preferred batch sizes by `preferred_sizes`.
+    Everything else in the configuration is kept as it is."""
+    edited: dict[str, Any] = json.loads(json.dumps(original))
     edited["max_batch_size"] = batching.max_batch_size
     dynamic = dict(edited.get("dynamic_batching") or {})
     dynamic["max_queue_delay_microseconds"] = batching.max_queue_delay_microseconds
-    preferred = [
-        int(size)
-        for size in dynamic.get("preferred_batch_size", [])
-        if int(size) <= batching.max_batch_size
-    ]
-    dynamic["preferred_batch_size"] = preferred or [batching.max_batch_size]
+    dynamic["preferred_batch_size"] = preferred_sizes(original, batching.max_batch_size)
     edited["dynamic_batching"] = dynamic
     return edited
+
+
+def preferred_of(config: dict[str, Any]) -> list[int]:
+    """The preferred batch sizes in a model configuration read back."""
+    dynamic = config.get("dynamic_batching") or {}
+    return [int(size) for size in dynamic.get("preferred_batch_size", [])]
 
 
 def batching_of(config: dict[str, Any]) -> TritonBatching:
@@ -164,6 +184,7 @@ class Change:
     asked: TritonBatching
     live: TritonBatching
     seconds: float
+    preferred: tuple[int, ...] = ()  # the preferred batch sizes read back
 
 
 class TritonControl:
@@ -180,13 +201,34 @@ class TritonControl:
         self.metrics_url = metrics_url
         self.model = model
         self._timeout = aiohttp.ClientTimeout(total=30.0)
+        # the configuration first read, before any change: every trial edits this one
+        self._original: dict[str, Any] | None = None
 
     async def config(self) -> dict[str, Any]:
         path = f"/v2/models/{self.model}/config"
         data = await self._client.call("GET", path)
         if not isinstance(data, dict):
             raise TritonError(f"GET {path} did not answer a JSON object: {str(data)[:200]}")
+        if self._original is None:
+            self._original = data
         return data
+
+    async def original(self) -> dict[str, Any]:
+        """The model's configuration as it was before BatchPilot changed it."""
+        if self._original is None:
+            await self.config()
+        assert self._original is not None
+        return self._original
+
+    async def ready(self) -> None:
+        """Raise TritonError unless Triton reports the model READY."""
+        path = f"/v2/models/{self.model}/ready"
+        try:
+            await self._client.call("GET", path, empty_ok=True)
+        except TargetError as exc:
+            raise TritonError(
+                f"model {self.model!r} is not READY after the change: {exc}"
+            ) from None
 
     async def batching(self) -> TritonBatching:
         return batching_of(await self.config())
@@ -204,20 +246,28 @@ class TritonControl:
             ) from None
 
     async def apply(self, batching: TritonBatching) -> Change:
-        """Change the knobs live and read them back; raises TritonError when Triton runs
-        something else afterwards."""
+        """Change the knobs live; the change counts once Triton's configuration read
+        back holds the new knobs and preferred batch sizes and the model is READY.
+        Raises TritonError otherwise."""
         started = time.monotonic()
-        await self.load(with_batching(await self.config(), batching))
-        live = await self.batching()
-        seconds = time.monotonic() - started
-        if live != batching:
+        original = await self.original()
+        await self.load(with_batching(original, batching))
+        config = await self.config()
+        live = batching_of(config)
+        preferred = preferred_of(config)
+        wanted = effective_preferred(original, batching.max_batch_size)
+        if live != batching or preferred != wanted:
             raise TritonError(
                 f"asked Triton for max_batch_size={batching.max_batch_size} "
-                f"max_queue_delay_microseconds={batching.max_queue_delay_microseconds}, "
-                f"it runs max_batch_size={live.max_batch_size} "
-                f"max_queue_delay_microseconds={live.max_queue_delay_microseconds}"
+                f"max_queue_delay_microseconds={batching.max_queue_delay_microseconds} "
+                f"preferred_batch_size={wanted}, it runs "
+                f"max_batch_size={live.max_batch_size} "
+                f"max_queue_delay_microseconds={live.max_queue_delay_microseconds} "
+                f"preferred_batch_size={preferred}"
             )
-        return Change(asked=batching, live=live, seconds=seconds)
+        await self.ready()
+        seconds = time.monotonic() - started
+        return Change(asked=batching, live=live, seconds=seconds, preferred=tuple(preferred))
 
     async def metrics_text(self) -> str:
         try:

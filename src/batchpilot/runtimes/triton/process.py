@@ -1,4 +1,5 @@
-"""A local Triton with the bundled model: repository written at start, every listener on
+"""A local Triton with the bundled model (repository written at start) or a model
+repository of the user's own, every listener on
 127.0.0.1 and a free port, explicit model control (so batching can change live), ready
 when Triton says the server and its models are, stopped as a whole process group (the
 python backend's stub processes included)."""
@@ -11,7 +12,12 @@ from pathlib import Path
 from batchpilot.runtimes.base import LaunchError
 from batchpilot.runtimes.process import V2Process
 from batchpilot.runtimes.triton.install import TritonInstall, find_install
-from batchpilot.runtimes.triton.repository import MODEL_NAME, TritonBatching, write_repository
+from batchpilot.runtimes.triton.repository import (
+    MODEL_NAME,
+    TritonBatching,
+    write_backends,
+    write_repository,
+)
 
 _POLL_S = 0.1
 _PORT_ATTEMPTS = 3
@@ -32,13 +38,15 @@ def server_args(
     grpc_port: int,
     metrics_port: int,
     model: str = MODEL_NAME,
+    models: Path | None = None,
 ) -> list[str]:
     """The `tritonserver` command line for the repository under `root` (written by
-    `write_repository`): explicit model control, so batching can change live, and every
-    listener on `host`."""
+    `write_repository`), or for the model repository `models` with the backends under
+    `root` (`write_backends`): explicit model control, so batching can change live, and
+    every listener on `host`."""
     return [
         str(install.binary),
-        f"--model-repository={root / 'models'}",
+        f"--model-repository={models or root / 'models'}",
         f"--backend-directory={root / 'backends'}",
         "--model-control-mode=explicit",
         f"--load-model={model}",
@@ -55,14 +63,20 @@ def server_args(
 
 
 class TritonProcess(V2Process):
-    """`async with TritonProcess(TritonBatching(8, 5000)) as triton: ... triton.url ...`"""
+    """`async with TritonProcess(TritonBatching(8, 5000)) as triton: ... triton.url ...`
+
+    With `models=DIR, model=NAME` it serves model NAME of the user's repository DIR as
+    its config.pbtxt has it (`batching` None), from the python backend of the runtime's
+    environment."""
 
     what = "Triton"
 
     def __init__(
         self,
-        batching: TritonBatching,
+        batching: TritonBatching | None = None,
         *,
+        models: Path | None = None,
+        model: str = MODEL_NAME,
         venv: Path | None = None,
         instances: int = 1,
         threads: int | None = None,
@@ -72,8 +86,13 @@ class TritonProcess(V2Process):
         super().__init__(
             threads=threads, ready_timeout_s=ready_timeout_s, stop_timeout_s=stop_timeout_s
         )
+        if (batching is None) == (models is None):
+            raise ValueError(
+                "give the bundled model's batching or a model repository (models=), one of them"
+            )
         self.batching = batching
-        self.model = MODEL_NAME
+        self.models = models
+        self.model = model if models is not None else MODEL_NAME
         self._venv = venv
         self._instances = instances
         self.install: TritonInstall | None = None
@@ -88,6 +107,8 @@ class TritonProcess(V2Process):
             http_port=self.http_port,
             grpc_port=self.grpc_port,
             metrics_port=self.metrics_port,
+            model=self.model,
+            models=self.models,
         )
 
     async def start(self) -> None:
@@ -97,7 +118,10 @@ class TritonProcess(V2Process):
         repository again at the starting configuration."""
         self.install = await find_install(self._venv)
         root = await self._new_root("batchpilot-triton-")
-        write_repository(root, self.install, self.batching, instances=self._instances)
+        if self.batching is not None:
+            write_repository(root, self.install, self.batching, instances=self._instances)
+        else:
+            write_backends(root, self.install)
         keep = bool(self.ports)
         for attempt in range(_PORT_ATTEMPTS):
             if not keep or attempt > 0:

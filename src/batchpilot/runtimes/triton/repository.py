@@ -4,6 +4,7 @@ dynamic batching, and the backends directory its python backend runs from."""
 from __future__ import annotations
 
 import shutil
+from collections.abc import Sequence
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -39,14 +40,16 @@ class TritonBatching:
             )
 
 
-def batching_pbtxt(batching: TritonBatching) -> str:
+def batching_pbtxt(batching: TritonBatching, preferred: Sequence[int] = ()) -> str:
     """The lines of `config.pbtxt` that set the batching knobs: what a user pastes into
-    their model's configuration (or its ConfigMap) to keep a configuration. The preferred
-    batch size is the maximum, as Triton's python backend fills it in when it is unset."""
+    their model's configuration (or its ConfigMap) to keep a configuration. `preferred`
+    are the preferred batch sizes it ran with; none stands for the cap alone, which is
+    what Triton fills in when a model pins none."""
+    sizes = ", ".join(str(size) for size in (preferred or [batching.max_batch_size]))
     return (
         f"max_batch_size: {batching.max_batch_size}\n"
         "dynamic_batching {\n"
-        f"  preferred_batch_size: [ {batching.max_batch_size} ]\n"
+        f"  preferred_batch_size: [ {sizes} ]\n"
         f"  max_queue_delay_microseconds: {batching.max_queue_delay_microseconds}\n"
         "}\n"
     )
@@ -81,6 +84,12 @@ def write_repository(
     )
     source = resources.files("batchpilot.runtimes.triton").joinpath("model.py")
     (model_dir / "1" / "model.py").write_text(source.read_text(encoding="utf-8"), "utf-8")
+    return write_backends(root, install)
+
+
+def write_backends(root: Path, install: TritonInstall) -> Path:
+    """Lay out `root/backends/python` alone, for a model repository of the user's own
+    (its python-backend models run from it); returns `root`."""
     backend = root / "backends" / "python"
     backend.mkdir(parents=True, exist_ok=True)
     for path in (
