@@ -193,9 +193,7 @@ def canary_manifest(
             "namespace": meta.get("namespace"),
             "labels": {CANARY_LABEL: name},
             "annotations": {
-                k: v
-                for k, v in (meta.get("annotations") or {}).items()
-                if _kept_annotation(k)
+                k: v for k, v in (meta.get("annotations") or {}).items() if _kept_annotation(k)
             },
             "ownerReferences": [
                 {
