@@ -16,6 +16,7 @@ from typing import Any, Literal
 
 from batchpilot.models import SLA, BatchingConfig
 from batchpilot.operator import selectors
+from batchpilot.operator.envknobs import MILLISECONDS, WaitEncoding
 from batchpilot.operator.spec import (
     MAX_BATCH_SIZE,
     MAX_QUEUE_TIME_MS,
@@ -501,9 +502,14 @@ def env_values(container: Mapping[str, Any], names: Iterable[str]) -> dict[str, 
     return {name: present.get(name) for name in names}
 
 
-def params_from_env(env: Mapping[str, str | None], env_names: Mapping[str, str]) -> Params | None:
-    """Parameter values read from the environment; None when a batching knob is unset
-    (the server then runs its built-in default, which the operator cannot see)."""
+def params_from_env(
+    env: Mapping[str, str | None],
+    env_names: Mapping[str, str],
+    wait: WaitEncoding = MILLISECONDS,
+) -> Params | None:
+    """Parameter values read from the environment, the wait converted from `wait`'s unit;
+    None when a batching knob is unset (the server then runs its built-in default, which
+    the operator cannot see)."""
     params: Params = {}
     for param, variable in env_names.items():
         raw = env.get(variable)
@@ -515,17 +521,24 @@ def params_from_env(env: Mapping[str, str | None], env_names: Mapping[str, str])
             number = float(raw)
         except ValueError:
             return None
-        params[param] = int(number) if param == MAX_BATCH_SIZE else number
+        if param == MAX_BATCH_SIZE:
+            params[param] = int(number)
+        else:
+            params[param] = wait.from_env(number) if param == MAX_QUEUE_TIME_MS else number
     return params
 
 
 def original_config(
-    workload: Mapping[str, Any], spec: InferenceServiceSpec, now: datetime
+    workload: Mapping[str, Any],
+    spec: InferenceServiceSpec,
+    now: datetime,
+    wait: WaitEncoding = MILLISECONDS,
 ) -> OriginalConfig:
     container = find_container(workload, spec.target.container) or {}
     names = spec.env_names()
     env = env_values(container, names.values())
-    return OriginalConfig(params=params_from_env(env, names) or {}, env=env, recorded_at=now)
+    params = params_from_env(env, names, wait) or {}
+    return OriginalConfig(params=params, env=env, recorded_at=now)
 
 
 def format_env_value(param: str, value: float | int) -> str:
@@ -551,10 +564,15 @@ def env_apply_patch(
 
 
 def env_for_params(
-    params: Mapping[str, float | int], env_names: Mapping[str, str]
+    params: Mapping[str, float | int],
+    env_names: Mapping[str, str],
+    wait: WaitEncoding = MILLISECONDS,
 ) -> dict[str, str]:
+    """The variables carrying `params`, the wait written in `wait`'s unit."""
     return {
-        env_names[name]: format_env_value(name, value)
+        env_names[name]: (
+            wait.to_env(value) if name == MAX_QUEUE_TIME_MS else format_env_value(name, value)
+        )
         for name, value in params.items()
         if name in env_names
     }

@@ -25,6 +25,7 @@ import yaml
 
 from batchpilot.errors import TargetError
 from batchpilot.operator import decisions
+from batchpilot.operator import runtimes as operator_runtimes
 from batchpilot.operator.kube import workload_path
 from batchpilot.operator.spec import (
     MAX_BATCH_SIZE,
@@ -226,9 +227,8 @@ def kserve_original(
     slot = predictor_slot(isvc, spec.target.container)
     names = spec.env_names()
     env = decisions.env_values({"env": list(slot.env)}, names.values())
-    return OriginalConfig(
-        params=decisions.params_from_env(env, names) or {}, env=env, recorded_at=now
-    )
+    params = decisions.params_from_env(env, names, operator_runtimes.env_wait(spec))
+    return OriginalConfig(params=params or {}, env=env, recorded_at=now)
 
 
 def pods_rollout(

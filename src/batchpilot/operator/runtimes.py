@@ -6,12 +6,13 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping
-from typing import Final
+from typing import Final, Literal
 
 from batchpilot.loadgen.protocols import REFERENCE, REFERENCE_PATH, RequestProtocol, openai
+from batchpilot.operator import envknobs
 from batchpilot.operator.spec import InferenceServiceSpec, RuntimeKind, batching_config
 from batchpilot.operator.status import PersistAdvice
-from batchpilot.runtimes.base import Runtime, RuntimeControl
+from batchpilot.runtimes.base import Knob, Runtime, RuntimeControl
 from batchpilot.runtimes.registry import get_runtime
 
 # spec.runtime.kind -> the adapter's registry name; VLLM and Generic have no adapter
@@ -25,6 +26,12 @@ REGISTRY_NAMES: Final[Mapping[RuntimeKind, str]] = {
 }
 DEFAULT_TRITON_METRICS_PORT = 8002
 DEFAULT_RAY_DASHBOARD_PORT = 8265
+# Kinds whose adapter reads a remote pod's live knobs over the network (Triton's model
+# config, Ray Serve's user_config, TorchServe's management describe). MLServer reports
+# its values only in its bundled model's answers; vLLM and Generic report none.
+READBACK_RUNTIMES: Final = ("Triton", "RayServe", "TorchServe")
+
+EnvReadback = Literal["apply.live", "runtime"]
 
 
 def adapter(spec: InferenceServiceSpec) -> Runtime | None:
@@ -39,6 +46,35 @@ def live_adapter(spec: InferenceServiceSpec) -> Runtime | None:
     if spec.apply.method != "Live" or spec.runtime.kind == "Reference":
         return None
     return adapter(spec)
+
+
+def wait_knob(spec: InferenceServiceSpec) -> Knob | None:
+    """The runtime's own queue-wait knob (its name, unit, whole units or not); None for
+    kinds without an adapter."""
+    runtime = adapter(spec)
+    if runtime is None:
+        return None
+    return next(k for k in runtime.knobs if k.canonical == "max_queue_time_ms")
+
+
+def env_wait(spec: InferenceServiceSpec) -> envknobs.WaitEncoding:
+    """How method Env writes the queue wait into apply.env.maxQueueTimeMs's variable."""
+    return envknobs.wait_encoding(spec.apply.env.max_queue_time_ms, wait_knob(spec))
+
+
+def env_readback(spec: InferenceServiceSpec) -> EnvReadback | None:
+    """Where the knobs an Env rollout left on a pod are read back from: apply.live's
+    admin endpoint (kind Reference), the runtime's own API (READBACK_RUNTIMES), or
+    nowhere (MLServer, VLLM, Generic, Reference without apply.live): then a pod that
+    ignores the variables cannot be told from one that reads them."""
+    if spec.apply.method != "Env":
+        return None
+    kind = spec.runtime.kind
+    if kind == "Reference":
+        return "apply.live" if spec.apply.live is not None else None
+    # a runtime's API is reached over plain http, as its live control is
+    readable = kind in READBACK_RUNTIMES and spec.load.endpoint.scheme == "http"
+    return "runtime" if readable else None
 
 
 def pod_url(spec: InferenceServiceSpec, ip: str) -> str:

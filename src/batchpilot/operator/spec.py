@@ -337,7 +337,9 @@ class EnvNames(BaseModel):
     )
     max_queue_time_ms: str = Field(
         default="MAX_QUEUE_TIME_MS",
-        description="Variable holding max_queue_time_ms.",
+        description="Variable holding max_queue_time_ms, written in the unit its name "
+        "ends with (_MS, _US, _S), else in runtime.kind's own unit (MLServer and RayServe "
+        "seconds, Triton whole microseconds, TorchServe whole milliseconds), else ms.",
         max_length=128,
         pattern=ENV_NAME_PATTERN,
     )
@@ -434,7 +436,9 @@ class ApplySpec(BaseModel):
     live: HTTPEndpoint | None = Field(
         default=None,
         description="Admin endpoint used by method Live with runtime.kind Reference; it "
-        'accepts GET and PUT of JSON {"max_batch_size": ..., "max_queue_time_ms": ...}.',
+        'accepts GET and PUT of JSON {"max_batch_size": ..., "max_queue_time_ms": ...}. '
+        "With method Env, its GET verifies each rollout: a pod reporting other values "
+        "than the variables carry fails the trial as EnvIgnored.",
     )
 
 

@@ -20,7 +20,7 @@ from batchpilot.errors import TargetError
 from batchpilot.loadgen.protocols import REFERENCE_PATH, speaking
 from batchpilot.models import BatchingConfig, CapacityResult
 from batchpilot.operator import canary as canaries
-from batchpilot.operator import decisions, neighbours, promscope, workerfleet, writers
+from batchpilot.operator import decisions, envknobs, neighbours, promscope, workerfleet, writers
 from batchpilot.operator import runtimes as operator_runtimes
 from batchpilot.operator.events import EventLimiter
 from batchpilot.operator.kube import (
@@ -46,6 +46,9 @@ log = logging.getLogger(__name__)
 
 # problems of a pod that is (re)starting: waited out rather than failing the trial
 TRANSIENT = frozenset({"NoReadyPods", "AdminUnreachable", "AdminNotApplied"})
+# reads of a pod's knobs after an Env rollout before it counts as unreadable: the pod
+# is ready, so its server answers; a port that never answers is not waited out
+ENV_READ_ATTEMPTS = 3
 
 ProblemSink = Callable[[decisions.PodProblem], Awaitable[None]]
 
@@ -152,6 +155,10 @@ class KubeWorld:
         self.autoscalers: list[str] = []
         # the environment the latest trial applied (method Env), checked on the pods
         self._trial_env: dict[str, str | None] | None = None
+        # method Env: the unit the wait's variable is written in, and where the pods'
+        # own knobs are read back after a rollout (None: nowhere)
+        self._env_wait = operator_runtimes.env_wait(spec)
+        self._env_readback = operator_runtimes.env_readback(spec)
         # events the world posts itself, deduplicated for the study's lifetime
         self._events = EventLimiter()
 
@@ -206,7 +213,7 @@ class KubeWorld:
     async def record_original(self, now: datetime) -> OriginalConfig:
         await self._check_sole_tuner()
         workload = await self._target()
-        original = decisions.original_config(workload, self._spec, now)
+        original = decisions.original_config(workload, self._spec, now, self._env_wait)
         if self._spec.apply.method == "Live":
             ips = await self._live_ips(workload)
             if ips:
@@ -380,12 +387,14 @@ class KubeWorld:
         workload = await self._measured(recreate=True)
         if self._spec.apply.method == "Env":
             env: dict[str, str | None] = dict(
-                decisions.env_for_params(params, self._spec.env_names())
+                decisions.env_for_params(params, self._spec.env_names(), self._env_wait)
             )
             self._trial_env = None
             await self._apply_env(workload, env, force=True)
             self._trial_env = env
-            await self._check_not_reverted(await self._measured())
+            measured = await self._measured()
+            await self._check_not_reverted(measured)
+            await self._check_env_read(measured, env)
         else:
             await self._wait_rollout(workload)
             await self._apply_live(await self._measured(), params)
@@ -395,7 +404,7 @@ class KubeWorld:
             # live on every pod of the target; status.persist says how to keep it
             await self._apply_live(await self._target(), params)
             return
-        env = decisions.env_for_params(params, self._spec.env_names())
+        env = decisions.env_for_params(params, self._spec.env_names(), self._env_wait)
         await self._apply_env(await self._target(), dict(env), force=True)
 
     async def restore(self, original: OriginalConfig) -> None:
@@ -420,6 +429,61 @@ class KubeWorld:
         if reverted is not None:
             name = workload["metadata"]["name"]
             raise TargetProblem("ConfigReverted", f"{name}: {reverted}")
+
+    async def _check_env_read(
+        self, workload: Mapping[str, Any], env: Mapping[str, str | None]
+    ) -> None:
+        """The ready pods run what the variables carry, by the server's own report
+        (apply.live's GET, or the runtime's API): a container that does not read them
+        fails the trial as EnvIgnored, before a study of identical configurations is
+        measured. A pod whose report cannot be read is measured unverified, as a
+        server without a read-back is, and an event says so."""
+        if self._env_readback is None:
+            return
+        names = self._spec.env_names()
+        expected = decisions.params_from_env(env, names, self._env_wait)
+        if not expected:
+            return
+        tolerance = envknobs.resolution_ms(operator_runtimes.wait_knob(self._spec))
+        for pod in await self._pods(workload):
+            ips = decisions.ready_pod_ips([pod])
+            if not ips:
+                continue
+            name = str(pod["metadata"].get("name", ips[0]))
+            read = await self._env_read(name, ips[0])
+            if read is None:
+                return
+            ignored = envknobs.env_ignored(
+                expected=expected, read=read, names=names, written=env, tolerance_ms=tolerance
+            )
+            if ignored is not None:
+                raise TargetProblem("EnvIgnored", f"pod {name} {ignored}")
+
+    async def _env_read(self, pod: str, ip: str) -> Params | None:
+        """The knobs the pod at `ip` reports, None (with an event) when it does not
+        answer within ENV_READ_ATTEMPTS reads, each bounded by the HTTP timeout."""
+        last = ""
+        for attempt in range(ENV_READ_ATTEMPTS):
+            if attempt:
+                await asyncio.sleep(self._poll_s)
+            try:
+                async with asyncio.timeout(self._http_timeout.total):
+                    if self._env_readback == "apply.live":
+                        return await self._live_get(ip)
+                    runtime = operator_runtimes.adapter(self._spec)
+                    assert runtime is not None  # env_readback names a runtime with one
+                    return await self._runtime_get(runtime, ip)
+            except TargetProblem as problem:
+                last = problem.message
+            except (TargetError, ValueError, TimeoutError, aiohttp.ClientError) as exc:
+                last = f"{type(exc).__name__}: {exc}"
+        where = "apply.live" if self._env_readback == "apply.live" else self._spec.runtime.kind
+        await self._post_event(
+            "EnvUnverified",
+            f"pod {pod}: the knobs it runs could not be read back through {where} ({last}); "
+            "the trial is measured without knowing that the container read the variables",
+        )
+        return None
 
     async def _apply_env(
         self, workload: Mapping[str, Any], env: dict[str, str | None], *, force: bool
