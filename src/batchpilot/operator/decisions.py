@@ -42,7 +42,7 @@ from batchpilot.retry import backoff_delay as backoff_delay
 from batchpilot.tuner.confirm import looks_of
 from batchpilot.tuner.runner import round_order
 from batchpilot.tuner.study import retried
-from batchpilot.tuner.summary import NEAR_BEST_SHARE
+from batchpilot.tuner.summary import finalist_candidates
 from batchpilot.tuner.verdict import (
     Estimate,
     Verdict,
@@ -126,19 +126,9 @@ def start_confirmation(
     if spec.tuning.finalists == 0 or baseline is None or baseline.state not in FINISHED_STATES:
         return None
     incumbent = batching_config(baseline.params)
-    complete = [t for t in trials if t.state == "Complete" and t.effective_rps]
-    best = max((t.effective_rps or 0.0 for t in complete), default=0.0)
-    # a trial pruned by one unlucky window near the best may still be confirmed
-    # (tuner.summary.finalists)
-    near = [
-        t
-        for t in trials
-        if t.state == "Pruned" and (t.effective_rps or 0.0) >= NEAR_BEST_SHARE * best > 0
-    ]
-    done = sorted(complete + near, key=lambda t: (-(t.effective_rps or 0.0), t.number))
     seen = {incumbent}
     finalists: list[dict[str, float | int]] = []
-    for trial in done:
+    for trial in finalist_candidates(trials):
         config = batching_config(trial.params)
         if config not in seen and len(finalists) < spec.tuning.finalists:
             seen.add(config)

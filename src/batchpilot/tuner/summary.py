@@ -5,7 +5,7 @@ measured in the same run, and the gains over them. Tables and plots are views of
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Literal
+from typing import Literal, Protocol, TypeVar
 
 from pydantic import BaseModel
 
@@ -82,20 +82,40 @@ def finalists(
     them anyway. Complete trials, and pruned ones whose partial figure (the highest
     rate they held before stopping) reached `NEAR_BEST_SHARE` of the best: one unlucky
     window pruned them, and the confirmation's rounds can tell."""
-    complete = [r for r in records if r.state == "Complete" and r.effective_rps]
-    best = max((r.effective_rps or 0.0 for r in complete), default=0.0)
-    near = [
-        r
-        for r in records
-        if r.state == "Pruned" and (r.effective_rps or 0.0) >= NEAR_BEST_SHARE * best > 0
-    ]
-    done = sorted(complete + near, key=lambda r: (-(r.effective_rps or 0.0), r.number))
     chosen: list[BatchingConfig] = []
-    for rec in done:
+    for rec in finalist_candidates(records):
         config = rec.config()
         if config != incumbent and config not in chosen:
             chosen.append(config)
     return chosen[:k]
+
+
+class Scored(Protocol):
+    """A trial as the study scored it (a TrialRecord, or the operator's TrialEntry)."""
+
+    @property
+    def number(self) -> int: ...
+    @property
+    def state(self) -> str: ...
+    @property
+    def effective_rps(self) -> float | None: ...
+
+
+S = TypeVar("S", bound=Scored)
+
+
+def finalist_candidates(trials: Sequence[S]) -> list[S]:
+    """The trials that may be finalists, best first (the earlier on a tie): the
+    complete ones with a figure, and the pruned ones whose partial figure reached
+    NEAR_BEST_SHARE of the best complete one."""
+    complete = [t for t in trials if t.state == "Complete" and t.effective_rps]
+    best = max((t.effective_rps or 0.0 for t in complete), default=0.0)
+    near = [
+        t
+        for t in trials
+        if t.state == "Pruned" and (t.effective_rps or 0.0) >= NEAR_BEST_SHARE * best > 0
+    ]
+    return sorted(complete + near, key=lambda t: (-(t.effective_rps or 0.0), t.number))
 
 
 # A pruned trial whose partial figure reached this share of the best complete one may
