@@ -18,7 +18,7 @@ from batchpilot.tuner.refine import (
     server_died_reason,
     stalled,
 )
-from batchpilot.tuner.study import SearchSpace, TrialRecord, Tuner
+from batchpilot.tuner.study import SearchSpace, TrialRecord, Tuner, crash_retried, replay_queue
 
 SPACE = SearchSpace.from_bounds(max_batch_size=(1, 128), max_queue_time_ms=(0, 100))
 
@@ -189,6 +189,24 @@ def test_a_death_the_retry_survives_closes_nothing() -> None:
     assert tuner.batch_limit() is None
     asked = run(tuner, 25)
     assert any(int(p["max_batch_size"]) >= 64 for p in asked)
+
+
+def test_a_crash_after_a_survived_one_is_retried_live_and_on_a_rebuild() -> None:
+    # a death, its retry survives (that death no longer counts), then the same
+    # configuration dies again: this death is the first that counts, so it is retried,
+    # by the live tuner's rule and by the replay a rebuild makes alike
+    died = server_died_reason(64, "OOMKilled")
+    records = [
+        rec(0, 8, 5.0, 100.0),
+        rec(1, 64, 10.0, None, reason=died),
+        rec(2, 64, 10.0, 300.0),
+        rec(3, 64, 10.0, None, reason=died),
+    ]
+    assert crash_retried(records[:2])
+    assert crash_retried(records)
+    assert not crash_retried([*records[:2], records[1].model_copy(update={"number": 2})])
+    queue = replay_queue([], records)
+    assert list(queue) == [({"max_batch_size": 64, "max_queue_time_ms": 10.0}, "sampler")]
 
 
 def test_a_death_is_told_to_the_sampler_as_a_constraint_violation() -> None:

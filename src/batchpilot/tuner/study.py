@@ -161,20 +161,26 @@ def replay_queue(
     have not consumed, with interrupted trials' retries in front. Replays the order in
     which `ask` hands them out, so a resumed run neither skips nor repeats one."""
     queue: deque[tuple[Params, Source]] = deque(fixed)
-    deaths: dict[int, int] = {}
+    seen: list[TrialRecord] = []
     for rec in sorted(records, key=lambda r: r.number):
+        seen.append(rec)
         for i, (params, source) in enumerate(queue):
             if params == rec.params and source == rec.source:
                 del queue[i]
                 break
-        if rec.state == "Failed" and retried(rec.reason):
+        if (rec.state == "Failed" and retried(rec.reason)) or crash_retried(seen):
             queue.appendleft((dict(rec.params), rec.source))
-        elif rec.reason.startswith(SERVER_DIED):
-            batch = int(rec.params[BATCH])
-            deaths[batch] = deaths.get(batch, 0) + 1
-            if deaths[batch] < CONFIRMED_DEATHS:  # its retry, as tell_server_died queued
-                queue.appendleft((dict(rec.params), rec.source))
     return queue
+
+
+def crash_retried(records: Sequence[TrialRecord]) -> bool:
+    """Whether the last of `records` is a crash asked again at once: the first death at
+    its batch size that counts (`refine.deaths_by_batch`, over the records up to it)."""
+    last = records[-1]
+    if not last.reason.startswith(SERVER_DIED):
+        return False
+    batch = int(last.params[BATCH])
+    return deaths_by_batch(records).get(batch, 0) < CONFIRMED_DEATHS
 
 
 class Tuner:
@@ -420,7 +426,7 @@ class Tuner:
         trial.set_constraint(SLA_CONSTRAINT, 1.0)
         self._study.tell(trial, 0.0)
         self._records[number] = rec
-        if deaths_by_batch(self._records.values()).get(batch, 0) < CONFIRMED_DEATHS:
+        if crash_retried([r for r in self.records() if r.number <= number]):
             # asked again at once, before the sampler goes anywhere near it
             self._queue.appendleft((dict(rec.params), rec.source))
         return rec
