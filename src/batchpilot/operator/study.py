@@ -49,6 +49,7 @@ from batchpilot.operator.status import (
 )
 from batchpilot.operator.world import TargetProblem, World
 from batchpilot.tuner.confirm import probes_light_load
+from batchpilot.tuner.edges import space_edges
 from batchpilot.tuner.space import ParameterSpec, SearchSpace
 from batchpilot.tuner.study import INTERRUPTED, INVALID, TrialRecord, Tuner
 from batchpilot.tuner.verdict import Estimate
@@ -558,6 +559,7 @@ class StudyRunner:
             await self._fail(f"{problem.reason}: {problem.message}")
 
     async def _finish(self, reason: str) -> None:
+        self._report_edges()
         if self.status.confirmation is not None:
             await self._finish_confirmed(self.status.confirmation)
             return
@@ -585,6 +587,16 @@ class StudyRunner:
         persist = operator_runtimes.persist_advice(self.spec, best.params)
         await self._save(phase="Converged", message=message, persist=persist)
         self._event("Normal", "Converged", message)
+
+    def _report_edges(self) -> None:
+        """An event per knob of the study's best at an end of its searched range: the
+        optimum may lie beyond it, and the event says which field widens it."""
+        best = decisions.best_trial(self.status.trials)
+        if best is None:
+            return
+        edges = space_edges(batching_config(best.params), search_space(self.spec), operator=True)
+        for edge in edges:
+            self._event("Normal", "EdgeOfSpace", edge)
 
     async def _keep_incumbent(self, reason: str, best: TrialEntry) -> None:
         """The study's best is the configuration the target already runs: nothing is
