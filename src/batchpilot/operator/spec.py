@@ -1143,7 +1143,8 @@ class TuningSpec(BaseModel):
         default=3,
         description="After the trials, the best this many distinct configurations are "
         "measured again against the original (the incumbent), interleaved. 0 turns the "
-        "confirmation off: the study's best is written back unproven.",
+        "confirmation off: the study's best is written back unproven, and only when its "
+        "study figure is at least minGainPercent above the incumbent's.",
         ge=0,
         le=10,
     )

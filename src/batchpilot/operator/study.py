@@ -570,6 +570,10 @@ class StudyRunner:
         if decisions.incumbent_unbeaten(self.spec, self.status.trials, best):
             await self._keep_incumbent(reason, best)
             return
+        shortfall = decisions.study_gain_shortfall(self.spec, self.status.trials, best)
+        if shortfall is not None:
+            await self._keep_incumbent(reason, best, shortfall)
+            return
         await self._remove_canary()
         if self.spec.tuning.write_back == "Apply":
             if not await self._write_back(dict(best.params)):
@@ -598,16 +602,18 @@ class StudyRunner:
         for edge in edges:
             self._event("Normal", "EdgeOfSpace", edge)
 
-    async def _keep_incumbent(self, reason: str, best: TrialEntry) -> None:
-        """The study's best is the configuration the target already runs: nothing is
-        written (not even the same values, which would take the fields over), and the
-        study ends as a confirmation that found no gain would."""
+    async def _keep_incumbent(self, reason: str, best: TrialEntry, why: str = "") -> None:
+        """The study's best is the configuration the target already runs, or (`why`) an
+        unconfirmed best short of the gain gate: nothing is written (not even the same
+        values, which would take the fields over), and the study ends as a confirmation
+        that found no gain would."""
         await self._remove_canary()
         await self._restore_in_place()
-        message = (
-            f"{reason}: the incumbent stays. NoSignificantGain: no other configuration "
-            f"measured above the incumbent {decisions.describe_params(best.params)} → "
-            f"{best.effective_rps or 0.0:.0f} req/s (trial {best.number}), nothing to confirm"
+        message = f"{reason}: the incumbent stays. NoSignificantGain: " + (
+            why
+            or "no other configuration measured above the incumbent "
+            f"{decisions.describe_params(best.params)} → {best.effective_rps or 0.0:.0f} "
+            f"req/s (trial {best.number}), nothing to confirm"
         )
         self._condition("Ready", "True", "NoSignificantGain", message)
         self._condition("TargetReady", "True", "Done", "study finished")
