@@ -105,6 +105,8 @@ class FakeWorld:
         params = self.cluster.applied[-1]
         self.cluster.measures += 1
         self.cluster.light_load_asked.append(bool(light_load))
+        if self.cluster.measure_error is not None:
+            raise self.cluster.measure_error
         if self.cluster.measures in self.cluster.disturbed:
             raise TargetProblem(
                 "ScaledDuringTrial",
@@ -229,6 +231,8 @@ class FakeCluster:
         self.unschedulable: str | None = None
         self.restore_problem: TargetProblem | None = None
         self.measures = 0
+        # an error no rule expects, raised by every measurement (a bug, a missing module)
+        self.measure_error: Exception | None = None
         # the measurements (1-based, in order) an autoscaler disturbs
         self.disturbed: set[int] = set()
         self.restored_targets: list[str] = []  # the target of every restore, in order

@@ -60,6 +60,11 @@ CREDENTIALS = _Credentials()
 SERVICE_ACCOUNT_TOKEN = "/var/run/secrets/kubernetes.io/serviceaccount/token"
 # target problems that make restoring pointless rather than worth retrying
 GONE = frozenset({"TargetNotFound", "ContainerNotFound"})
+# An error no rule expects (a bug, a missing module, a value the code cannot handle)
+# repeats on every retry: after this many in a row the study stops, Failed and Stalled
+# with the error, and gives back what it holds (canary, InPlace values, the slot).
+# API errors and target problems are retried with backoff for as long as they last.
+MAX_UNEXPECTED_ERRORS = 5
 
 
 def kube_world(
@@ -354,6 +359,7 @@ async def study(
     runner: StudyRunner | None = None
     runner_generation: int | None = None
     attempt = 0
+    unexpected = 0  # unexpected errors in a row
     while not stopped:
         if not leadership.is_leader():
             # another replica may move the study on: a later leadership starts from
@@ -414,11 +420,18 @@ async def study(
                 if isinstance(error, RecoverableError):
                     log.warning(f"{where}: {error.reason}: {error.message}; retry in {delay:.0f} s")
                 else:
+                    unexpected += 1
+                    if unexpected >= MAX_UNEXPECTED_ERRORS:
+                        log.exception(f"{where}: study step failed {unexpected} times; stopped")
+                        await runner.fail_unexpected(error, unexpected)
+                        unexpected = 0
+                        continue
                     log.exception(f"{where}: study step failed; retrying in {delay:.0f} s")
                     _post(memo, body, "Warning", "StepFailed", repr(error))
                 await stopped.wait(delay)
                 continue
         attempt = 0
+        unexpected = 0
         if busy is None and stopped:
             return
         if busy is False:

@@ -20,6 +20,7 @@ from pydantic import (
 )
 from pydantic.alias_generators import to_camel
 
+from batchpilot.extras import gp_sampler_missing
 from batchpilot.loadgen.arrivals import (
     MMPP,
     ArrivalKind,
@@ -354,6 +355,8 @@ class HTTPEndpoint(BaseModel):
     path: str = Field(description="HTTP path.", max_length=256, pattern=HTTP_PATH_PATTERN)
 
 
+# PEM CA bundles given in the spec (they travel in status.startedWith too, see scope)
+MAX_CA_BUNDLE_CHARS = 65536
 _ENDPOINT_CA_MESSAGE = "load.endpoint.caBundle applies to scheme https only"
 _ENDPOINT_SERVER_NAME_MESSAGE = "load.endpoint.serverName applies to scheme https only"
 
@@ -379,7 +382,7 @@ class LoadEndpoint(BaseModel):
         "the operator's trust store when unset. CA certificates are public, so they are "
         "given here rather than read from a Secret.",
         min_length=1,
-        max_length=65536,
+        max_length=MAX_CA_BUNDLE_CHARS,
     )
     server_name: str | None = Field(
         default=None,
@@ -584,7 +587,7 @@ class PrometheusSpec(BaseModel):
         "operator's trust store when unset. Verification is always on. CA certificates are "
         "public, so they are given here rather than read from a Secret.",
         min_length=1,
-        max_length=65536,
+        max_length=MAX_CA_BUNDLE_CHARS,
     )
     latency_metric: str | None = Field(
         default=None,
@@ -1085,8 +1088,19 @@ class TuningSpec(BaseModel):
         le=MAX_TRIALS_LIMIT,
     )
     sampler: Literal["TPE", "GP", "Random"] = Field(
-        default="TPE", description="Optuna sampler that proposes the next configuration."
+        default="TPE",
+        description="Optuna sampler that proposes the next configuration. GP needs PyTorch "
+        "in the operator's image (the default image has none: the spec is refused).",
     )
+
+    @field_validator("sampler")
+    @classmethod
+    def _sampler_runs_here(cls, sampler: str) -> str:
+        # GP fits its model with PyTorch: without it, ask() would fail trials in
+        if sampler == "GP" and (missing := gp_sampler_missing()) is not None:
+            raise ValueError(missing)
+        return sampler
+
     write_back: Literal["Apply", "Recommend"] = Field(
         default="Apply",
         description="Apply: write the best values onto the target (server-side apply, field "

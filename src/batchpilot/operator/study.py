@@ -791,6 +791,23 @@ class StudyRunner:
             self._condition("CleanedUp", "True", "CleanedUp", f"cleaned up: {why}")
             await self._save()
 
+    async def fail_unexpected(self, error: BaseException, attempts: int) -> None:
+        """An error no rule expects, met `attempts` times in a row: the study stops
+        (Failed, so kstatus Stalled) with the error's text and releases what it holds.
+        A cleanup that fails too is reported and retried before the next study; the
+        study is Failed either way, so it stops retrying and an edit reruns it."""
+        why = f"UnexpectedError ({attempts} times in a row): {type(error).__name__}: {error}"
+        why = why[:900]
+        try:
+            await self._fail(why)
+        except Exception as cleanup_error:
+            await self.cleanup_failed(why, cleanup_error)
+            message = f"study failed: {why}"
+            self._condition("Ready", "False", "StudyFailed", message)
+            with contextlib.suppress(KubeError):
+                await self._save(phase="Failed", message=message)
+            self._event("Warning", "StudyFailed", message)
+
     async def cleanup_failed(self, why: str, error: Exception) -> None:
         """A cleanup that could not finish (it is tried again before the next study
         starts): a condition and one event, and status keeps what is left to undo."""

@@ -14,7 +14,7 @@ from optuna.storages import BaseStorage
 from rich.console import Console
 
 from batchpilot.clitools import OneLineErrors
-from batchpilot.extras import matplotlib_missing
+from batchpilot.extras import gp_sampler_missing, matplotlib_missing
 from batchpilot.loadgen.arrival_option import ARRIVAL_HELP
 from batchpilot.loadgen.arrivals import ARRIVAL_SYNTAX, ArrivalKind
 from batchpilot.loadgen.connections_option import max_connections_option
@@ -144,6 +144,8 @@ def build_config(
 def resolve(config: TuneConfig) -> tuple[SearchSpace, RequestMix]:
     """The search space and mix a configuration names; ValueError says what is wrong."""
     sampler_factory(config.tuning.sampler)  # an unknown name fails here, not mid-run
+    if config.tuning.sampler.upper() == "GP" and (missing := gp_sampler_missing()) is not None:
+        raise ValueError(missing)
     p = config.parameters
     space = SearchSpace.from_bounds(
         max_batch_size=(p.max_batch_size.min, p.max_batch_size.max),
