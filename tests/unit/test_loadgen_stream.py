@@ -7,11 +7,16 @@ bound what the server did, never how fast the client is."""
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
+from click.testing import CliRunner
 from loopback import serving
-from tokenserver import SLOW_DECODE_EVERY, SLOW_FIRST_EVERY, TokenServer
+from tokenserver import SLOW_DECODE_EVERY, SLOW_FIRST_EVERY, TokenServer, serving_in_thread
 
 from batchpilot.loadgen.arrivals import as_arrival, schedule
+from batchpilot.loadgen.cli import loadtest
 from batchpilot.loadgen.generator import run_load
 from batchpilot.loadgen.lengths import Fixed, LogNormal, TokenLengths, draw_lengths
 from batchpilot.loadgen.protocols import openai_stream, speaking
@@ -180,3 +185,30 @@ async def test_two_load_processes_share_the_stream_schedule() -> None:
     assert (stream.ttft.count, stream.itl.count) == (n, (OUTPUT - 1) * n)
     assert sorted(int(b["prompt"].split()[0]) for b in server.bodies) == list(range(n))
     assert 35.0 <= stream.ttft.p50_ms <= 80.0
+
+
+def test_loadtest_reports_the_token_figures_in_json_and_in_its_table(tmp_path: Path) -> None:
+    pairs = tmp_path / "pairs.jsonl"
+    pairs.write_text('{"prompt_tokens": 12, "output_tokens": 5}\n')
+    server = TokenServer()
+    args = [
+        "--rate", str(RATE), "--duration", str(DURATION_S), "--arrival", "constant",
+        "--seed", str(SEED), "--protocol", "openai-stream", "--model", "m-slow",
+        "--prompt-tokens", f"file:{pairs}", "--ttft-p99-ms", "120", "--tpot-p99-ms", "20",
+    ]  # fmt: skip
+    with serving_in_thread(server.app()) as url:
+        as_json = CliRunner().invoke(loadtest, [url, *args, "--json"])
+        table = CliRunner().invoke(loadtest, [url, *args], env={"COLUMNS": "200"})
+    assert as_json.exit_code == 0, as_json.output
+    result = LoadResult.model_validate_json(as_json.output)
+    n = _count()
+    stream = _stream(result)
+    assert (result.ok, stream.output_tokens) == (n, 5 * n)
+    assert stream.sla == TokenSla(ttft_ms=120.0, tpot_ms=20.0)
+    assert stream.good == _expected_good(n, tpot=True)
+    assert json.loads(as_json.output)["stream"]["goodput_rps"] == stream.goodput_rps
+    assert {len(b["prompt"].split()) for b in server.bodies} == {12}
+    assert table.exit_code == 0, table.output
+    for row in ("TTFT p50 / p90 / p99", "ITL p50 / p99", "TPOT p50 / p99", "output tokens"):
+        assert row in table.output
+    assert f"({stream.good} of {n}; TTFT ≤ 120 ms (p99 broken), TPOT ≤ 20 ms" in table.output

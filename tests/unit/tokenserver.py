@@ -12,7 +12,10 @@ chunk; `m-pairs` sends two tokens per chunk; `m-nodone`, `m-error`, `m-malformed
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import threading
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -88,3 +91,27 @@ def _event(chunk: dict[str, Any]) -> bytes:
 async def _end(response: web.StreamResponse) -> web.StreamResponse:
     await response.write_eof()
     return response
+
+
+@contextlib.contextmanager
+def serving_in_thread(app: web.Application) -> Iterator[str]:
+    """`app` on 127.0.0.1 at a free port, served by its own event loop in a thread, for a
+    command that runs its own loop (a CLI under test); its base URL."""
+    loop = asyncio.new_event_loop()
+    runner = web.AppRunner(app)
+
+    async def start() -> str:
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        return f"http://127.0.0.1:{runner.addresses[0][1]}"
+
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+    try:
+        yield asyncio.run_coroutine_threadsafe(start(), loop).result(timeout=10)
+    finally:
+        asyncio.run_coroutine_threadsafe(runner.cleanup(), loop).result(timeout=10)
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(timeout=10)
+        loop.close()
