@@ -29,6 +29,8 @@ RATE = 20.0
 DURATION_S = 1.0
 SEED = 3
 OUTPUT = 8
+# the stream protocols draw lengths instead: the mix is not used
+MIX = RequestMix.default()
 LENGTHS = TokenLengths(prompt=Fixed(tokens=16), output=Fixed(tokens=OUTPUT))
 
 
@@ -48,17 +50,15 @@ async def _run(
     protocol = openai_stream(model, lengths=lengths, chat=chat, sla=sla)
     async with serving(server.app()) as url:
         with speaking(protocol):
-            common = {
-                "rate": RATE,
-                "duration_s": DURATION_S,
-                "mix": RequestMix.default(),
-                "arrival": "constant",
-                "timeout_s": 5.0,
-                "seed": SEED,
-            }
             if workers:
-                return await run_load_workers(url, workers=workers, **common)  # type: ignore[arg-type]
-            return await run_load(url, **common)  # type: ignore[arg-type]
+                return await run_load_workers(
+                    url, workers=workers, rate=RATE, duration_s=DURATION_S, mix=MIX,
+                    arrival="constant", timeout_s=5.0, seed=SEED,
+                )  # fmt: skip
+            return await run_load(
+                url, rate=RATE, duration_s=DURATION_S, mix=MIX, arrival="constant",
+                timeout_s=5.0, seed=SEED,
+            )  # fmt: skip
 
 
 def _stream(result: LoadResult) -> StreamSummary:
@@ -175,15 +175,21 @@ async def test_broken_streams_are_errors_by_kind(model: str, kind: str) -> None:
     assert (stream.streams, stream.output_tokens, stream.ttft.count) == (0, 0, 0)
 
 
-async def test_two_load_processes_share_the_stream_schedule() -> None:
+async def test_two_load_processes_share_the_stream_schedule_and_its_targets() -> None:
     server = TokenServer()
-    result = await _run(server, "m", workers=2)
+    sla = TokenSla(ttft_ms=120.0, tpot_ms=20.0)
+    result = await _run(server, "m-slow", sla=sla, workers=2)
     n = _count()
     stream = _stream(result)
     assert len(result.worker_clients) == 2
     assert (result.ok, stream.streams, stream.output_tokens) == (n, n, OUTPUT * n)
     assert (stream.ttft.count, stream.itl.count) == (n, (OUTPUT - 1) * n)
+    # each request sent once, by one of the two, with the lengths of the one schedule
     assert sorted(int(b["prompt"].split()[0]) for b in server.bodies) == list(range(n))
+    assert {b["max_tokens"] for b in server.bodies} == {OUTPUT}
+    # the targets travelled with the shares: each process judged its own requests
+    assert stream.sla == sla
+    assert stream.good == _expected_good(n, tpot=True)
     assert 35.0 <= stream.ttft.p50_ms <= 80.0
 
 

@@ -158,7 +158,8 @@ def summarise(
     count in the timeline and the client's health, not in the figures. `slot_waits_ms`
     (index-aligned, empty: none) is each request's wait for a connection slot; under a
     `connection_cap` that wait is the client's, so it counts in how long the client held
-    a request that timed out (ClientHealth.timeout_held_min_ms)."""
+    a request that timed out (ClientHealth.timeout_held_min_ms). `stream` is a
+    token-stream run's own figures (`loadgen.tokens.summarise_stream`), carried as given."""
     if not (math.isfinite(warmup_s) and warmup_s >= 0):
         raise ValueError(f"warm-up must be ≥ 0 s, got {warmup_s:g}")
     measured_s = window_s - warmup_s
