@@ -117,16 +117,17 @@ async def run_load(
     stream = protocol.stream if protocol is not None else None
     every = schedule(rate, duration_s, process, seed)
     targets = [endpoint_url(base, path) for base in bases]
+    request_at: Callable[[int], Prepared]
     if stream is None:
         offsets, sizes, positions = share_of_schedule(every, mix.sampler(seed), index, of)
-        requests = _sized_requests(targets, positions, sizes, body_for_size, headers)
+        request_at = _sized_requests(targets, positions, sizes, body_for_size, headers).__getitem__
     else:
         offsets, lengths, positions = share_of_lengths(every, stream.lengths, seed, index, of)
-        requests = _stream_requests(targets, positions, lengths, stream, headers)
+        request_at = _stream_requests(targets, positions, lengths, stream, headers)
     health = _HealthProbe()
     run = _Run(
         offsets=offsets,
-        requests=requests,
+        request_at=request_at,
         streaming=stream is not None,
         timeout_s=timeout_s,
         max_in_flight=max_in_flight,
@@ -196,13 +197,20 @@ def _stream_requests(
     lengths: Sequence[tuple[int, int]],
     stream: OpenAIStream,
     headers: Mapping[str, str],
-) -> list[Prepared]:
-    """One prepared request per request of a token-stream share: each prompt starts
-    with its position (`streaming.stream_prompt`)."""
-    return [
-        prepare(targets[k % len(targets)], stream_body(stream, k, p, o), headers)
-        for k, (p, o) in zip(positions, lengths, strict=True)
-    ]
+) -> Callable[[int], Prepared]:
+    """Request i of a token-stream share, prepared when it is sent: every prompt is its
+    own (it starts with its position, `streaming.stream_prompt`), and the prompts of a
+    long run held all at once would take gigabytes. A generative run's rates leave the
+    few tens of microseconds this costs a send well inside its time to first token (and
+    in the send lag, which is measured)."""
+    count = len(targets)
+
+    def request_at(i: int) -> Prepared:
+        k = positions[i]
+        prompt, output = lengths[i]
+        return prepare(targets[k % count], stream_body(stream, k, prompt, output), headers)
+
+    return request_at
 
 
 def share_of_lengths(
@@ -349,7 +357,7 @@ class _Run:
         self,
         *,
         offsets: list[float],
-        requests: list[Prepared],
+        request_at: Callable[[int], Prepared],
         timeout_s: float,
         streaming: bool = False,
         max_in_flight: int,
@@ -363,7 +371,7 @@ class _Run:
         self.slot_waits_ms = [0.0] * n  # each request's own wait for a connection
         self.start_at = start_at
         self.offsets = offsets
-        self.requests = requests
+        self.request_at = request_at  # request i, ready to send
         self.timeout_s = timeout_s
         self.max_in_flight = max_in_flight
         self.stop = stop
@@ -463,7 +471,7 @@ class _Run:
         """Send request i: at once on an idle connection, else in a task that connects or
         waits for one. What is returned ends when the request does; cancelling it is how
         the reaper times the request out."""
-        sent = client.send_now(self.requests[i], self._sink(i))
+        sent = client.send_now(self.request_at(i), self._sink(i))
         if sent is None:
             return loop.create_task(self._fire(client, i, due))
         self.lags_ms[i] = (loop.time() - due) * 1000.0  # it has left
@@ -488,7 +496,7 @@ class _Run:
         done: float | None = None
         try:
             status, done = await client.request(
-                self.requests[i], on_wait=slot.started, on_waited=slot.ended, sink=self._sink(i)
+                self.request_at(i), on_wait=slot.started, on_waited=slot.ended, sink=self._sink(i)
             )
             outcome = _answered(status)
         except asyncio.CancelledError:

@@ -16,6 +16,7 @@ server's prefix cache cannot answer one request's prefill from another's."""
 
 from __future__ import annotations
 
+import functools
 import json
 from typing import Annotated
 
@@ -41,7 +42,13 @@ class OpenAIStream(Frozen):
 
 def stream_prompt(position: int, prompt_tokens: int) -> str:
     """About `prompt_tokens` tokens of text, starting with the request's position."""
-    return " ".join([str(position), *([PROMPT_WORD] * (prompt_tokens - 1))])
+    return str(position) + _words(prompt_tokens - 1)
+
+
+@functools.lru_cache(maxsize=256)
+def _words(count: int) -> str:
+    """`count` times " " + PROMPT_WORD: the bulk of a prompt, made once per length."""
+    return f" {PROMPT_WORD}" * count
 
 
 def stream_body(spec: OpenAIStream, position: int, prompt_tokens: int, output_tokens: int) -> bytes:
