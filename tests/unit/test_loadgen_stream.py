@@ -163,6 +163,7 @@ async def test_goodput_counts_exactly_the_requests_within_both_targets(with_tpot
         ("m-error", "stream_error"),
         ("m-malformed", "stream_malformed"),
         ("m-empty", "stream_empty"),
+        ("m-abort", "connection"),
         ("m-400", "400"),
         ("m-500", "500"),
     ],

@@ -5,9 +5,10 @@ every ITL_S, exactly `max_tokens` of them, a usage chunk and `data: [DONE]`.
 The model field picks a behaviour: `m` streams as above; `m-slow` answers the requests
 whose position (the prompt's first word) is a multiple of SLOW_FIRST_EVERY with a late
 first token (SLOW_TTFT_S) and those whose position is a multiple of SLOW_DECODE_EVERY
-with slow tokens (SLOW_ITL_S), the rest as `m`; `m-nousage` sends no usage
-chunk; `m-pairs` sends two tokens per chunk; `m-nodone`, `m-error`, `m-malformed` and
-`m-empty` break the stream; `m-400` and `m-500` answer with that status."""
+with slow tokens (SLOW_ITL_S), the rest as `m`; `m-nousage` sends no usage chunk;
+`m-pairs` sends two tokens per chunk; `m-nodone`, `m-error`, `m-malformed`, `m-empty`
+and `m-abort` (the connection dropped) break the stream; `m-400` and `m-500` answer
+with that status."""
 
 from __future__ import annotations
 
@@ -65,6 +66,10 @@ class TokenServer:
             if model == "m-error" and sent >= 2:
                 await response.write(b'data: {"error": {"message": "engine died"}}\n\n')
                 return await _end(response)
+            if model == "m-abort" and sent >= 2:
+                assert request.transport is not None
+                request.transport.abort()  # the connection drops mid-stream
+                return response
             if model == "m-malformed" and sent >= 2:
                 await response.write(b"data: {not json\n\n")
                 return await _end(response)
