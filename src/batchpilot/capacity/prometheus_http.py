@@ -18,6 +18,7 @@ from typing import Any
 import aiohttp
 from yarl import URL
 
+from batchpilot.httpbody import MAX_METRICS_BODY_BYTES, BodyTooLarge, cap_text, read_capped
 from batchpilot.retry import backoff_delay, retry
 from batchpilot.tls import verifying_context
 
@@ -28,7 +29,7 @@ BODY_EXCERPT_CHARS = 200
 # configuration a few KiB to a few MiB; a server that streams more (a hostile or broken
 # address in a tenant's spec) would otherwise fill the operator's memory, and the
 # standby's after it.
-MAX_BODY_BYTES = 16 * 1024 * 1024
+MAX_BODY_BYTES = MAX_METRICS_BODY_BYTES
 # Prometheus behind a proxy or a rolling restart answers these for a moment
 _RETRY_STATUSES = frozenset({502, 503, 504})
 
@@ -197,20 +198,14 @@ class PrometheusHTTP:
     async def _read_capped(self, response: aiohttp.ClientResponse, what: str) -> bytes:
         """The body, refused (PrometheusQueryError) past MAX_BODY_BYTES: by its declared
         length before a byte is read, else as soon as it streams past the cap."""
-        too_big = PrometheusQueryError(
-            f"Prometheus at {self.shown} answered {what} with more than "
-            f"{MAX_BODY_BYTES // (1024 * 1024)} MiB; a Prometheus API answer to these "
-            "queries is a few KiB"
-        )
-        declared = response.content_length
-        if declared is not None and declared > MAX_BODY_BYTES:
-            raise too_big
-        body = bytearray()
-        async for chunk in response.content.iter_chunked(64 * 1024):
-            body += chunk
-            if len(body) > MAX_BODY_BYTES:
-                raise too_big
-        return bytes(body)
+        try:
+            return await read_capped(response, cap=MAX_BODY_BYTES, url=self.shown)
+        except BodyTooLarge:
+            raise PrometheusQueryError(
+                f"Prometheus at {self.shown} answered {what} with more than "
+                f"{cap_text(MAX_BODY_BYTES)}, refused; a Prometheus API answer to these "
+                "queries is a few KiB"
+            ) from None
 
     def _status_error(
         self, what: str, status: int, reason: str, body: bytes
