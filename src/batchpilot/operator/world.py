@@ -41,6 +41,7 @@ from batchpilot.operator.status import OriginalConfig
 
 if TYPE_CHECKING:
     from batchpilot.capacity.prometheus import PrometheusStepSource
+    from batchpilot.capacity.prometheus_http import AddressGuard
     from batchpilot.runtimes.base import Runtime
 
 log = logging.getLogger(__name__)
@@ -134,8 +135,11 @@ class KubeWorld:
         poll_s: float = 2.0,
         http_timeout_s: float = 10.0,
         settle_s: float = 120.0,
+        prometheus_guard: AddressGuard | None = None,
     ) -> None:
         self._kube = kube
+        # the platform's Prometheus URL policy, checked on every address a query uses
+        self._prometheus_guard = prometheus_guard
         self._spec = spec
         self._namespace = namespace
         self._owner = owner
@@ -933,4 +937,6 @@ class KubeWorld:
             )
         except ValueError as exc:
             raise TargetProblem("PrometheusScope", f"load.prometheus: {exc}") from None
-        return prometheus_source(self._spec, selector=selector)
+        return prometheus_source(
+            self._spec, selector=selector, address_guard=self._prometheus_guard
+        )
