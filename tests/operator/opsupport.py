@@ -21,6 +21,7 @@ from batchpilot.models import SLA, BatchingConfig, CapacityResult, ClientHealth,
 from batchpilot.operator.canary import canary_name
 from batchpilot.operator.crd import GROUP, PLURAL, VERSION
 from batchpilot.operator.kube import KubeError
+from batchpilot.operator.platform import policy_from_flags
 from batchpilot.operator.spec import InferenceServiceSpec, Params
 from batchpilot.operator.status import OriginalConfig
 from batchpilot.operator.study import Slots
@@ -285,6 +286,10 @@ def isvc(name: str = "resnet", **spec_overrides: Any) -> dict[str, Any]:
     }
 
 
+# the tests' Prometheus runs on loopback: allowed as `--prometheus-allow` allows it
+LOOPBACK_ALLOWED = policy_from_flags(["127.0.0.0/8", "::1"], environ={})
+
+
 @pytest.fixture
 def cluster() -> FakeCluster:
     return FakeCluster()
@@ -328,12 +333,13 @@ def operator(kubeconfig: Path, cluster: FakeCluster) -> Operator:
     async def run(**extra: Any) -> AsyncIterator[None]:
         """`extra` goes into the memo (e.g. `leadership`, the replica's election)."""
         stop = asyncio.Event()
+        options: dict[str, Any] = {"policy": LOOPBACK_ALLOWED, **extra}
         memo = kopf.Memo(
             world_factory=cluster.factory(),
             slots=Slots(),
             poll_s=0.05,
             backoff_cap_s=0.2,
-            **extra,
+            **options,
         )
         task = asyncio.create_task(
             kopf.operator(clusterwide=True, standalone=True, memo=memo, stop_flag=stop)

@@ -577,7 +577,8 @@ class PrometheusSpec(BaseModel):
 
     url: str = Field(
         description="Base URL of the Prometheus API; https is verified (see caBundle), "
-        "without a query or fragment.",
+        "without a query or fragment. The operator refuses a host on loopback, link-local "
+        "addresses or the Kubernetes API server unless its --prometheus-allow allows it.",
         min_length=8,
         max_length=512,
     )
@@ -1108,7 +1109,9 @@ class TuningSpec(BaseModel):
     )
     trial_deadline_seconds: int = Field(
         default=900,
-        description="Longest a trial (apply, rollout and measurement) may take.",
+        description="Longest a trial (apply, rollout and measurement) may take. The "
+        "operator refuses a value over its --max-trial-deadline-seconds (default 3600), "
+        "set by the platform team.",
         ge=10,
         le=86400,
     )
