@@ -190,6 +190,11 @@ def test_refusals_and_missing_inputs_say_what_to_set() -> None:
         refused
     )
     assert "--body-template" in refused
+    template = refused_message(422, '{"detail": "no shape"}', "scaler", template=True)
+    assert template == (
+        "MLServer refused the --body-template requests for model 'scaler' (HTTP 422: "
+        '{"detail": "no shape"}); give a request body it accepts with --body-template'
+    )
     missing = no_inputs_message("scaler", "the metadata of model 'scaler' lists no inputs")
     assert '"inputs": [{"name": "<input>"' in missing
     assert "--body-template" in missing

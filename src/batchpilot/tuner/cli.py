@@ -527,7 +527,7 @@ def tune(
             report_dir=report_dir,
         )
         return
-    from batchpilot.errors import TargetError
+    from batchpilot.errors import RequestShapeError, TargetError
     from batchpilot.runtimes.base import LaunchError
     from batchpilot.runtimes.registry import get_runtime
     from batchpilot.server.process import ServerStartError
@@ -578,6 +578,8 @@ def tune(
         raise click.ClickException(
             f"{what}: {first}" if attach is not None else f"{what} did not start: {first}"
         ) from None
+    except RequestShapeError as exc:  # the requests are wrong, not the server
+        raise click.ClickException(f"{what}: {exc}") from None
     except TargetError as exc:
         why = f"{what}: {exc}" if attach is not None else f"{what} misbehaved: {exc}"
         raise click.ClickException(why) from None

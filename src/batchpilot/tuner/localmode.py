@@ -220,6 +220,10 @@ async def tune_local(run: LocalRun, console: Console) -> TuneSummary:
             if attach is not None
             else await target.current()
         )
+        if run.model_dir is not None:
+            # a model of the user's own: its requests are tried (and its control) before
+            # the study, so a model that refuses them stops the run with the server's words
+            await target.apply(baseline)
         tuner = Tuner(
             run.space,
             sampler=cfg.tuning.sampler,

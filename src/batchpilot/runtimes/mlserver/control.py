@@ -313,14 +313,20 @@ def answered(metrics: str, model: str, version: str) -> float:
     return total
 
 
-def refused_message(status: int, text: str, model: str) -> str:
-    """What to tell the user when MLServer refuses the requests built for `model` from
-    its metadata with a 4xx: the server's words and what to set."""
+def refused_message(status: int, text: str, model: str, *, template: bool = False) -> str:
+    """What to tell the user when MLServer refuses the requests for `model` with a 4xx
+    (built from its metadata, or with `template` the user's --body-template): the
+    server's words and what to set."""
     try:
         data = json.loads(text)
     except ValueError:
         data = None
     said = data["error"] if isinstance(data, dict) and "error" in data else text[:200]
+    if template:
+        return (
+            f"MLServer refused the {BODY_FLAG} requests for model {model!r} (HTTP {status}: "
+            f"{said}); give a request body it accepts with {BODY_FLAG}"
+        )
     return (
         f"MLServer refused the requests built for model {model!r} from its metadata "
         f"(HTTP {status}: {said}); declare the model's inputs (name, datatype, shape) in "
@@ -364,21 +370,24 @@ class UserModelControl(MLServerControl):
         self.repo = repository
         self.metrics_url = metrics_url
         self.protocol: RequestProtocol | None = None
+        self._template = False  # the requests are the user's --body-template
 
     async def request_protocol(self, override: RequestProtocol | None = None) -> RequestProtocol:
         """The requests the model takes: `override` (the user's own body), else built
-        once from the model's metadata. TargetError says why none can be built."""
+        once from the model's metadata. RequestShapeError says why none can be built and
+        what to declare or give."""
         if override is not None:
             self.protocol = override
+            self._template = True
         if self.protocol is None:
             try:
                 model = await fetch_v2_model(self.url, self.model, triton_config=False)
             except MetadataError as exc:
-                raise TargetError(no_inputs_message(self.model, str(exc))) from None
+                raise RequestShapeError(no_inputs_message(self.model, str(exc))) from None
             try:
                 self.protocol = v2_model_protocol(model)
             except MetadataError as exc:
-                raise TargetError(str(exc)) from None
+                raise RequestShapeError(str(exc)) from None
         return self.protocol
 
     async def served(self) -> str:
@@ -440,7 +449,9 @@ class UserModelControl(MLServerControl):
             async with session.post(url, data=body, headers=dict(protocol.headers)) as response:
                 text = await response.text()
                 if 400 <= response.status < 500:
-                    raise RequestShapeError(refused_message(response.status, text, self.model))
+                    raise RequestShapeError(
+                        refused_message(response.status, text, self.model, template=self._template)
+                    )
                 if not 200 <= response.status < 300:
                     raise TargetError(f"POST {url} answered HTTP {response.status}: {text[:200]}")
 
