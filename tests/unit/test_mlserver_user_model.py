@@ -6,16 +6,21 @@ counters and refusals say, read without a server."""
 from __future__ import annotations
 
 import json
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from aiohttp import web
 from click.testing import CliRunner
 
+from batchpilot.errors import RequestShapeError, TargetError
+from batchpilot.models import BatchingConfig
 from batchpilot.runtimes.base import LaunchError
 from batchpilot.runtimes.mlserver import (
     MLServerRuntime,
     ModelRepository,
+    UserModelControl,
     UserModelError,
     load_user_model,
 )
@@ -229,3 +234,130 @@ def test_a_start_from_the_config_file_is_refused_with_a_model_dir(tmp_path: Path
     result = CliRunner().invoke(tune, [*args, "--config", str(config)])
     assert result.exit_code == 2
     assert "server.max_batch_size sets the start of a bundled model" in result.output
+
+
+class FakeMLServer:
+    """Loads the newest version of the repository as MLServer does and answers its
+    repository index, versioned inference and request counter; misbehaves as scripted."""
+
+    def __init__(self, repo: ModelRepository) -> None:
+        self.repo = repo
+        self.version = ""
+        self.counted: dict[str, int] = {}
+        self.stale_index = False  # the index keeps showing the version before
+        self.uncounted = False  # answers, but counts nothing
+        self.refuse = 0  # a 4xx status for every inference
+
+    def load_newest(self) -> None:
+        self.version = str(self.repo.versions()[-1])
+
+    async def load(self, request: web.Request) -> web.Response:
+        if not self.stale_index:
+            self.load_newest()
+        return web.Response(status=200)
+
+    async def index(self, request: web.Request) -> web.Response:
+        return web.json_response(
+            [{"name": "scaler", "version": self.version, "state": "READY", "reason": ""}]
+        )
+
+    async def metadata(self, request: web.Request) -> web.Response:
+        return web.json_response({"name": "scaler", "inputs": SETTINGS["inputs"]})
+
+    async def infer(self, request: web.Request) -> web.Response:
+        body = await request.json()
+        if self.refuse:
+            return web.json_response({"error": "scripted refusal"}, status=self.refuse)
+        assert body["inputs"][0]["name"] == "x"
+        assert body["inputs"][0]["shape"] == [1, 4]
+        version = request.match_info["version"]
+        if not self.uncounted:
+            self.counted[version] = self.counted.get(version, 0) + 1
+        return web.json_response({"model_name": "scaler", "outputs": []})
+
+    async def metrics(self, request: web.Request) -> web.Response:
+        lines = [
+            f'model_infer_request_success_total{{model="scaler",version="{v}"}} {n}.0'
+            for v, n in self.counted.items()
+        ]
+        return web.Response(text="\n".join(lines) + "\n")
+
+
+@pytest.fixture
+async def fake(tmp_path: Path) -> AsyncIterator[tuple[FakeMLServer, UserModelControl]]:
+    repo = ModelRepository(tmp_path / "models", user=load_user_model(write_model(tmp_path / "m")))
+    repo.write({"max_batch_size": 4, "max_batch_time": 0.002})
+    server = FakeMLServer(repo)
+    server.load_newest()
+    app = web.Application()
+    app.router.add_post("/v2/repository/models/scaler/load", server.load)
+    app.router.add_post("/v2/repository/index", server.index)
+    app.router.add_get("/v2/models/scaler", server.metadata)
+    app.router.add_post("/v2/models/scaler/versions/{version}/infer", server.infer)
+    app.router.add_get("/metrics", server.metrics)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    url = f"http://127.0.0.1:{runner.addresses[0][1]}"
+    control = UserModelControl(url, repository=repo, metrics_url=url + "/metrics", timeout_s=5)
+    try:
+        yield server, control
+    finally:
+        await runner.cleanup()
+
+
+async def test_current_is_the_settings_of_the_version_mlserver_serves(
+    fake: tuple[FakeMLServer, UserModelControl],
+) -> None:
+    _, control = fake
+    assert await control.current() == BatchingConfig(max_batch_size=4, max_queue_time_ms=2.0)
+
+
+async def test_a_change_is_verified_by_the_index_the_settings_and_the_counter(
+    fake: tuple[FakeMLServer, UserModelControl],
+) -> None:
+    server, control = fake
+    await control.apply(BatchingConfig(max_batch_size=16, max_queue_time_ms=5.0))
+    assert server.counted == {"2": 32}  # 2 x the cap, sent to version 2 by name
+    verification = control.last_verification
+    assert verification is not None
+    assert verification.native == {"max_batch_size": 16, "max_batch_time": 0.005}
+    assert verification.verified_by == (
+        "repository index: version 2 alone and READY, its model-settings.json read back "
+        "(max_batch_size 16, max_batch_time 0.005 s: adaptive batching on); 32 requests to "
+        "that version answered (model_infer_request_success_total)"
+    )
+    persisted = await control.persistence(BatchingConfig(max_batch_size=8, max_queue_time_ms=10))
+    assert json.loads(persisted.snippet) == {
+        **SETTINGS,
+        "max_batch_size": 8,
+        "max_batch_time": 0.01,
+    }
+    assert persisted.where.startswith(str(control.repo.dir.parent.parent / "m" / "model-settings"))
+
+
+@pytest.mark.parametrize(
+    ("script", "problem"),
+    [
+        ("stale_index", "index shows model scaler at versions [1 READY], expected 2 READY"),
+        ("uncounted", "MLServer counts 0 of 8 requests answered by version 2"),
+    ],
+)
+async def test_a_change_mlserver_does_not_show_fails(
+    fake: tuple[FakeMLServer, UserModelControl], script: str, problem: str
+) -> None:
+    server, control = fake
+    setattr(server, script, True)
+    with pytest.raises(TargetError, match=r"did not take batch=2 wait=1ms: ") as caught:
+        await control.apply(BatchingConfig(max_batch_size=2, max_queue_time_ms=1.0))
+    assert problem in str(caught.value)
+
+
+async def test_refused_requests_stop_with_the_servers_words(
+    fake: tuple[FakeMLServer, UserModelControl],
+) -> None:
+    server, control = fake
+    server.refuse = 400
+    with pytest.raises(RequestShapeError, match=r"HTTP 400: scripted refusal\); declare"):
+        await control.apply(BatchingConfig(max_batch_size=2, max_queue_time_ms=1.0))
