@@ -39,3 +39,11 @@ def torch_missing(what: str) -> str | None:
 def matplotlib_missing(what: str) -> str | None:
     """Why `what` cannot run here when matplotlib is not installed, else None."""
     return _missing(what, "matplotlib", "matplotlib", PLOT_EXTRA, INSTALL_PLOT)
+
+
+def gp_sampler_missing() -> str | None:
+    """Why the GP sampler cannot run here (Optuna's GPSampler fits with PyTorch), else None."""
+    missing = torch_missing("sampler GP (Optuna's GPSampler)")
+    if missing is None:
+        return None
+    return f"{missing}; choose TPE (the default) or Random"

@@ -127,6 +127,38 @@ async def test_simulate_and_tune_simulator_run_without_torch(
     assert len(json.loads(out.strip().splitlines()[-1])["trials"]) == 4
 
 
+GP_SPEC = """
+from pydantic import ValidationError
+from batchpilot.operator.spec import parse_spec
+
+spec = {"target": {"name": "resnet", "container": "server"}, "sla": {"p99LatencyMs": 300},
+        "load": {"endpoint": {"port": 8080, "path": "/v1/predict"}}, "tuning": {"sampler": "GP"}}
+try:
+    parse_spec(spec)
+except ValidationError as error:
+    print(error.errors()[0]["msg"])
+else:
+    print("accepted")
+"""
+
+
+async def test_the_gp_sampler_is_refused_up_front_where_it_cannot_run(
+    no_torch_env: dict[str, str], tmp_path: Path
+) -> None:
+    # the operator refuses the spec (SpecValid False) instead of failing trials later
+    code, out, err = await run(no_torch_env, "-c", GP_SPEC)
+    assert code == 0, err
+    assert "sampler GP (Optuna's GPSampler) needs PyTorch" in out
+    assert "choose TPE (the default) or Random" in out
+    cost = tmp_path / "cost.json"
+    cost.write_text(json.dumps({"kind": "linear", "fixed_ms": 1.85, "per_row_ms": 0.28}))
+    code, _, err = await run(
+        no_torch_env, "-m", "batchpilot", "tune", "--simulator", str(cost), "--sampler", "GP",
+    )  # fmt: skip
+    assert code == 2
+    assert "sampler GP (Optuna's GPSampler) needs PyTorch" in err
+
+
 async def test_load_workers_and_capacity_run_without_torch(no_torch_env: dict[str, str]) -> None:
     async with StubServerProcess(capacity_rps=400) as stub:
         code, out, err = await run(

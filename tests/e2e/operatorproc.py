@@ -17,6 +17,9 @@ from . import procs
 from .kubectl import Kubectl
 
 TOKEN_DURATION = "2h"
+# the tests' Prometheus (and the pods the node agent runs) listen on loopback, which the
+# operator refuses for load.prometheus.url unless the platform team allows it
+LOOPBACK_ALLOWED = ("--prometheus-allow=127.0.0.0/8", "--prometheus-allow=::1")
 
 
 def service_account_kubeconfig(
@@ -68,7 +71,9 @@ class OperatorProcess:
         with self.log.open("a") as out:
             out.write(f"--- start {self.starts + 1} ---\n")
         self.proc = procs.spawn(
-            [sys.executable, "-m", "batchpilot", "operator", *self.args], log=self.log, env=env
+            [sys.executable, "-m", "batchpilot", "operator", *LOOPBACK_ALLOWED, *self.args],
+            log=self.log,
+            env=env,
         )
         self.starts += 1
 

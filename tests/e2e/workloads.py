@@ -93,7 +93,8 @@ def inference_service(
     """An InferenceService tuned for test speed: one-second steps, coarse precision and
     a handful of trials over a small search space. No confirmation phase by default
     (`finalists` 0): the scenarios about rollouts, write-back and faults need the
-    study's best written back; test_verdict covers the confirmation. `max_rps` is the
+    study's best written back (and `minGainPercent` 0: without a confirmation the gain
+    gate judges the study's own figures); test_verdict covers the confirmation. `max_rps` is the
     load budget per pod, which strategy InPlace requires (the default caps nothing). A
     write-back is watched for `verify_s` seconds (test_waits covers what a longer watch
     catches)."""
@@ -131,6 +132,9 @@ def inference_service(
                 "trialDeadlineSeconds": deadline_s,
                 "maxFailures": max_failures,
                 "finalists": finalists,
+                # without a confirmation the gain gate judges the study's figures: these
+                # scenarios are about the write-back, so any best passes it
+                **({"minGainPercent": 0} if finalists == 0 else {}),
                 "verifySeconds": verify_s,
             },
         },

@@ -21,6 +21,7 @@ from batchpilot.models import SLA, BatchingConfig, CapacityResult, ClientHealth,
 from batchpilot.operator.canary import canary_name
 from batchpilot.operator.crd import GROUP, PLURAL, VERSION
 from batchpilot.operator.kube import KubeError
+from batchpilot.operator.platform import policy_from_flags
 from batchpilot.operator.spec import InferenceServiceSpec, Params
 from batchpilot.operator.status import OriginalConfig
 from batchpilot.operator.study import Slots
@@ -105,6 +106,8 @@ class FakeWorld:
         params = self.cluster.applied[-1]
         self.cluster.measures += 1
         self.cluster.light_load_asked.append(bool(light_load))
+        if self.cluster.measure_error is not None:
+            raise self.cluster.measure_error
         if self.cluster.measures in self.cluster.disturbed:
             raise TargetProblem(
                 "ScaledDuringTrial",
@@ -229,6 +232,8 @@ class FakeCluster:
         self.unschedulable: str | None = None
         self.restore_problem: TargetProblem | None = None
         self.measures = 0
+        # an error no rule expects, raised by every measurement (a bug, a missing module)
+        self.measure_error: Exception | None = None
         # the measurements (1-based, in order) an autoscaler disturbs
         self.disturbed: set[int] = set()
         self.restored_targets: list[str] = []  # the target of every restore, in order
@@ -281,6 +286,10 @@ def isvc(name: str = "resnet", **spec_overrides: Any) -> dict[str, Any]:
     }
 
 
+# the tests' Prometheus runs on loopback: allowed as `--prometheus-allow` allows it
+LOOPBACK_ALLOWED = policy_from_flags(["127.0.0.0/8", "::1"], environ={})
+
+
 @pytest.fixture
 def cluster() -> FakeCluster:
     return FakeCluster()
@@ -324,12 +333,13 @@ def operator(kubeconfig: Path, cluster: FakeCluster) -> Operator:
     async def run(**extra: Any) -> AsyncIterator[None]:
         """`extra` goes into the memo (e.g. `leadership`, the replica's election)."""
         stop = asyncio.Event()
+        options: dict[str, Any] = {"policy": LOOPBACK_ALLOWED, **extra}
         memo = kopf.Memo(
             world_factory=cluster.factory(),
             slots=Slots(),
             poll_s=0.05,
             backoff_cap_s=0.2,
-            **extra,
+            **options,
         )
         task = asyncio.create_task(
             kopf.operator(clusterwide=True, standalone=True, memo=memo, stop_flag=stop)

@@ -201,7 +201,11 @@ async def test_warmup_counts_errors_after_a_success_as_load(
     ("args", "message"),
     [
         (["--protocol", "v2"], "--protocol v2 needs --model"),
-        (["--model", "m"], "--model applies to --protocol v2 or openai or openai-chat, not"),
+        (
+            ["--model", "m"],
+            "--model applies to --protocol v2 or openai or openai-chat or openai-stream or "
+            "openai-chat-stream, not reference",
+        ),
         (["--protocol", "v2", "--model", "m", "--max-tokens", "4"], "--max-tokens applies to"),
         (["--protocol", "openai", "--model", "m", "--features", "2"], "--features applies to"),
         (["--protocol", "openai-chat"], "--protocol openai-chat needs --model"),
@@ -214,6 +218,32 @@ async def test_warmup_counts_errors_after_a_success_as_load(
         (["--body-template", '{"n": 1}'], "no {size} placeholder"),
         (["--header", "oops"], "'oops' is not NAME:VALUE"),
         (["--protocol", "grpc"], "'grpc' is not one of"),
+        (
+            ["--protocol", "openai", "--model", "m", "--ttft-p99-ms", "100"],
+            "--ttft-p99-ms applies to --protocol openai-stream or openai-chat-stream, not openai",
+        ),
+        (
+            ["--protocol", "openai-stream", "--model", "m", "--max-tokens", "4"],
+            "--max-tokens applies to --protocol openai or openai-chat, not openai-stream",
+        ),
+        (["--protocol", "openai-stream"], "--protocol openai-stream needs --model"),
+        (
+            ["--protocol", "openai-stream", "--model", "m", "--mix", "1:4"],
+            "--mix applies to sized requests, not --protocol openai-stream",
+        ),
+        (
+            ["--protocol", "openai-stream", "--model", "m", "--prompt-tokens", "uniform:9-3"],
+            "--prompt-tokens 'uniform:9-3': uniform's LO 9 is above its HI 3; allowed: fixed:N, "
+            "uniform:LO-HI, lognormal:MEDIAN,SIGMA or file:PATH",
+        ),
+        (
+            ["--protocol", "openai-chat-stream", "--model", "m", "--output-tokens", "gamma:2"],
+            "--output-tokens 'gamma:2' is not one of: fixed:N, uniform:LO-HI",
+        ),
+        (
+            ["--protocol", "openai-stream", "--model", "m", "--tpot-p99-ms", "0"],
+            "Invalid value for '--tpot-p99-ms'",
+        ),
     ],
 )
 def test_loadtest_refuses_protocol_options_that_do_not_fit(args: list[str], message: str) -> None:

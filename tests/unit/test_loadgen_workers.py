@@ -10,8 +10,10 @@ from hdrh.histogram import HdrHistogram
 
 from batchpilot.loadgen.arrivals import MMPP, as_arrival, schedule
 from batchpilot.loadgen.generator import share_of_schedule
-from batchpilot.loadgen.protocols import template_protocol
+from batchpilot.loadgen.lengths import TokenLengths
+from batchpilot.loadgen.protocols import openai_stream, template_protocol
 from batchpilot.loadgen.result import OK, TIMEOUT, TREND_BINS, LoadResult, merge_results, summarise
+from batchpilot.loadgen.tokens import StreamMeasure, TokenSla, summarise_stream
 from batchpilot.loadgen.workers import (
     MAX_WORKERS,
     ShareSpec,
@@ -157,3 +159,33 @@ def test_the_protocol_in_force_reaches_the_workers_as_the_bodies_it_sends() -> N
     assert rebuilt.body(max(sizes)) == protocol.body(max(sizes))
     for size in set(sizes):
         assert rebuilt.body(size) == protocol.body(size)
+
+
+def test_a_token_stream_protocol_reaches_the_workers_as_its_spec() -> None:
+    lengths = TokenLengths(pairs=((12, 3), (40, 9)), source="pairs.jsonl")
+    protocol = openai_stream(
+        "m", lengths=lengths, chat=True, sla=TokenSla(ttft_ms=200.0), headers={"X-A": "1"}
+    )
+    spec = ShareSpec(
+        urls=["http://127.0.0.1:9"], rate=300.0, duration_s=2.0, mix=RequestMix.default(),
+        arrival=as_arrival("poisson"), timeout_s=1.0, seed=7, of=3,
+    )  # fmt: skip
+    carried = spec.model_copy(update=forwarded_protocol(protocol, spec))
+    assert carried.bodies is None  # each worker builds its requests from the spec
+    rebuilt = ShareSpec.model_validate_json(carried.model_dump_json()).protocol()
+    assert rebuilt is not None
+    assert rebuilt.stream == protocol.stream
+    assert (rebuilt.path, dict(rebuilt.headers)) == (protocol.path, dict(protocol.headers))
+
+
+def test_results_merge_their_token_figures_only_when_every_part_streamed() -> None:
+    offsets = schedule(RATE, DURATION_S, as_arrival("constant"), 0)
+    plain = _summarise(RATE, offsets, [1] * len(offsets), range(len(offsets)))
+    tokens = summarise_stream([StreamMeasure(50.0, [10.0], 10.0, 2)], sla=TokenSla(), measured_s=1)
+    streamed = plain.model_copy(update={"stream": tokens})
+    assert merge_results([plain, plain]).stream is None
+    merged = merge_results([streamed, streamed]).stream
+    assert merged is not None
+    assert (merged.streams, merged.output_tokens, merged.ttft.count) == (2, 4, 2)
+    with pytest.raises(ValueError, match="token-stream and other runs"):
+        merge_results([streamed, plain])

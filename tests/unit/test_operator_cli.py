@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ipaddress
 from pathlib import Path
 
 import pytest
@@ -9,6 +10,7 @@ from click.testing import CliRunner
 
 from batchpilot.cli import main
 from batchpilot.operator.cli import election_settings
+from batchpilot.operator.policy import PlatformPolicy
 
 
 @pytest.mark.parametrize(
@@ -31,6 +33,8 @@ from batchpilot.operator.cli import election_settings
         (["--leader-election", "--lease-namespace", "Ops"], "'Ops' is not a namespace name"),
         (["--leader-election", "--lease-namespace", "o", "--lease-name", "A"], "'A' is not"),
         (["--leader-election", "--lease-namespace", "ops", "--peering"], "use one"),
+        (["--prometheus-allow", "http://prom:9090"], "--prometheus-allow 'http://prom:9090' is"),
+        (["--prometheus-allow", "10.0.0.0/33"], "neither a CIDR"),
     ],
 )
 def test_bad_options_are_one_line_on_stderr(args: list[str], expected: str) -> None:
@@ -43,7 +47,13 @@ def test_bad_options_are_one_line_on_stderr(args: list[str], expected: str) -> N
 
 
 @pytest.mark.parametrize(
-    "args", [["--metrics-port", "70000"], ["--max-concurrent-trials", "0"], ["--bogus"]]
+    "args",
+    [
+        ["--metrics-port", "70000"],
+        ["--max-concurrent-trials", "0"],
+        ["--max-trial-deadline-seconds", "5"],
+        ["--bogus"],
+    ],
 )
 def test_click_errors_are_one_line_too(args: list[str]) -> None:
     result = CliRunner().invoke(main, ["operator", *args])
@@ -92,3 +102,42 @@ def test_election_settings_take_the_pod_namespace(monkeypatch: pytest.MonkeyPatc
     assert other is not None
     assert other.identity != settings.identity
     assert election_settings(False, True, "bp", "", 10, 2.0) is None
+
+
+def test_the_platform_flags_reach_the_handlers_as_the_policy(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import kopf
+
+    ran: list[kopf.Memo] = []
+    monkeypatch.setattr(kopf, "run", lambda **kwargs: ran.append(kwargs["memo"]))
+    monkeypatch.setenv("KUBERNETES_SERVICE_HOST", "10.96.0.1")
+    result = CliRunner().invoke(
+        main,
+        [
+            "operator",
+            "--metrics-port=0",
+            "--prometheus-allow=127.0.0.0/8",
+            "--prometheus-allow=Prom.Local",
+            "--max-trial-deadline-seconds=600",
+        ],
+    )
+    assert result.exit_code == 0, result.output
+    policy = ran[0]["policy"]
+    assert policy == PlatformPolicy(
+        allowed_networks=(ipaddress.ip_network("127.0.0.0/8"),),
+        allowed_hosts=frozenset({"prom.local"}),
+        api_server_addresses=frozenset({"10.96.0.1"}),
+        max_trial_deadline_s=600,
+    )
+
+
+def test_without_the_flags_the_policy_is_strict(monkeypatch: pytest.MonkeyPatch) -> None:
+    import kopf
+
+    ran: list[kopf.Memo] = []
+    monkeypatch.setattr(kopf, "run", lambda **kwargs: ran.append(kwargs["memo"]))
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    result = CliRunner().invoke(main, ["operator", "--metrics-port=0"])
+    assert result.exit_code == 0, result.output
+    assert ran[0]["policy"] == PlatformPolicy(max_trial_deadline_s=3600)

@@ -746,3 +746,36 @@ def test_an_interrupted_trial_is_shown_as_such_and_retried_by_the_tuner() -> Non
     assert number == 2
     assert params == dict(running.params)
     assert rebuilt.measured_count() == 2  # the baseline and the retry asked now
+
+
+class TestStudyGainShortfall:
+    """finalists 0: the unconfirmed best passes the gain gate on the study's figures."""
+
+    def best(self, rps: float) -> TrialEntry:
+        params = {"max_batch_size": 16, "max_queue_time_ms": 2.0}
+        return trial(3, rps=rps).model_copy(update={"params": params})
+
+    def test_a_best_short_of_min_gain_is_refused_with_both_figures(self) -> None:
+        trials = [trial(0, rps=100.0), self.best(104.0)]
+        why = decisions.study_gain_shortfall(spec(finalists=0), trials, trials[1])
+        assert why is not None
+        assert "measured 104 req/s, +4.0 % over the incumbent" in why
+        assert "(100 req/s), below minGainPercent 5 %" in why
+        assert "unconfirmed: finalists 0" in why
+
+    def test_a_best_at_min_gain_or_above_passes(self) -> None:
+        trials = [trial(0, rps=100.0), self.best(105.0)]
+        assert decisions.study_gain_shortfall(spec(finalists=0), trials, trials[1]) is None
+        lower = spec(finalists=0, minGainPercent=2)
+        smaller = [trial(0, rps=100.0), self.best(103.0)]
+        assert decisions.study_gain_shortfall(lower, smaller, smaller[1]) is None
+
+    def test_an_incumbent_that_met_the_sla_nowhere_is_beaten_by_any_best(self) -> None:
+        failed = [trial(0, rps=0.0), self.best(1.0)]
+        assert decisions.study_gain_shortfall(spec(finalists=0), failed, failed[1]) is None
+        missing = [self.best(1.0)]
+        assert decisions.study_gain_shortfall(spec(finalists=0), missing, missing[0]) is None
+
+    def test_with_a_confirmation_the_verdict_holds_the_gate_instead(self) -> None:
+        trials = [trial(0, rps=100.0), self.best(101.0)]
+        assert decisions.study_gain_shortfall(spec(finalists=2), trials, trials[1]) is None

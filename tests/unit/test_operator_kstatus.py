@@ -233,9 +233,14 @@ def test_an_edited_write_back_never_writes_an_unbeaten_incumbent() -> None:
     apply = spec(tuning={"writeBack": "Apply", "finalists": 1})
     assert adopt.chosen_params(apply, unbeaten) is None
     assert adopt.write_back_action(apply, unbeaten) is None
-    # without a confirmation asked for, the best trial is the study's answer as before
+    # without a confirmation asked for, the gain gate holds on the study's figures: the
+    # incumbent's own configuration gains 0 %, below minGainPercent 5
     no_confirmation = spec(tuning={"writeBack": "Apply", "finalists": 0})
-    assert adopt.chosen_params(no_confirmation, unbeaten) == {
+    assert adopt.chosen_params(no_confirmation, unbeaten) is None
+    assert adopt.write_back_action(no_confirmation, unbeaten) is None
+    # with no gain asked for, the best trial is the study's answer
+    any_gain = spec(tuning={"writeBack": "Apply", "finalists": 0, "minGainPercent": 0})
+    assert adopt.chosen_params(any_gain, unbeaten) == {
         "max_batch_size": 4,
         "max_queue_time_ms": 5.0,
     }

@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 from pydantic import ValidationError
+from testca import TEST_CA_PEM
 
 from batchpilot.operator import decisions, promscope, scope, specdiff, writers
 from batchpilot.operator.spec import explain_validation_error, parse_spec
@@ -77,6 +78,20 @@ def test_cleanup_runs_under_the_spec_the_study_started_with() -> None:
     assert scope.cleanup_spec(edited, None) is edited
     with pytest.raises(scope.ScopeUnreadable):
         scope.cleanup_spec(edited, '{"target": 1}')
+
+
+def test_a_large_valid_ca_bundle_is_recorded_with_the_scope() -> None:
+    # a bundle of many certificates, up to the field's cap: the study must still start
+    # (it used to stop at 8 KiB with a ValueError on every retry and write no status)
+    count = 65536 // len(TEST_CA_PEM)
+    bundle = TEST_CA_PEM * count
+    assert 8192 < len(bundle) <= 65536
+    endpoint = {"port": 8443, "path": "/v1/predict", "scheme": "https", "caBundle": bundle}
+    started = spec(load={"endpoint": endpoint, "maxRps": 100})
+    recorded = scope.scope_of(started)
+    cleanup = scope.cleanup_spec(spec(target={"name": "other"}), recorded)
+    assert cleanup.target.name == "resnet"
+    assert cleanup.load.endpoint.ca_bundle == bundle
 
 
 def test_an_invalid_spec_is_cleaned_up_under_the_recorded_one() -> None:

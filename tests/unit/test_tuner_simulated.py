@@ -56,6 +56,29 @@ def test_same_seed_same_study_and_options_change_it(cost_file: Path) -> None:
     assert rps[1] > rps[0] > rps[2] > 0
 
 
+def test_a_best_at_the_top_of_a_narrow_range_says_how_to_widen_it(
+    tmp_path: Path, cost_file: Path
+) -> None:
+    # a fixed cost per batch: the bigger the batch the more req/s, up to the range's top
+    # (the baseline inside the range, so that it is not the best from outside it)
+    config = tmp_path / "tune.json"
+    config.write_text(json.dumps({"server": {"max_batch_size": 2, "max_queue_time_ms": 5}}))
+    narrow = run_json(
+        "--simulator", str(cost_file), "--config", str(config), "--max-trials", "8",
+        "--seed", "1", "--batch-range", "1..4", "--wait-range-ms", "0..20", "--json",
+    )  # fmt: skip
+    assert narrow.best is not None
+    assert narrow.best.max_batch_size == 4
+    assert narrow.space.startswith("max_batch_size 1..4")
+    top = "max_batch_size 4 is the top of the searched range 1..4"
+    assert any(e.startswith(top) for e in narrow.edges)
+    assert all("--batch-range" in e or "--wait-range-ms" in e for e in narrow.edges)
+    wide = run_json("--simulator", str(cost_file), "--max-trials", "8", "--seed", "1", "--json")
+    assert wide.best is not None
+    assert wide.best.max_batch_size < 64
+    assert not any(e.startswith("max_batch_size") for e in wide.edges)
+
+
 def test_a_saved_profile_is_fitted(tmp_path: Path) -> None:
     profile = {
         "batches": [
@@ -88,6 +111,10 @@ def test_a_saved_profile_is_fitted(tmp_path: Path) -> None:
         (["--simulator", "BAD"], "invalid cost model"),
         (["--simulator", "NOTJSON"], "is not JSON"),
         (["--profile-url", "ftp://x"], "must start with http:// or https://"),
+        (["--simulator", "COST", "--batch-range", "8..4"], "MIN 8 must be <= MAX 4"),
+        (["--simulator", "COST", "--batch-range", "64"], "--batch-range '64': give MIN..MAX"),
+        (["--simulator", "COST", "--batch-range", "0..4"], "1 <= min <= max"),
+        (["--simulator", "COST", "--wait-range-ms", "a..b"], "--wait-range-ms 'a..b'"),
     ],
 )
 def test_bad_input_is_one_line(

@@ -10,7 +10,7 @@ import math
 import time
 from typing import Any, Protocol
 
-from batchpilot.capacity.prometheus_http import PrometheusHTTP, PrometheusQueryError
+from batchpilot.capacity.prometheus_http import AddressGuard, PrometheusHTTP, PrometheusQueryError
 from batchpilot.capacity.promql import MS_PER_UNIT, Metrics, with_matchers
 from batchpilot.capacity.scrape import (
     MIN_SCRAPES_PER_WINDOW,
@@ -84,6 +84,7 @@ class PrometheusStepSource:
         scrape_interval_s: float | None = None,
         ca_pem: str | None = None,
         ca_file: str | None = None,
+        address_guard: AddressGuard | None = None,
     ) -> None:
         if settle_s < 0 or query_timeout_s <= 0:
             raise ValueError("settle time must be ≥ 0 s and query timeout > 0 s")
@@ -99,7 +100,13 @@ class PrometheusStepSource:
                 "these metrics hold no latency histogram, so Prometheus cannot give a p99; "
                 "decide steps on the client's p99 instead"
             )
-        self._http = PrometheusHTTP(url, timeout_s=query_timeout_s, ca_pem=ca_pem, ca_file=ca_file)
+        self._http = PrometheusHTTP(
+            url,
+            timeout_s=query_timeout_s,
+            ca_pem=ca_pem,
+            ca_file=ca_file,
+            address_guard=address_guard,
+        )
         self.url = self._http.url
         self.metrics = metrics
         self._latency = metrics.latency_histogram
@@ -126,6 +133,7 @@ class PrometheusStepSource:
         scrape_interval_s: float | None = None,
         ca_pem: str | None = None,
         ca_file: str | None = None,
+        address_guard: AddressGuard | None = None,
     ) -> PrometheusStepSource:
         """A source reading `runtime`'s own metrics (`runtime.metrics`) for `model`
         (default: its bundled one). NoLatencyHistogram when the runtime exports none."""
@@ -151,6 +159,7 @@ class PrometheusStepSource:
             scrape_interval_s=scrape_interval_s,
             ca_pem=ca_pem,
             ca_file=ca_file,
+            address_guard=address_guard,
         )
 
     def queries(self, window_s: float, sla_quantile: float | None = None) -> dict[str, str]:

@@ -9,15 +9,21 @@ kept apart (`PrometheusQueryError.body_excerpt`) for the operator's own log and 
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import json
 import logging
 import random
+import socket
 import ssl
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import aiohttp
+from aiohttp.abc import AbstractResolver, ResolveResult
+from aiohttp.resolver import DefaultResolver
 from yarl import URL
 
+from batchpilot.httpbody import MAX_METRICS_BODY_BYTES, BodyTooLarge, cap_text, read_capped
 from batchpilot.retry import backoff_delay, retry
 from batchpilot.tls import verifying_context
 
@@ -28,9 +34,40 @@ BODY_EXCERPT_CHARS = 200
 # configuration a few KiB to a few MiB; a server that streams more (a hostile or broken
 # address in a tenant's spec) would otherwise fill the operator's memory, and the
 # standby's after it.
-MAX_BODY_BYTES = 16 * 1024 * 1024
+MAX_BODY_BYTES = MAX_METRICS_BODY_BYTES
 # Prometheus behind a proxy or a rolling restart answers these for a moment
 _RETRY_STATUSES = frozenset({502, 503, 504})
+
+
+# Says why a connection to `host`, which resolved to `addresses` (for an address literal,
+# itself), is refused, or None: the operator's URL policy, checked on the addresses each
+# connection uses, so that a name re-pointed after the spec was admitted (DNS rebinding)
+# is refused too.
+AddressGuard = Callable[[str, Sequence[str]], str | None]
+
+
+class AddressRefused(OSError):
+    """The guard refused every address of a host; the message says why."""
+
+
+class _GuardedResolver(AbstractResolver):
+    """aiohttp's default resolver, its answers checked by `guard` before any connection."""
+
+    def __init__(self, guard: AddressGuard) -> None:
+        self._guard = guard
+        self._inner = DefaultResolver()
+
+    async def resolve(
+        self, host: str, port: int = 0, family: socket.AddressFamily = socket.AF_INET
+    ) -> list[ResolveResult]:
+        results = await self._inner.resolve(host, port, family)
+        refusal = self._guard(host, [str(r["host"]) for r in results])
+        if refusal is not None:
+            raise AddressRefused(refusal)
+        return results
+
+    async def close(self) -> None:
+        await self._inner.close()
 
 
 class PrometheusQueryError(RuntimeError):
@@ -118,8 +155,10 @@ class PrometheusHTTP:
         ca_pem: str | None = None,
         ca_file: str | None = None,
         attempts: int = 3,
+        address_guard: AddressGuard | None = None,
     ) -> None:
         self.url = check_prometheus_url(url)
+        self._guard = address_guard
         self.shown = display_url(self.url)
         self._timeout_s = timeout_s
         self._attempts = attempts
@@ -133,7 +172,10 @@ class PrometheusHTTP:
         """The `data` of Prometheus's answer to GET `path`. Raises PrometheusQueryError."""
         what = path.rsplit("/", 1)[-1]
         try:
+            self._check_literal()
             return await asyncio.wait_for(self._get_retried(path, params), self._timeout_s)
+        except AddressRefused as exc:
+            raise PrometheusQueryError(str(exc)) from None
         except TimeoutError:
             raise PrometheusQueryError(
                 f"Prometheus at {self.shown} did not answer within {self._timeout_s:g} s"
@@ -146,6 +188,8 @@ class PrometheusHTTP:
                 f"({exc.certificate_error}); give the CA that signed it as the CA bundle"
             ) from None
         except aiohttp.ClientConnectorError as exc:
+            if isinstance(exc.os_error, AddressRefused):
+                raise PrometheusQueryError(str(exc.os_error)) from None
             reason = (
                 "connection refused (nothing listening)"
                 if isinstance(exc.os_error, ConnectionRefusedError)
@@ -168,9 +212,27 @@ class PrometheusHTTP:
             delay=lambda attempt: backoff_delay(attempt, base=0.1, cap=1.0, rng=self._rng),
         )
 
+    def _check_literal(self) -> None:
+        """The guard's verdict on a host given as an address, which no resolver sees."""
+        host = URL(self.url).host
+        if self._guard is None or host is None:
+            return
+        try:
+            ipaddress.ip_address(host.split("%", 1)[0])
+        except ValueError:
+            return  # a name: the resolver checks what it resolves to
+        refusal = self._guard(host, [host])
+        if refusal is not None:
+            raise AddressRefused(refusal)
+
     async def _get_once(self, path: str, params: dict[str, str] | None) -> Any:
+        connector = (
+            aiohttp.TCPConnector(resolver=_GuardedResolver(self._guard))
+            if self._guard is not None
+            else None
+        )
         async with (
-            aiohttp.ClientSession() as session,
+            aiohttp.ClientSession(connector=connector) as session,
             session.get(
                 f"{self.url}{path}", params=params, ssl=self._ssl or True, allow_redirects=False
             ) as response,
@@ -197,20 +259,14 @@ class PrometheusHTTP:
     async def _read_capped(self, response: aiohttp.ClientResponse, what: str) -> bytes:
         """The body, refused (PrometheusQueryError) past MAX_BODY_BYTES: by its declared
         length before a byte is read, else as soon as it streams past the cap."""
-        too_big = PrometheusQueryError(
-            f"Prometheus at {self.shown} answered {what} with more than "
-            f"{MAX_BODY_BYTES // (1024 * 1024)} MiB; a Prometheus API answer to these "
-            "queries is a few KiB"
-        )
-        declared = response.content_length
-        if declared is not None and declared > MAX_BODY_BYTES:
-            raise too_big
-        body = bytearray()
-        async for chunk in response.content.iter_chunked(64 * 1024):
-            body += chunk
-            if len(body) > MAX_BODY_BYTES:
-                raise too_big
-        return bytes(body)
+        try:
+            return await read_capped(response, cap=MAX_BODY_BYTES, url=self.shown)
+        except BodyTooLarge:
+            raise PrometheusQueryError(
+                f"Prometheus at {self.shown} answered {what} with more than "
+                f"{cap_text(MAX_BODY_BYTES)}, refused; a Prometheus API answer to these "
+                "queries is a few KiB"
+            ) from None
 
     def _status_error(
         self, what: str, status: int, reason: str, body: bytes

@@ -93,6 +93,10 @@ def loadtest(
     protocol: str | None,
     model: str | None,
     max_tokens: int | None,
+    prompt_tokens: str | None,
+    output_tokens: str | None,
+    ttft_p99_ms: float | None,
+    tpot_p99_ms: float | None,
     input_name: str | None,
     features: int | None,
     body_template: str | None,
@@ -104,7 +108,8 @@ def loadtest(
     as_json: bool,
 ) -> None:
     """Offer an open-loop load to URL (several URLs share it round-robin) and report
-    latency percentiles from each request's scheduled time, errors and achieved rate.
+    latency percentiles from each request's scheduled time, errors and achieved rate;
+    with a token-stream protocol also TTFT, ITL, TPOT, output tokens/s and goodput.
     Ctrl-C stops early and prints the partial result."""
     try:
         mix = parse_mix(mix_spec) if mix_spec is not None else RequestMix.default()
@@ -119,9 +124,18 @@ def loadtest(
                 body_template=body_template,
                 headers=headers,
                 path=path,
+                prompt_tokens=prompt_tokens,
+                output_tokens=output_tokens,
+                ttft_p99_ms=ttft_p99_ms,
+                tpot_p99_ms=tpot_p99_ms,
             ),
             ca_bundle,
         )
+        if request.stream is not None and mix_spec is not None:
+            raise ValueError(
+                f"--mix applies to sized requests, not --protocol {request.name}: its "
+                "lengths come from --prompt-tokens and --output-tokens"
+            )
         share = parse_share(worker_spec) if worker_spec is not None else (0, 1)
         if start_at is not None and not math.isfinite(start_at):
             raise ValueError(f"--start-at must be a Unix time in seconds, got {start_at}")

@@ -66,8 +66,8 @@ async def check_reachable(urls: Sequence[str], *, timeout_s: float = 3.0) -> Non
             try:
                 async with session.get(
                     url + "/", allow_redirects=False, server_hostname=server_name
-                ) as response:
-                    await response.read()
+                ):
+                    pass  # an answer is enough; its body (any length) is never read
             except TimeoutError:
                 raise UnreachableError(
                     f"cannot reach {url}: no HTTP answer within {timeout_s:g} s"

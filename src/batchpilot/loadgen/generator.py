@@ -20,12 +20,15 @@ import resource
 import ssl
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
+
+from yarl import URL
 
 from batchpilot.loadgen.arrivals import ArrivalKind, as_arrival, describe_arrival, schedule
 from batchpilot.loadgen.endpoints import endpoint_url, normalise_urls
 from batchpilot.loadgen.http1 import BadResponseError, Http1Client, Prepared, prepare
+from batchpilot.loadgen.lengths import TokenLengths, draw_lengths
 from batchpilot.loadgen.protocols import JSON_HEADERS, client_tls, in_force, synthetic_body
 from batchpilot.loadgen.result import (
     CANCELLED,
@@ -37,6 +40,9 @@ from batchpilot.loadgen.result import (
     LoadResult,
     summarise,
 )
+from batchpilot.loadgen.sse import TokenStream
+from batchpilot.loadgen.streaming import OpenAIStream, stream_body
+from batchpilot.loadgen.tokens import StreamMeasure, StreamSummary, measure, summarise_stream
 from batchpilot.loadgen.waker import Waker
 from batchpilot.models import RequestMix, SizeSampler
 
@@ -108,22 +114,21 @@ async def run_load(
     index, of = share
     if not 0 <= index < of:
         raise ValueError(f"share must be i of n with 0 ≤ i < n, got {index} of {of}")
-    offsets, sizes, positions = share_of_schedule(
-        schedule(rate, duration_s, process, seed), mix.sampler(seed), index, of
-    )
+    stream = protocol.stream if protocol is not None else None
+    every = schedule(rate, duration_s, process, seed)
     targets = [endpoint_url(base, path) for base in bases]
-    bodies = {size: body_for_size(size) for size in set(sizes)}
-    # one prepared request per URL and size, shared by every request that has both
-    prepared = {
-        (t, size): prepare(target, body, headers)
-        for t, target in enumerate(targets)
-        for size, body in bodies.items()
-    }
+    request_at: Callable[[int], Prepared]
+    if stream is None:
+        offsets, sizes, positions = share_of_schedule(every, mix.sampler(seed), index, of)
+        request_at = _sized_requests(targets, positions, sizes, body_for_size, headers).__getitem__
+    else:
+        offsets, lengths, positions = share_of_lengths(every, stream.lengths, seed, index, of)
+        request_at = _stream_requests(targets, positions, lengths, stream, headers)
     health = _HealthProbe()
     run = _Run(
         offsets=offsets,
-        # the URL is the one the request has in the single schedule: round-robin by position
-        requests=[prepared[(k % len(targets), s)] for k, s in zip(positions, sizes, strict=True)],
+        request_at=request_at,
+        streaming=stream is not None,
         timeout_s=timeout_s,
         max_in_flight=max_in_flight,
         stop=stop,
@@ -139,6 +144,11 @@ async def run_load(
         with _rare_gc():
             async with health.sampling():
                 window_s = await run.execute(client, duration_s)
+    tokens: StreamSummary | None = None
+    if stream is not None:
+        tokens = summarise_stream(
+            run.measures(warmup_s), sla=stream.sla, measured_s=window_s - warmup_s
+        )
     return summarise(
         urls=bases,
         arrival=describe_arrival(process),
@@ -159,7 +169,58 @@ async def run_load(
         timeout_s=timeout_s,
         connection_cap=max_connections,
         slot_waits_ms=run.slot_waits_ms,
+        stream=tokens,
     )
+
+
+def _sized_requests(
+    targets: Sequence[URL],
+    positions: range,
+    sizes: Sequence[int],
+    body_for_size: Callable[[int], bytes],
+    headers: Mapping[str, str],
+) -> list[Prepared]:
+    """One prepared request per URL and size, shared by every request that has both; the
+    URL is the one the request has in the single schedule: round-robin by position."""
+    bodies = {size: body_for_size(size) for size in set(sizes)}
+    prepared = {
+        (t, size): prepare(target, body, headers)
+        for t, target in enumerate(targets)
+        for size, body in bodies.items()
+    }
+    return [prepared[(k % len(targets), s)] for k, s in zip(positions, sizes, strict=True)]
+
+
+def _stream_requests(
+    targets: Sequence[URL],
+    positions: range,
+    lengths: Sequence[tuple[int, int]],
+    stream: OpenAIStream,
+    headers: Mapping[str, str],
+) -> Callable[[int], Prepared]:
+    """Request i of a token-stream share, prepared when it is sent: every prompt is its
+    own (it starts with its position, `streaming.stream_prompt`), and the prompts of a
+    long run held all at once would take gigabytes. A generative run's rates leave the
+    few tens of microseconds this costs a send well inside its time to first token (and
+    in the send lag, which is measured)."""
+    count = len(targets)
+
+    def request_at(i: int) -> Prepared:
+        k = positions[i]
+        prompt, output = lengths[i]
+        return prepare(targets[k % count], stream_body(stream, k, prompt, output), headers)
+
+    return request_at
+
+
+def share_of_lengths(
+    offsets: Sequence[float], lengths: TokenLengths, seed: int, index: int, of: int
+) -> tuple[list[float], list[tuple[int, int]], range]:
+    """`share_of_schedule` for a token-stream run: each request keeps the (prompt,
+    output) lengths it has in the single schedule."""
+    every = draw_lengths(lengths, len(offsets), seed)
+    positions = range(index, len(offsets), of)
+    return [offsets[k] for k in positions], [every[k] for k in positions], positions
 
 
 def share_of_schedule(
@@ -296,8 +357,9 @@ class _Run:
         self,
         *,
         offsets: list[float],
-        requests: list[Prepared],
+        request_at: Callable[[int], Prepared],
         timeout_s: float,
+        streaming: bool = False,
         max_in_flight: int,
         stop: asyncio.Event | None,
         start_at: float | None = None,
@@ -309,7 +371,7 @@ class _Run:
         self.slot_waits_ms = [0.0] * n  # each request's own wait for a connection
         self.start_at = start_at
         self.offsets = offsets
-        self.requests = requests
+        self.request_at = request_at  # request i, ready to send
         self.timeout_s = timeout_s
         self.max_in_flight = max_in_flight
         self.stop = stop
@@ -317,6 +379,8 @@ class _Run:
         self.latencies_ms = [0.0] * n
         self.lags_ms = [math.nan] * n  # NaN until the request starts
         self.done_at = [0.0] * n
+        # each request's token stream, in a token-stream run (None: not sent)
+        self.streams: list[TokenStream | None] | None = [None] * n if streaming else None
         self.elapsed_s = 0.0
         self.interrupted = False
         self._timed_out = [False] * n
@@ -407,7 +471,7 @@ class _Run:
         """Send request i: at once on an idle connection, else in a task that connects or
         waits for one. What is returned ends when the request does; cancelling it is how
         the reaper times the request out."""
-        sent = client.send_now(self.requests[i])
+        sent = client.send_now(self.request_at(i), self._sink(i))
         if sent is None:
             return loop.create_task(self._fire(client, i, due))
         self.lags_ms[i] = (loop.time() - due) * 1000.0  # it has left
@@ -432,7 +496,7 @@ class _Run:
         done: float | None = None
         try:
             status, done = await client.request(
-                self.requests[i], on_wait=slot.started, on_waited=slot.ended
+                self.request_at(i), on_wait=slot.started, on_waited=slot.ended, sink=self._sink(i)
             )
             outcome = _answered(status)
         except asyncio.CancelledError:
@@ -447,8 +511,25 @@ class _Run:
             self.slot_waits_ms[i] = slot.waited_ms
         self._record(i, due, outcome, done)
 
+    def _sink(self, i: int) -> TokenStream | None:
+        """Where request i's body goes as it arrives: its token stream, in a token-stream
+        run."""
+        if self.streams is None:
+            return None
+        self.streams[i] = stream = TokenStream()
+        return stream
+
+    def measures(self, warmup_s: float) -> Iterable[StreamMeasure]:
+        """The token figures of the measured window's successful streams."""
+        for i, stream in enumerate(self.streams or ()):
+            if stream is not None and self.outcomes[i] == OK and self.offsets[i] >= warmup_s:
+                yield measure(stream, self._t0 + self.offsets[i])
+
     def _record(self, i: int, due: float, outcome: str, done: float | None) -> None:
         self._in_flight -= 1
+        if outcome == OK and self.streams is not None and (stream := self.streams[i]) is not None:
+            # answered, but a stream is only a success when it was whole
+            outcome = stream.problem() or OK
         if outcome == CANCELLED:
             self.outcomes[i] = CANCELLED
             return

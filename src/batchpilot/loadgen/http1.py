@@ -18,12 +18,12 @@ import asyncio
 import ssl
 from collections import deque
 from collections.abc import Callable, Mapping
-from typing import NamedTuple
+from typing import NamedTuple, Protocol
 
 import httptools
 from yarl import URL
 
-__all__ = ["BadResponseError", "Http1Client", "Origin", "Prepared", "prepare"]
+__all__ = ["BadResponseError", "BodySink", "Http1Client", "Origin", "Prepared", "prepare"]
 
 _USER_AGENT = "batchpilot"
 _RESERVED_HEADERS = frozenset({"host", "content-length", "transfer-encoding", "connection"})
@@ -31,6 +31,16 @@ _RESERVED_HEADERS = frozenset({"host", "content-length", "transfer-encoding", "c
 
 class BadResponseError(Exception):
     """The server's answer was not a valid HTTP/1.1 response."""
+
+
+class BodySink(Protocol):
+    """Takes a response's body as it arrives (a token stream read as it is timed)."""
+
+    def feed(self, data: bytes, at: float) -> None:
+        """Body bytes received at loop time `at`."""
+
+    def finish(self, at: float) -> None:
+        """The response completed at loop time `at`."""
 
 
 class Origin(NamedTuple):
@@ -89,6 +99,7 @@ class _Connection(asyncio.Protocol):
         self.on_close: Callable[[_Connection], None] | None = None
         self._parser = httptools.HttpResponseParser(self)
         self._waiter: asyncio.Future[tuple[int, float]] | None = None
+        self._sink: BodySink | None = None
         self._headers_done = False
         self._framed = False
         self._keep_alive = True
@@ -135,6 +146,10 @@ class _Connection(asyncio.Protocol):
     def on_headers_complete(self) -> None:
         self._headers_done = True
 
+    def on_body(self, body: bytes) -> None:
+        if self._sink is not None:
+            self._sink.feed(body, self.loop.time())
+
     def on_message_complete(self) -> None:
         self._complete()
 
@@ -144,10 +159,12 @@ class _Connection(asyncio.Protocol):
     def idle_usable(self) -> bool:
         return not self.closed and self.transport is not None and not self.transport.is_closing()
 
-    def send(self, data: bytes) -> asyncio.Future[tuple[int, float]]:
-        """Write one request; the future gets (status, loop time the response completed)."""
+    def send(self, data: bytes, sink: BodySink | None = None) -> asyncio.Future[tuple[int, float]]:
+        """Write one request; the future gets (status, loop time the response completed).
+        `sink` (if any) takes the response's body as it arrives."""
         assert self.transport is not None
         self._waiter = waiter = self.loop.create_future()
+        self._sink = sink
         self._headers_done = self._framed = False
         self.transport.write(data)
         return waiter
@@ -164,12 +181,16 @@ class _Connection(asyncio.Protocol):
     def _complete(self) -> None:
         done = self.loop.time()
         waiter, self._waiter = self._waiter, None
+        sink, self._sink = self._sink, None
+        if sink is not None and waiter is not None and not waiter.done():
+            sink.finish(done)
         self._keep_alive = self._parser.should_keep_alive()
         if waiter is not None and not waiter.done():
             waiter.set_result((self._parser.get_status_code(), done))
 
     def _fail(self, exc: Exception) -> None:
         waiter, self._waiter = self._waiter, None
+        self._sink = None
         if waiter is not None and not waiter.done():
             waiter.set_exception(exc)
         self.close()
@@ -218,13 +239,16 @@ class Http1Client:
         self._busy.clear()
         self._open = 0
 
-    def send_now(self, prepared: Prepared) -> asyncio.Future[tuple[int, float]] | None:
+    def send_now(
+        self, prepared: Prepared, sink: BodySink | None = None
+    ) -> asyncio.Future[tuple[int, float]] | None:
         """Send on an idle connection to the request's origin at once, without a task: the
         future gets (status, loop time the response completed); cancelling it abandons the
         request and its connection. None when no connection to that origin is idle
-        (`request` then connects or waits)."""
+        (`request` then connects or waits). `sink` takes the response's body as it
+        arrives."""
         conn = self._idle_connection(prepared.origin)
-        return None if conn is None else self._send(conn, prepared.data)
+        return None if conn is None else self._send(conn, prepared.data, sink)
 
     async def request(
         self,
@@ -232,15 +256,19 @@ class Http1Client:
         *,
         on_wait: Callable[[float], None] | None = None,
         on_waited: Callable[[float], None] | None = None,
+        sink: BodySink | None = None,
     ) -> tuple[int, float]:
         """Send one request, connecting or waiting for a free connection as needed;
-        returns (status, loop time its response completed)."""
+        returns (status, loop time its response completed). `sink` takes the response's
+        body as it arrives."""
         conn = await self._acquire(prepared.origin, on_wait, on_waited)
-        return await self._send(conn, prepared.data)
+        return await self._send(conn, prepared.data, sink)
 
-    def _send(self, conn: _Connection, data: bytes) -> asyncio.Future[tuple[int, float]]:
+    def _send(
+        self, conn: _Connection, data: bytes, sink: BodySink | None = None
+    ) -> asyncio.Future[tuple[int, float]]:
         self._busy.add(conn)
-        sent = conn.send(data)
+        sent = conn.send(data, sink)
         sent.add_done_callback(lambda done: self._after(conn, done))
         return sent
 

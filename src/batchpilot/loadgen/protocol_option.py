@@ -1,6 +1,7 @@
 """The request-protocol options shared by commands that send load: --protocol, --model,
---input-name, --features, --body-template, --header, --ca-bundle, and the --path they
-may replace."""
+--input-name, --features, --body-template, --header, --ca-bundle, the --path they may
+replace, and the token-stream protocols' --prompt-tokens, --output-tokens, --ttft-p99-ms
+and --tpot-p99-ms."""
 
 from __future__ import annotations
 
@@ -10,32 +11,41 @@ from typing import Any, TypeVar
 
 import click
 
+from batchpilot.loadgen.lengths import DEFAULT_LENGTHS, LENGTHS_SYNTAX, describe_dist, parse_lengths
 from batchpilot.loadgen.protocols import (
     REFERENCE,
     REFERENCE_PATH,
     RequestProtocol,
     kserve_v2,
     openai,
+    openai_stream,
     parse_headers,
     template_protocol,
 )
+from batchpilot.loadgen.tokens import TokenSla
 
-PROTOCOLS = ("reference", "v2", "openai", "openai-chat", "template")
+# the token-stream protocols (loadgen.streaming): TTFT, ITL, TPOT and goodput measured
+STREAM_PROTOCOLS = ("openai-stream", "openai-chat-stream")
+PROTOCOLS = ("reference", "v2", "openai", "openai-chat", *STREAM_PROTOCOLS, "template")
 # which protocols each protocol-specific option belongs to
 _APPLIES_TO = {
-    "--model": ("v2", "openai", "openai-chat"),
+    "--model": ("v2", "openai", "openai-chat", *STREAM_PROTOCOLS),
     "--input-name": ("v2",),
     "--features": ("v2",),
     "--max-tokens": ("openai", "openai-chat"),
     "--body-template": ("template",),
+    "--prompt-tokens": STREAM_PROTOCOLS,
+    "--output-tokens": STREAM_PROTOCOLS,
+    "--ttft-p99-ms": STREAM_PROTOCOLS,
+    "--tpot-p99-ms": STREAM_PROTOCOLS,
 }
 F = TypeVar("F", bound=Callable[..., Any])
 
 
 def protocol_options() -> Callable[[F], F]:
-    """The options; the command receives protocol, model, max_tokens, input_name,
-    features, body_template, headers, ca_bundle and path, and builds the protocol with
-    `build_protocol`."""
+    """The options; the command receives protocol, model, max_tokens, prompt_tokens,
+    output_tokens, ttft_p99_ms, tpot_p99_ms, input_name, features, body_template,
+    headers, ca_bundle and path, and builds the protocol with `build_protocol`."""
     options = [
         click.option(
             "--protocol",
@@ -44,7 +54,9 @@ def protocol_options() -> Callable[[F], F]:
             help="Request protocol: reference (the reference server's synthetic body), v2 "
             "(KServe v2 / Triton HTTP inference: the inputs the model's metadata declares, "
             "or with --input-name/--features one FP32 tensor [size, features]), openai "
-            "or openai-chat (completions with a prompt of size words) or template "
+            "or openai-chat (completions with a prompt of size words), openai-stream or "
+            "openai-chat-stream (streamed completions: TTFT, ITL, TPOT, output tokens/s and "
+            "goodput, lengths from --prompt-tokens/--output-tokens) or template "
             "(--body-template) [default reference, template with --body-template].",
         ),
         click.option(
@@ -55,6 +67,37 @@ def protocol_options() -> Callable[[F], F]:
             type=click.IntRange(1, 1_000_000),
             default=None,
             help="openai, openai-chat: max_tokens of every request [default 16].",
+        ),
+        click.option(
+            "--prompt-tokens",
+            default=None,
+            metavar="DIST",
+            help="openai-stream, openai-chat-stream: each request's prompt length in tokens "
+            f"(about one word a token): {LENGTHS_SYNTAX}; a file gives both lengths "
+            f"[default {describe_dist(DEFAULT_LENGTHS.prompt)}].",
+        ),
+        click.option(
+            "--output-tokens",
+            default=None,
+            metavar="DIST",
+            help="openai-stream, openai-chat-stream: each request's output length, asked "
+            "with max_tokens = min_tokens and ignore_eos: same forms as --prompt-tokens "
+            f"[default {describe_dist(DEFAULT_LENGTHS.output)}].",
+        ),
+        click.option(
+            "--ttft-p99-ms",
+            type=click.FloatRange(0, None, min_open=True),
+            default=None,
+            help="openai-stream, openai-chat-stream: the time-to-first-token target: "
+            "goodput counts the requests within it (and --tpot-p99-ms), the report says "
+            "whether the p99 is.",
+        ),
+        click.option(
+            "--tpot-p99-ms",
+            type=click.FloatRange(0, None, min_open=True),
+            default=None,
+            help="openai-stream, openai-chat-stream: the time-per-output-token target, "
+            "judged like --ttft-p99-ms.",
         ),
         click.option(
             "--input-name",
@@ -112,6 +155,10 @@ def build_protocol(
     body_template: str | None,
     headers: Sequence[str],
     path: str | None,
+    prompt_tokens: str | None = None,
+    output_tokens: str | None = None,
+    ttft_p99_ms: float | None = None,
+    tpot_p99_ms: float | None = None,
 ) -> RequestProtocol:
     """The protocol the options describe (all but --ca-bundle: `with_ca_bundle`).
     ValueError names the option that is wrong and what is allowed."""
@@ -122,6 +169,10 @@ def build_protocol(
         "--features": features,
         "--max-tokens": max_tokens,
         "--body-template": body_template,
+        "--prompt-tokens": prompt_tokens,
+        "--output-tokens": output_tokens,
+        "--ttft-p99-ms": ttft_p99_ms,
+        "--tpot-p99-ms": tpot_p99_ms,
     }
     for flag, value in given.items():
         allowed = _APPLIES_TO[flag]
@@ -137,6 +188,18 @@ def build_protocol(
             raise ValueError("--path is set by --protocol v2 (/v2/models/MODEL/infer)")
         return kserve_v2(
             model, input_name=input_name or "INPUT", features=features or 1, headers=extra
+        )
+    if kind in STREAM_PROTOCOLS:
+        if model is None:
+            raise ValueError(f"--protocol {kind} needs --model (the request's model field)")
+        if path is not None:
+            raise ValueError(f"--path is set by --protocol {kind}")
+        return openai_stream(
+            model,
+            lengths=parse_lengths(prompt_tokens, output_tokens, default=DEFAULT_LENGTHS),
+            chat=kind == "openai-chat-stream",
+            sla=TokenSla(ttft_ms=ttft_p99_ms, tpot_ms=tpot_p99_ms),
+            headers=extra,
         )
     if kind in ("openai", "openai-chat"):
         if model is None:

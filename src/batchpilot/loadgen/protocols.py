@@ -17,6 +17,9 @@ from contextvars import ContextVar
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
+from batchpilot.loadgen.lengths import TokenLengths
+from batchpilot.loadgen.streaming import OpenAIStream
+from batchpilot.loadgen.tokens import TokenSla
 from batchpilot.tls import verifying_context
 
 JSON_HEADERS: Mapping[str, str] = MappingProxyType({"Content-Type": "application/json"})
@@ -53,6 +56,9 @@ class RequestProtocol:
     # The name https certificates are verified against and sent as SNI, where the URLs
     # reach the server by an address its certificate does not carry (a pod IP).
     server_name: str | None = None
+    # A token-stream run (`loadgen.streaming`): each request's body is built from its
+    # drawn lengths and position, and `body` is not used.
+    stream: OpenAIStream | None = None
 
     def __post_init__(self) -> None:
         if not self.path.startswith("/"):
@@ -215,6 +221,33 @@ def openai(
         body,
         with_json(headers or {}),
     )
+
+
+def openai_stream(
+    model: str,
+    *,
+    lengths: TokenLengths,
+    chat: bool = False,
+    sla: TokenSla | None = None,
+    headers: Mapping[str, str] | None = None,
+) -> RequestProtocol:
+    """Streaming OpenAI-style completions (`chat`: chat completions): each request's
+    prompt and output lengths drawn from `lengths`, TTFT, ITL and TPOT measured from the
+    stream, goodput judged against `sla`."""
+    if not model.strip():
+        raise ValueError("the model name must not be empty")
+    spec = OpenAIStream(model=model, chat=chat, lengths=lengths, sla=sla or TokenSla())
+    return RequestProtocol(
+        "openai-chat-stream" if chat else "openai-stream",
+        OPENAI_CHAT_PATH if chat else OPENAI_COMPLETIONS_PATH,
+        _no_sized_body,
+        with_json(headers or {}),
+        stream=spec,
+    )
+
+
+def _no_sized_body(size: int) -> bytes:
+    raise ValueError("a token-stream protocol builds each request from its lengths, not a size")
 
 
 def template_protocol(

@@ -6,6 +6,7 @@ from rich.console import Console
 from rich.table import Table
 
 from batchpilot.loadgen.result import LoadResult
+from batchpilot.loadgen.tokens import StreamSummary
 
 
 def render_load(result: LoadResult, console: Console) -> None:
@@ -34,4 +35,34 @@ def render_load(result: LoadResult, console: Console) -> None:
     table.add_row(
         "generator lag", f"max {result.max_lag_ms:,.1f} ms, mean {result.mean_lag_ms:.2f} ms"
     )
+    if result.stream is not None:
+        for what, text in stream_rows(result.stream):
+            table.add_row(what, text)
     console.print(table)
+
+
+def stream_rows(stream: StreamSummary) -> list[tuple[str, str]]:
+    """The table's rows for a token-stream run: TTFT, ITL and TPOT percentiles, output
+    tokens per second and goodput, each tail against its target when one was set."""
+    ttft, itl, tpot, sla = stream.ttft, stream.itl, stream.tpot, stream.sla
+    rows = [
+        (
+            "TTFT p50 / p90 / p99",
+            f"{ttft.p50_ms:,.2f} / {ttft.p90_ms:,.2f} / {ttft.p99_ms:,.2f} ms",
+        ),
+        ("ITL p50 / p99", f"{itl.p50_ms:,.2f} / {itl.p99_ms:,.2f} ms"),
+        ("TPOT p50 / p99", f"{tpot.p50_ms:,.2f} / {tpot.p99_ms:,.2f} ms"),
+        ("output tokens", f"{stream.output_tokens:,} ({stream.output_tokens_per_s:,.1f}/s)"),
+    ]
+    targets = [
+        f"{name} ≤ {target:g} ms (p99 {'met' if met else 'broken'})"
+        for name, target, met in (
+            ("TTFT", sla.ttft_ms, stream.ttft_p99_met),
+            ("TPOT", sla.tpot_ms, stream.tpot_p99_met),
+        )
+        if target is not None
+    ]
+    judged = ", ".join(targets) if targets else "no TTFT/TPOT target: every whole stream"
+    good = f"{stream.good:,} of {stream.streams:,}"
+    rows.append(("goodput", f"{stream.goodput_rps:,.2f} req/s ({good}; {judged})"))
+    return rows

@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from pydantic import BaseModel, ConfigDict
 
 from batchpilot.loadgen.histogram import TOP_MS, LatencyHistogram, merge_encoded
+from batchpilot.loadgen.tokens import StreamSummary, merge_streams
 from batchpilot.loadgen.trend import queue_growth_s
 from batchpilot.models import ClientHealth, LatencySummary
 
@@ -101,6 +102,8 @@ class LoadResult(BaseModel):
     ok_last_done_s: float | None = None
     # each generator process's own health when several shared the run (else empty)
     worker_clients: list[ClientHealth] = []
+    # a token-stream run's TTFT, ITL, TPOT, output tokens and goodput (None: not one)
+    stream: StreamSummary | None = None
 
     def latency_histogram(self) -> LatencyHistogram:
         return LatencyHistogram.decode(self.histogram)
@@ -145,6 +148,7 @@ def summarise(
     timeout_s: float | None = None,
     connection_cap: int | None = None,
     slot_waits_ms: Sequence[float] = (),
+    stream: StreamSummary | None = None,
 ) -> LoadResult:
     """Reduce per-request records (index i = i-th scheduled request; outcome None = never
     sent) to a LoadResult. `done_at` is the completion time relative to the start.
@@ -154,7 +158,8 @@ def summarise(
     count in the timeline and the client's health, not in the figures. `slot_waits_ms`
     (index-aligned, empty: none) is each request's wait for a connection slot; under a
     `connection_cap` that wait is the client's, so it counts in how long the client held
-    a request that timed out (ClientHealth.timeout_held_min_ms)."""
+    a request that timed out (ClientHealth.timeout_held_min_ms). `stream` is a
+    token-stream run's own figures (`loadgen.tokens.summarise_stream`), carried as given."""
     if not (math.isfinite(warmup_s) and warmup_s >= 0):
         raise ValueError(f"warm-up must be ≥ 0 s, got {warmup_s:g}")
     measured_s = window_s - warmup_s
@@ -259,6 +264,7 @@ def summarise(
         ),
         ok_first_done_s=min(ok_done, default=None),
         ok_last_done_s=max(ok_done, default=None),
+        stream=stream,
     )
 
 
@@ -371,7 +377,18 @@ def merge_results(results: Sequence[LoadResult]) -> LoadResult:
         ok_first_done_s=min(firsts, default=None),
         ok_last_done_s=max(lasts, default=None),
         worker_clients=[c for r in results for c in (r.worker_clients or [r.client])],
+        stream=_merge_stream(results),
     )
+
+
+def _merge_stream(results: Sequence[LoadResult]) -> StreamSummary | None:
+    """The token figures of parts that all streamed tokens, merged exactly."""
+    parts = [r.stream for r in results if r.stream is not None]
+    if not parts:
+        return None
+    if len(parts) != len(results):
+        raise ValueError("cannot merge the results of token-stream and other runs")
+    return merge_streams(parts)
 
 
 def merge_health(parts: Sequence[ClientHealth]) -> ClientHealth:

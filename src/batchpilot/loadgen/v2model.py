@@ -26,6 +26,7 @@ from typing import Any
 
 import aiohttp
 
+from batchpilot.httpbody import MAX_CONTROL_BODY_BYTES, BodyTooLarge, text_capped
 from batchpilot.loadgen.protocols import RequestProtocol, v2_path, with_json
 
 # What a request of each datatype carries. Small non-negative integers stay valid for
@@ -218,7 +219,9 @@ async def _get_json(
             aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=timeout_s)) as session,
             session.get(url, headers=dict(headers or {}), ssl=tls) as response,
         ):
-            text = await response.text()
+            text = await text_capped(response, cap=MAX_CONTROL_BODY_BYTES, url=url)
+    except BodyTooLarge as exc:
+        raise MetadataError(f"cannot read the metadata of model {model!r}: {exc}") from None
     except (aiohttp.ClientError, TimeoutError) as exc:
         raise MetadataError(
             f"cannot read the metadata of model {model!r} at {url}: {type(exc).__name__}: {exc}"

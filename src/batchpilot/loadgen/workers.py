@@ -42,6 +42,7 @@ from batchpilot.loadgen.protocols import (
     speaking,
 )
 from batchpilot.loadgen.result import LoadResult, merge_results
+from batchpilot.loadgen.streaming import OpenAIStream
 from batchpilot.models import MAX_LOAD_WORKERS, Frozen, RequestMix
 from batchpilot.tls import verifying_context
 
@@ -80,6 +81,9 @@ class ShareSpec(Frozen):
     # because a protocol builds bodies with code a worker process cannot receive.
     headers: dict[str, str] | None = None
     bodies: dict[int, str] | None = None
+    # A token-stream protocol travels as its spec instead: a worker builds each of its
+    # requests' bodies from the lengths the request draws.
+    stream: OpenAIStream | None = None
     # the connections the whole client may hold, split over the shares (share_connections)
     max_connections: Annotated[int, Field(ge=1)] | None = None
     # The protocol's CA bundle as PEM text (public certificates), so a worker on another
@@ -101,9 +105,9 @@ class ShareSpec(Frozen):
         return pem
 
     def protocol(self) -> RequestProtocol | None:
-        if self.bodies is None:
+        if self.bodies is None and self.stream is None:
             return None
-        decoded = {size: base64.b64decode(body) for size, body in self.bodies.items()}
+        decoded = {size: base64.b64decode(body) for size, body in (self.bodies or {}).items()}
         return RequestProtocol(
             "forwarded",
             self.path,
@@ -111,6 +115,7 @@ class ShareSpec(Frozen):
             self.headers or {},
             ca_pem=self.ca_pem,
             server_name=self.server_name,
+            stream=self.stream,
         )
 
 
@@ -211,17 +216,20 @@ async def run_load_workers(
 
 def forwarded_protocol(protocol: RequestProtocol, spec: ShareSpec) -> dict[str, object]:
     """The fields that carry `protocol` to the workers of `spec`'s schedule (its CA
-    bundle as PEM text: a worker may run on another machine). ValueError when the
-    bundle's file cannot be sent."""
-    count = len(schedule(spec.rate, spec.duration_s, spec.arrival, spec.seed))
-    sizes = spec.mix.sampler(spec.seed).draw(count)  # as run_load draws them
-    return {
+    bundle as PEM text: a worker may run on another machine; a token-stream protocol as
+    its spec). ValueError when the bundle's file cannot be sent."""
+    common: dict[str, object] = {
         "path": protocol.path,
         "headers": dict(protocol.headers),
-        "bodies": {s: base64.b64encode(protocol.body(s)).decode() for s in set(sizes)},
         "ca_pem": protocol.ca_bundle_pem(),
         "server_name": protocol.server_name,
     }
+    if protocol.stream is not None:
+        return {**common, "stream": protocol.stream}
+    count = len(schedule(spec.rate, spec.duration_s, spec.arrival, spec.seed))
+    sizes = spec.mix.sampler(spec.seed).draw(count)  # as run_load draws them
+    bodies = {s: base64.b64encode(protocol.body(s)).decode() for s in set(sizes)}
+    return {**common, "bodies": bodies}
 
 
 def _stdin(proc: asyncio.subprocess.Process) -> asyncio.StreamWriter:

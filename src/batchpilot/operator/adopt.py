@@ -31,15 +31,19 @@ def reopens(spec: InferenceServiceSpec, status: InferenceServiceStatus) -> bool:
 
 def chosen_params(spec: InferenceServiceSpec, status: InferenceServiceStatus) -> Params | None:
     """The configuration the finished study would write back: the confirmed winner when
-    its gain was proven, the best trial when nothing was confirmed, else None (also when
-    that best trial is the incumbent's own configuration: writing it would only take the
-    target's fields over)."""
+    its gain was proven, the best trial when nothing was confirmed and it measured
+    minGainPercent above the incumbent, else None (also when that best trial is the
+    incumbent's own configuration: writing it would only take the target's fields over)."""
     confirmation = status.confirmation
     if confirmation is not None:
         verdict = decisions.verdict_of(confirmation, spec)
         return decisions.params_of(confirmation, verdict.chosen) if verdict.significant else None
     best = decisions.best_trial(status.trials)
-    if best is None or decisions.incumbent_unbeaten(spec, status.trials, best):
+    if (
+        best is None
+        or decisions.incumbent_unbeaten(spec, status.trials, best)
+        or decisions.study_gain_shortfall(spec, status.trials, best) is not None
+    ):
         return None
     return dict(best.params)
 

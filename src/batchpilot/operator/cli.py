@@ -13,6 +13,7 @@ import click
 from batchpilot.clitools import OneLineErrors, fail
 from batchpilot.operator import leader
 from batchpilot.operator.identity import replica_identity
+from batchpilot.operator.policy import DEFAULT_MAX_TRIAL_DEADLINE_S
 
 NAMESPACE_PATTERN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 URL_PATTERN = re.compile(r"^https?://[^/\s]+(/\S*)?$")
@@ -114,6 +115,24 @@ class OperatorCommand(OneLineErrors):
     "share CPU and skews their figures.",
 )
 @click.option(
+    "--prometheus-allow",
+    "prometheus_allow",
+    multiple=True,
+    metavar="CIDR|HOST",
+    help="Allow a load.prometheus.url on this network or host name (repeatable). By "
+    "default the operator refuses a Prometheus on loopback (127.0.0.0/8, ::1, "
+    "localhost), link-local addresses (169.254.0.0/16, fe80::/10) and the Kubernetes "
+    "API server, whatever the host name resolves to.",
+)
+@click.option(
+    "--max-trial-deadline-seconds",
+    type=click.IntRange(10, 86400),
+    default=DEFAULT_MAX_TRIAL_DEADLINE_S,
+    show_default=True,
+    help="Refuse a spec whose tuning.trialDeadlineSeconds is longer: the platform "
+    "team's cap on how long one tenant's trial may hold the measurement slot.",
+)
+@click.option(
     "--leader-election",
     is_flag=True,
     help="Run as one of several replicas: only the holder of a coordination.k8s.io "
@@ -152,6 +171,8 @@ def operator(
     metrics_port: int,
     standalone: bool,
     max_concurrent_trials: int,
+    prometheus_allow: tuple[str, ...],
+    max_trial_deadline_seconds: int,
     leader_election: bool,
     lease_name: str,
     lease_namespace: str,
@@ -161,6 +182,12 @@ def operator(
     """Run the BatchPilot operator: watch InferenceService resources and tune the
     dynamic batching of the workloads they point at."""
     check_options(namespaces, liveness)
+    from batchpilot.operator.platform import policy_from_flags
+
+    try:
+        policy = policy_from_flags(prometheus_allow, max_trial_deadline_seconds)
+    except ValueError as exc:
+        raise fail(str(exc)) from None
     # the Lease's holder and the User-Agent of every request: one name per replica
     identity = replica_identity()
     election = election_settings(
@@ -196,6 +223,7 @@ def operator(
         liveness_endpoint=liveness or None,
         memo=kopf.Memo(
             max_concurrent_trials=max_concurrent_trials,
+            policy=policy,
             election=election,
             identity=identity,
             liveness=liveness,

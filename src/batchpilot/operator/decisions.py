@@ -402,6 +402,32 @@ def incumbent_unbeaten(
     )
 
 
+def study_gain_shortfall(
+    spec: InferenceServiceSpec, trials: Sequence[TrialEntry], best: TrialEntry
+) -> str | None:
+    """With the confirmation off (`tuning.finalists` 0) the study's best is unproven, so
+    the gain gate applies to the study's own figures: the best is written back (or
+    recommended) only when it measured at least `minGainPercent` above the incumbent.
+    The reason it is not, or None when it may be. An incumbent that met the SLA nowhere
+    (or was never measured) is beaten by any best."""
+    if spec.tuning.finalists > 0:
+        return None
+    baseline = baseline_trial(trials)
+    if baseline is None or not baseline.effective_rps:
+        return None
+    best_rps = best.effective_rps or 0.0
+    gain = 100.0 * (best_rps / baseline.effective_rps - 1.0)
+    minimum = spec.tuning.min_gain_percent
+    if gain >= minimum:
+        return None
+    return (
+        f"the study's best {describe_params(best.params)} measured {best_rps:.0f} req/s, "
+        f"{gain:+.1f} % over the incumbent {describe_params(baseline.params)} "
+        f"({baseline.effective_rps:.0f} req/s), below minGainPercent {minimum:g} % "
+        "(unconfirmed: finalists 0)"
+    )
+
+
 def baseline_trial(trials: Iterable[TrialEntry]) -> TrialEntry | None:
     finished = [
         t for t in trials if t.source == "baseline" and t.state not in ("Running", "Interrupted")

@@ -4,7 +4,8 @@ does `batchpilot operator`.
 
 Shared objects live in Kopf's memo, so a test (or the CLI) can pass its own:
 `slots` (the measurement semaphore), `world_factory` (builds the World of a resource),
-`poll_s` and `backoff_cap_s`; `election` (leader.ElectionSettings) runs the replica in a
+`poll_s` and `backoff_cap_s`; `policy` (policy.PlatformPolicy, the platform team's
+limits from the operator's flags); `election` (leader.ElectionSettings) runs the replica in a
 leader election, and only the leader measures, patches workloads and writes status.
 """
 
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import random
 from collections.abc import Callable, Mapping
@@ -20,7 +22,7 @@ from typing import Any
 import kopf
 from pydantic import ValidationError
 
-from batchpilot.operator import decisions, kstatus, metrics, scope, specdiff
+from batchpilot.operator import decisions, kstatus, metrics, platform, scope, specdiff
 from batchpilot.operator.crd import GROUP, PLURAL, VERSION
 from batchpilot.operator.events import EventLimiter
 from batchpilot.operator.identity import replica_identity, user_agent
@@ -28,6 +30,7 @@ from batchpilot.operator.kopfidentity import identified
 from batchpilot.operator.kube import Connection, Kube, KubeError, isvc_path
 from batchpilot.operator.leader import ElectionSettings, Elector, Leadership, Standalone
 from batchpilot.operator.parentworld import ParentWorld
+from batchpilot.operator.policy import PlatformPolicy
 from batchpilot.operator.spec import InferenceServiceSpec, explain_validation_error, parse_spec
 from batchpilot.operator.standby import stand_by, stop_when_deposed
 from batchpilot.operator.status import InferenceServiceStatus
@@ -60,6 +63,11 @@ CREDENTIALS = _Credentials()
 SERVICE_ACCOUNT_TOKEN = "/var/run/secrets/kubernetes.io/serviceaccount/token"
 # target problems that make restoring pointless rather than worth retrying
 GONE = frozenset({"TargetNotFound", "ContainerNotFound"})
+# An error no rule expects (a bug, a missing module, a value the code cannot handle)
+# repeats on every retry: after this many in a row the study stops, Failed and Stalled
+# with the error, and gives back what it holds (canary, InPlace values, the slot).
+# API errors and target problems are retried with backoff for as long as they last.
+MAX_UNEXPECTED_ERRORS = 5
 
 
 def kube_world(
@@ -68,9 +76,18 @@ def kube_world(
     namespace: str,
     owner: Mapping[str, Any],
     on_problem: ProblemSink,
+    *,
+    policy: PlatformPolicy | None = None,
 ) -> World:
     world = ParentWorld if spec.target.is_parent else KubeWorld
-    return world(kube, spec=spec, namespace=namespace, owner=owner, on_problem=on_problem)
+    return world(
+        kube,
+        spec=spec,
+        namespace=namespace,
+        owner=owner,
+        on_problem=on_problem,
+        prometheus_guard=platform.address_guard(policy or PlatformPolicy()),
+    )
 
 
 @kopf.on.login()
@@ -112,7 +129,10 @@ async def configure(
     settings.watching.server_timeout = 300
     settings.watching.client_timeout = 330
     memo.setdefault("slots", Slots(asyncio.Semaphore(int(memo.get("max_concurrent_trials", 1)))))
-    memo.setdefault("world_factory", kube_world)
+    # the platform team's limits (operator flags); without them, the defaults: no
+    # Prometheus on loopback, link-local or the API server, trials of at most an hour
+    policy = memo.setdefault("policy", platform.policy_from_flags())
+    memo.setdefault("world_factory", functools.partial(kube_world, policy=policy))
     memo.setdefault("poll_s", 5.0)
     memo.setdefault("backoff_cap_s", 300.0)
     memo.setdefault("runners", {})
@@ -272,21 +292,23 @@ async def _report_invalid(
     memo: kopf.Memo,
     body: kopf.Body,
     generation: int,
-    error: ValidationError,
+    message: str,
     running: InferenceServiceStatus | None = None,
+    *,
+    reason: str = "InvalidSpec",
 ) -> None:
-    """SpecValid=False, and the phase Failed unless a study is under way: that one keeps
-    its phase, its `original` and its `canary`, so that a fixed spec or a deletion still
-    undoes what it changed (`running`: the status of the study in memory)."""
+    """SpecValid=False (`reason`: InvalidSpec, or the platform policy's refusal), and the
+    phase Failed unless a study is under way: that one keeps its phase, its `original`
+    and its `canary`, so that a fixed spec or a deletion still undoes what it changed
+    (`running`: the status of the study in memory)."""
     if not memo["leadership"].is_leader():
         return
-    message = f"invalid spec: {explain_validation_error(error)}"
     previous = running if running is not None else _status_of(body)
     conditions = decisions.set_condition(
         previous.conditions,
         type="SpecValid",
         status="False",
-        reason="InvalidSpec",
+        reason=reason,
         message=message,
         generation=generation,
         now=utcnow(),
@@ -306,7 +328,7 @@ async def _report_invalid(
         ),
         utcnow(),
     )
-    _post(memo, body, "Warning", "InvalidSpec", message)
+    _post(memo, body, "Warning", reason, message)
     await _kube(memo).merge_patch(
         isvc_path(str(body.metadata.namespace), str(body.metadata.name), status=True),
         {"status": status.model_dump(mode="json", by_alias=True)},
@@ -354,6 +376,7 @@ async def study(
     runner: StudyRunner | None = None
     runner_generation: int | None = None
     attempt = 0
+    unexpected = 0  # unexpected errors in a row
     while not stopped:
         if not leadership.is_leader():
             # another replica may move the study on: a later leadership starts from
@@ -369,8 +392,23 @@ async def study(
             except ValidationError as error:
                 if runner_generation != -generation:
                     running = runner.status if runner is not None else None
-                    await _report_invalid(memo, body, generation, error, running)
+                    message = f"invalid spec: {explain_validation_error(error)}"
+                    await _report_invalid(memo, body, generation, message, running)
                     runner_generation = -generation  # reported once per generation
+                await stopped.wait(float(memo["poll_s"]))
+                continue
+            # the platform team's limits: a refused spec is reported like an invalid one,
+            # once per generation (its Prometheus host resolved once; every connection
+            # checks again)
+            if runner_generation == -generation:
+                await stopped.wait(float(memo["poll_s"]))
+                continue
+            refused = await platform.spec_refusal(spec, memo["policy"])
+            if refused is not None:
+                running = runner.status if runner is not None else None
+                reason, message = refused
+                await _report_invalid(memo, body, generation, message, running, reason=reason)
+                runner_generation = -generation
                 await stopped.wait(float(memo["poll_s"]))
                 continue
             status = runner.status if runner is not None else await _fresh_status(memo, body)
@@ -414,11 +452,18 @@ async def study(
                 if isinstance(error, RecoverableError):
                     log.warning(f"{where}: {error.reason}: {error.message}; retry in {delay:.0f} s")
                 else:
+                    unexpected += 1
+                    if unexpected >= MAX_UNEXPECTED_ERRORS:
+                        log.exception(f"{where}: study step failed {unexpected} times; stopped")
+                        await runner.fail_unexpected(error, unexpected)
+                        unexpected = 0
+                        continue
                     log.exception(f"{where}: study step failed; retrying in {delay:.0f} s")
                     _post(memo, body, "Warning", "StepFailed", repr(error))
                 await stopped.wait(delay)
                 continue
         attempt = 0
+        unexpected = 0
         if busy is None and stopped:
             return
         if busy is False:

@@ -8,12 +8,16 @@ from __future__ import annotations
 from typing import Any
 
 from batchpilot.capacity.prometheus import PrometheusStepSource
+from batchpilot.capacity.prometheus_http import AddressGuard
 from batchpilot.operator.runtimes import adapter
 from batchpilot.operator.spec import InferenceServiceSpec
 
 
 def prometheus_source(
-    spec: InferenceServiceSpec, *, selector: str | None = None
+    spec: InferenceServiceSpec,
+    *,
+    selector: str | None = None,
+    address_guard: AddressGuard | None = None,
 ) -> PrometheusStepSource | None:
     """The step source of `spec`, None unless load.source is prometheus.
 
@@ -23,7 +27,8 @@ def prometheus_source(
     server's are (a histogram in seconds, a counter with an outcome label). Raises
     NoLatencyHistogram (a ValueError) for a runtime that exports no latency histogram
     (Triton 2.51, TorchServe), saying so. `selector` replaces load.prometheus.selector
-    (the operator narrows it to the measured pods)."""
+    (the operator narrows it to the measured pods); `address_guard` checks every address
+    a query connects to (the operator's URL policy)."""
     prometheus = spec.load.prometheus
     if spec.load.source != "prometheus" or prometheus is None:
         return None
@@ -39,6 +44,7 @@ def prometheus_source(
             selector=selector,
             scrape_interval_s=prometheus.scrape_interval_seconds,
             ca_pem=prometheus.ca_bundle,
+            address_guard=address_guard,
         )
     # unset metric names keep the source's defaults: the reference server's metrics
     options: dict[str, Any] = {
@@ -51,4 +57,6 @@ def prometheus_source(
         options["requests_metric"] = prometheus.requests_metric
     if prometheus.scrape_interval_seconds is not None:
         options["scrape_interval_s"] = prometheus.scrape_interval_seconds
-    return PrometheusStepSource(prometheus.url, ca_pem=prometheus.ca_bundle, **options)
+    return PrometheusStepSource(
+        prometheus.url, ca_pem=prometheus.ca_bundle, address_guard=address_guard, **options
+    )

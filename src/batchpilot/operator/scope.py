@@ -15,6 +15,7 @@ from pydantic import BaseModel, ValidationError
 
 from batchpilot.operator import decisions
 from batchpilot.operator.spec import (
+    MAX_CA_BUNDLE_CHARS,
     ApplySpec,
     InferenceServiceSpec,
     LoadSpec,
@@ -32,8 +33,10 @@ _SECTIONS = ("target", "runtime", "apply")
 # of load, what cleanup reads: the port a live restore reaches the server on, and the
 # load workers to remove (the rest, a request trace above all, may be large)
 _LOAD_FIELDS = ("endpoint", "workers")
-# bounds the status field: apply and runtime are small, a target is a few names
-MAX_SCOPE_CHARS = 8192
+# bounds the status field: apply and runtime are small, a target is a few names, but
+# load.endpoint.caBundle (which a live restore over https verifies with) may hold up to
+# 64 KiB of PEM, each line's newline escaped in JSON; 16 KiB for all the rest
+MAX_SCOPE_CHARS = MAX_CA_BUNDLE_CHARS + MAX_CA_BUNDLE_CHARS // 64 + 16384
 
 _Model = TypeVar("_Model", bound=BaseModel)
 

@@ -20,6 +20,7 @@ from pydantic import (
 )
 from pydantic.alias_generators import to_camel
 
+from batchpilot.extras import gp_sampler_missing
 from batchpilot.loadgen.arrivals import (
     MMPP,
     ArrivalKind,
@@ -354,6 +355,8 @@ class HTTPEndpoint(BaseModel):
     path: str = Field(description="HTTP path.", max_length=256, pattern=HTTP_PATH_PATTERN)
 
 
+# PEM CA bundles given in the spec (they travel in status.startedWith too, see scope)
+MAX_CA_BUNDLE_CHARS = 65536
 _ENDPOINT_CA_MESSAGE = "load.endpoint.caBundle applies to scheme https only"
 _ENDPOINT_SERVER_NAME_MESSAGE = "load.endpoint.serverName applies to scheme https only"
 
@@ -379,7 +382,7 @@ class LoadEndpoint(BaseModel):
         "the operator's trust store when unset. CA certificates are public, so they are "
         "given here rather than read from a Secret.",
         min_length=1,
-        max_length=65536,
+        max_length=MAX_CA_BUNDLE_CHARS,
     )
     server_name: str | None = Field(
         default=None,
@@ -574,7 +577,8 @@ class PrometheusSpec(BaseModel):
 
     url: str = Field(
         description="Base URL of the Prometheus API; https is verified (see caBundle), "
-        "without a query or fragment.",
+        "without a query or fragment. The operator refuses a host on loopback, link-local "
+        "addresses or the Kubernetes API server unless its --prometheus-allow allows it.",
         min_length=8,
         max_length=512,
     )
@@ -584,7 +588,7 @@ class PrometheusSpec(BaseModel):
         "operator's trust store when unset. Verification is always on. CA certificates are "
         "public, so they are given here rather than read from a Secret.",
         min_length=1,
-        max_length=65536,
+        max_length=MAX_CA_BUNDLE_CHARS,
     )
     latency_metric: str | None = Field(
         default=None,
@@ -1085,8 +1089,19 @@ class TuningSpec(BaseModel):
         le=MAX_TRIALS_LIMIT,
     )
     sampler: Literal["TPE", "GP", "Random"] = Field(
-        default="TPE", description="Optuna sampler that proposes the next configuration."
+        default="TPE",
+        description="Optuna sampler that proposes the next configuration. GP needs PyTorch "
+        "in the operator's image (the default image has none: the spec is refused).",
     )
+
+    @field_validator("sampler")
+    @classmethod
+    def _sampler_runs_here(cls, sampler: str) -> str:
+        # GP fits its model with PyTorch: without it, ask() would fail trials in
+        if sampler == "GP" and (missing := gp_sampler_missing()) is not None:
+            raise ValueError(missing)
+        return sampler
+
     write_back: Literal["Apply", "Recommend"] = Field(
         default="Apply",
         description="Apply: write the best values onto the target (server-side apply, field "
@@ -1094,7 +1109,9 @@ class TuningSpec(BaseModel):
     )
     trial_deadline_seconds: int = Field(
         default=900,
-        description="Longest a trial (apply, rollout and measurement) may take.",
+        description="Longest a trial (apply, rollout and measurement) may take. The "
+        "operator refuses a value over its --max-trial-deadline-seconds (default 3600), "
+        "set by the platform team.",
         ge=10,
         le=86400,
     )
@@ -1143,7 +1160,8 @@ class TuningSpec(BaseModel):
         default=3,
         description="After the trials, the best this many distinct configurations are "
         "measured again against the original (the incumbent), interleaved. 0 turns the "
-        "confirmation off: the study's best is written back unproven.",
+        "confirmation off: the study's best is written back unproven, and only when its "
+        "study figure is at least minGainPercent above the incumbent's.",
         ge=0,
         le=10,
     )

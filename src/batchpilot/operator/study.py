@@ -49,6 +49,7 @@ from batchpilot.operator.status import (
 )
 from batchpilot.operator.world import TargetProblem, World
 from batchpilot.tuner.confirm import probes_light_load
+from batchpilot.tuner.edges import space_edges
 from batchpilot.tuner.space import ParameterSpec, SearchSpace
 from batchpilot.tuner.study import INTERRUPTED, INVALID, TrialRecord, Tuner
 from batchpilot.tuner.verdict import Estimate
@@ -558,6 +559,7 @@ class StudyRunner:
             await self._fail(f"{problem.reason}: {problem.message}")
 
     async def _finish(self, reason: str) -> None:
+        self._report_edges()
         if self.status.confirmation is not None:
             await self._finish_confirmed(self.status.confirmation)
             return
@@ -567,6 +569,10 @@ class StudyRunner:
             return
         if decisions.incumbent_unbeaten(self.spec, self.status.trials, best):
             await self._keep_incumbent(reason, best)
+            return
+        shortfall = decisions.study_gain_shortfall(self.spec, self.status.trials, best)
+        if shortfall is not None:
+            await self._keep_incumbent(reason, best, shortfall)
             return
         await self._remove_canary()
         if self.spec.tuning.write_back == "Apply":
@@ -586,16 +592,28 @@ class StudyRunner:
         await self._save(phase="Converged", message=message, persist=persist)
         self._event("Normal", "Converged", message)
 
-    async def _keep_incumbent(self, reason: str, best: TrialEntry) -> None:
-        """The study's best is the configuration the target already runs: nothing is
-        written (not even the same values, which would take the fields over), and the
-        study ends as a confirmation that found no gain would."""
+    def _report_edges(self) -> None:
+        """An event per knob of the study's best at an end of its searched range: the
+        optimum may lie beyond it, and the event says which field widens it."""
+        best = decisions.best_trial(self.status.trials)
+        if best is None:
+            return
+        edges = space_edges(batching_config(best.params), search_space(self.spec), operator=True)
+        for edge in edges:
+            self._event("Normal", "EdgeOfSpace", edge)
+
+    async def _keep_incumbent(self, reason: str, best: TrialEntry, why: str = "") -> None:
+        """The study's best is the configuration the target already runs, or (`why`) an
+        unconfirmed best short of the gain gate: nothing is written (not even the same
+        values, which would take the fields over), and the study ends as a confirmation
+        that found no gain would."""
         await self._remove_canary()
         await self._restore_in_place()
-        message = (
-            f"{reason}: the incumbent stays. NoSignificantGain: no other configuration "
-            f"measured above the incumbent {decisions.describe_params(best.params)} → "
-            f"{best.effective_rps or 0.0:.0f} req/s (trial {best.number}), nothing to confirm"
+        message = f"{reason}: the incumbent stays. NoSignificantGain: " + (
+            why
+            or "no other configuration measured above the incumbent "
+            f"{decisions.describe_params(best.params)} → {best.effective_rps or 0.0:.0f} "
+            f"req/s (trial {best.number}), nothing to confirm"
         )
         self._condition("Ready", "True", "NoSignificantGain", message)
         self._condition("TargetReady", "True", "Done", "study finished")
@@ -772,6 +790,23 @@ class StudyRunner:
         if any(c.type == "CleanedUp" and c.status == "False" for c in self.status.conditions):
             self._condition("CleanedUp", "True", "CleanedUp", f"cleaned up: {why}")
             await self._save()
+
+    async def fail_unexpected(self, error: BaseException, attempts: int) -> None:
+        """An error no rule expects, met `attempts` times in a row: the study stops
+        (Failed, so kstatus Stalled) with the error's text and releases what it holds.
+        A cleanup that fails too is reported and retried before the next study; the
+        study is Failed either way, so it stops retrying and an edit reruns it."""
+        why = f"UnexpectedError ({attempts} times in a row): {type(error).__name__}: {error}"
+        why = why[:900]
+        try:
+            await self._fail(why)
+        except Exception as cleanup_error:
+            await self.cleanup_failed(why, cleanup_error)
+            message = f"study failed: {why}"
+            self._condition("Ready", "False", "StudyFailed", message)
+            with contextlib.suppress(KubeError):
+                await self._save(phase="Failed", message=message)
+            self._event("Warning", "StudyFailed", message)
 
     async def cleanup_failed(self, why: str, error: Exception) -> None:
         """A cleanup that could not finish (it is tried again before the next study

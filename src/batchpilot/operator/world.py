@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import aiohttp
 
 from batchpilot.errors import TargetError
+from batchpilot.httpbody import MAX_CONTROL_BODY_BYTES, BodyTooLarge, json_capped, text_capped
 from batchpilot.loadgen.protocols import REFERENCE_PATH, speaking
 from batchpilot.models import BatchingConfig, CapacityResult
 from batchpilot.operator import canary as canaries
@@ -40,6 +41,7 @@ from batchpilot.operator.status import OriginalConfig
 
 if TYPE_CHECKING:
     from batchpilot.capacity.prometheus import PrometheusStepSource
+    from batchpilot.capacity.prometheus_http import AddressGuard
     from batchpilot.runtimes.base import Runtime
 
 log = logging.getLogger(__name__)
@@ -133,8 +135,11 @@ class KubeWorld:
         poll_s: float = 2.0,
         http_timeout_s: float = 10.0,
         settle_s: float = 120.0,
+        prometheus_guard: AddressGuard | None = None,
     ) -> None:
         self._kube = kube
+        # the platform's Prometheus URL policy, checked on every address a query uses
+        self._prometheus_guard = prometheus_guard
         self._spec = spec
         self._namespace = namespace
         self._owner = owner
@@ -650,15 +655,25 @@ class KubeWorld:
         return f"http://{ip}:{live.port}{live.path}"
 
     async def _live_get(self, ip: str) -> Params:
+        """The pod's knobs from apply.live, read within the HTTP timeout (total) and
+        MAX_CONTROL_BODY_BYTES: a longer answer is refused, not waited out."""
+        url = self._admin_url(ip)
         async with aiohttp.ClientSession(timeout=self._http_timeout) as session:
             try:
-                async with session.get(self._admin_url(ip)) as response:
+                async with session.get(url) as response:
                     response.raise_for_status()
-                    payload = await response.json()
+                    payload = await json_capped(response, cap=MAX_CONTROL_BODY_BYTES, url=url)
+            except BodyTooLarge as exc:
+                raise TargetProblem("AdminRejected", f"GET {url}: {exc}") from None
             except (aiohttp.ClientError, TimeoutError) as exc:
-                raise TargetProblem(
-                    "AdminUnreachable", f"GET {self._admin_url(ip)}: {exc!r}"
-                ) from exc
+                raise TargetProblem("AdminUnreachable", f"GET {url}: {exc!r}") from exc
+            except ValueError:
+                raise TargetProblem("AdminRejected", f"GET {url} did not answer JSON") from None
+        if not isinstance(payload, dict):
+            raise TargetProblem(
+                "AdminRejected",
+                f"GET {url} answered {type(payload).__name__}, expected a JSON object",
+            )
         return {k: v for k, v in payload.items() if isinstance(v, int | float)}
 
     async def _runtime_get(self, runtime: Runtime, ip: str) -> Params:
@@ -727,10 +742,14 @@ class KubeWorld:
                 try:
                     async with session.put(url, json=dict(params)) as response:
                         if response.status >= 400:
-                            text = (await response.text())[:300]
+                            text = (
+                                await text_capped(response, cap=MAX_CONTROL_BODY_BYTES, url=url)
+                            )[:300]
                             raise TargetProblem(
                                 "AdminRejected", f"PUT {url} → {response.status}: {text}"
                             )
+                except BodyTooLarge as exc:
+                    raise TargetProblem("AdminRejected", f"PUT {url}: {exc}") from None
                 except (aiohttp.ClientError, TimeoutError) as exc:
                     raise TargetProblem("AdminUnreachable", f"PUT {url}: {exc!r}") from exc
                 live = await self._live_get(ip)
@@ -918,4 +937,6 @@ class KubeWorld:
             )
         except ValueError as exc:
             raise TargetProblem("PrometheusScope", f"load.prometheus: {exc}") from None
-        return prometheus_source(self._spec, selector=selector)
+        return prometheus_source(
+            self._spec, selector=selector, address_guard=self._prometheus_guard
+        )

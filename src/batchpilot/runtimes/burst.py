@@ -13,6 +13,7 @@ from typing import Any, ClassVar
 import aiohttp
 
 from batchpilot.errors import TargetError
+from batchpilot.httpbody import MAX_CONTROL_BODY_BYTES, text_capped
 
 # this many concurrent requests per unit of batch cap, between BURST_MIN and BURST_MAX:
 # enough for batches to fill to the cap if batching is on, not a load test
@@ -67,7 +68,7 @@ async def burst(
 
     async def one(session: aiohttp.ClientSession) -> Mapping[str, Any]:
         async with session.post(url, data=body, headers=dict(headers)) as response:
-            text = await response.text()
+            text = await text_capped(response, cap=MAX_CONTROL_BODY_BYTES, url=url)
             if not 200 <= response.status < 300:
                 raise error(f"POST {url} answered HTTP {response.status}: {text[:200]}")
         found = record(json.loads(text))

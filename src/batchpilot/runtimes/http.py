@@ -1,5 +1,7 @@
 """Calls to a runtime's control endpoints: connection errors, timeouts and 5xx are
-retried with exponential backoff and jitter; a 4xx is the server refusing, final."""
+retried with exponential backoff and jitter; a 4xx is the server refusing, final. Each
+call is bounded in time (`timeout_s`, total) and its answer in size
+(MAX_CONTROL_BODY_BYTES: a longer one is refused, final)."""
 
 from __future__ import annotations
 
@@ -11,6 +13,7 @@ from typing import Any, TypedDict
 import aiohttp
 
 from batchpilot.errors import TargetError
+from batchpilot.httpbody import MAX_CONTROL_BODY_BYTES, BodyTooLarge, text_capped
 from batchpilot.retry import backoff_delay, retry
 
 log = logging.getLogger(__name__)
@@ -77,12 +80,13 @@ class ControlClient:
             ) from None
 
     async def _once(self, method: str, path: str, body: Any, empty_ok: bool) -> Any:
+        url = f"{self.url}{path}"
         try:
             async with (
                 aiohttp.ClientSession(timeout=self._timeout) as session,
-                session.request(method, f"{self.url}{path}", json=body) as response,
+                session.request(method, url, json=body) as response,
             ):
-                text = await response.text()
+                text = await text_capped(response, cap=MAX_CONTROL_BODY_BYTES, url=url)
                 if response.status >= 500:
                     raise _Retryable(f"HTTP {response.status}: {text[:200]}")
                 if response.status >= 400:
@@ -98,6 +102,9 @@ class ControlClient:
                     raise TargetError(
                         f"{method} {path} answered something that is not JSON: {text[:200]}"
                     ) from exc
+        except BodyTooLarge as exc:
+            # final: the same server would stream the same answer again
+            raise TargetError(f"{method} {path}: {exc}") from None
         except (aiohttp.ClientError, TimeoutError) as exc:
             raise _Retryable(f"{type(exc).__name__}: {exc}") from exc
 

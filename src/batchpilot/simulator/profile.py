@@ -9,6 +9,7 @@ from typing import Any
 
 import aiohttp
 
+from batchpilot.httpbody import MAX_CONTROL_BODY_BYTES, BodyTooLarge, json_capped
 from batchpilot.simulator.cost import (
     LinearCost,
     ProfileError,
@@ -58,7 +59,9 @@ async def fetch_profile(base_url: str, *, timeout_s: float = PROFILE_TIMEOUT_S) 
         ):
             if response.status != 200:
                 raise ProfileError(f"GET {url} answered HTTP {response.status}")
-            data = await response.json(content_type=None)
+            data = await json_capped(response, cap=MAX_CONTROL_BODY_BYTES, url=url)
+    except BodyTooLarge as exc:
+        raise ProfileError(f"cannot fetch the profile: {exc}") from None
     except (aiohttp.ClientError, TimeoutError) as exc:
         detail = str(exc) or type(exc).__name__
         raise ProfileError(f"cannot fetch the profile from {url}: {detail}") from None

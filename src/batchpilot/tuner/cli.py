@@ -14,7 +14,7 @@ from optuna.storages import BaseStorage
 from rich.console import Console
 
 from batchpilot.clitools import OneLineErrors
-from batchpilot.extras import matplotlib_missing
+from batchpilot.extras import gp_sampler_missing, matplotlib_missing
 from batchpilot.loadgen.arrival_option import ARRIVAL_HELP
 from batchpilot.loadgen.arrivals import ARRIVAL_SYNTAX, ArrivalKind
 from batchpilot.loadgen.connections_option import max_connections_option
@@ -29,11 +29,14 @@ from batchpilot.tuner.config import (
     QUICK_SIMULATOR_WARM_STARTS,
     QUICK_TIME_BUDGET_S,
     QUICK_TRIALS,
+    Bounds,
     ConfigError,
+    IntBounds,
     TuneConfig,
     check_rounds,
     load_config,
 )
+from batchpilot.tuner.edges import parse_range
 from batchpilot.tuner.samplers import SAMPLERS, sampler_factory
 from batchpilot.tuner.space import SearchSpace
 
@@ -66,6 +69,8 @@ def build_config(
     max_rounds: int | None = None,
     max_connections: int | None = None,
     min_requests: int | None = None,
+    batch_range: str | None = None,
+    wait_range_ms: str | None = None,
 ) -> TuneConfig:
     """The file's configuration with the flags applied; --quick first, so an explicit
     --trials still wins over it."""
@@ -112,6 +117,15 @@ def build_config(
     if min_requests is not None:
         measurement = measurement.model_copy(update={"min_requests": min_requests})
     check_rounds(tuning.rounds, tuning.max_rounds)
+    parameters = base.parameters
+    if batch_range is not None:
+        low, high = parse_range(batch_range, "--batch-range", integer=True)
+        parameters = parameters.model_copy(
+            update={"max_batch_size": IntBounds(min=int(low), max=int(high))}
+        )
+    if wait_range_ms is not None:
+        low, high = parse_range(wait_range_ms, "--wait-range-ms", integer=False)
+        parameters = parameters.model_copy(update={"max_queue_time_ms": Bounds(min=low, max=high)})
     sla = base.sla
     if sla_p99_ms is not None:
         sla = SLA(p99_ms=sla_p99_ms, max_error_rate=sla.max_error_rate)
@@ -120,6 +134,7 @@ def build_config(
             "tuning": tuning,
             "measurement": measurement,
             "sla": sla,
+            "parameters": parameters,
             "mix": mix if mix is not None else base.mix,
             "arrival": arrival if arrival is not None else base.arrival,
         }
@@ -129,6 +144,8 @@ def build_config(
 def resolve(config: TuneConfig) -> tuple[SearchSpace, RequestMix]:
     """The search space and mix a configuration names; ValueError says what is wrong."""
     sampler_factory(config.tuning.sampler)  # an unknown name fails here, not mid-run
+    if config.tuning.sampler.upper() == "GP" and (missing := gp_sampler_missing()) is not None:
+        raise ValueError(missing)
     p = config.parameters
     space = SearchSpace.from_bounds(
         max_batch_size=(p.max_batch_size.min, p.max_batch_size.max),
@@ -294,6 +311,18 @@ def _storage(spec: str | None) -> str | BaseStorage | None:
     help="p99 latency SLA in ms [default 100].",
 )
 @click.option(
+    "--batch-range",
+    default=None,
+    help="MIN..MAX: the max_batch_size range searched [default 1..64; "
+    "parameters.max_batch_size in --config].",
+)
+@click.option(
+    "--wait-range-ms",
+    default=None,
+    help="MIN..MAX: the max_queue_time_ms range searched, in ms [default 0..100; "
+    "parameters.max_queue_time_ms in --config].",
+)
+@click.option(
     "--storage",
     default=None,
     help="Optuna storage URL (sqlite:///tune.db) or a journal file: resumes a run.",
@@ -384,6 +413,8 @@ def tune(
     config_path: Path | None,
     trials: int | None,
     sla_p99_ms: float | None,
+    batch_range: str | None,
+    wait_range_ms: str | None,
     storage: str | None,
     as_json: bool,
     report_dir: Path | None,
@@ -486,6 +517,8 @@ def tune(
             max_rounds=max_rounds,
             max_connections=max_connections,
             min_requests=min_requests,
+            batch_range=batch_range,
+            wait_range_ms=wait_range_ms,
         )
         space, request_mix = resolve(config)
         process = resolve_arrival(config)

@@ -433,7 +433,7 @@ def _summary(
     return summary_of_study(
         tuner,
         run.config,
-        space=run.space.describe(),
+        space=run.space,
         rules=rules,
         interrupted=interrupted,
         duration_s=time.monotonic() - started,

@@ -163,6 +163,8 @@ def render_summary(console: Console, summary: TuneSummary) -> None:
             f"max_queue_time_ms={c.max_queue_time_ms:g}: {summary.recommendation}",
             highlight=False,
         )
+    for edge in summary.edges:
+        console.print(f"[yellow]Edge of the space: {edge}.[/]", highlight=False)
     runtime = summary.runtime
     if runtime is not None and runtime.recommended is not None and runtime.persist_snippet:
         native = " ".join(f"{k}={v:g}" for k, v in runtime.recommended.items())

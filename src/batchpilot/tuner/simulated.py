@@ -151,7 +151,7 @@ async def tune_simulated(run: SimulatedRun, console: Console) -> TuneSummary:
     return summary_of_study(
         tuner,
         cfg,
-        space=run.space.describe(),
+        space=run.space,
         rules=rules,
         interrupted=False,
         duration_s=time.monotonic() - started,

@@ -11,6 +11,8 @@ from pydantic import BaseModel
 
 from batchpilot.models import SLA, BatchingConfig, CapacityResult
 from batchpilot.tuner.config import TuneConfig
+from batchpilot.tuner.edges import space_edges
+from batchpilot.tuner.space import SearchSpace
 from batchpilot.tuner.study import TrialRecord, Tuner
 from batchpilot.tuner.verdict import Verdict
 
@@ -72,6 +74,9 @@ class TuneSummary(BaseModel):
     # Finalists the confirmation left out because a rate below their capacity broke the
     # SLA, by label: the rate, where it comes from and the p99 measured there.
     light_load: dict[str, str] = {}
+    # The study's best on an end of the searched range, with the way to widen it
+    # (tuner.edges): there the optimum may lie outside what was searched.
+    edges: list[str] = []
 
 
 def finalists(
@@ -240,7 +245,7 @@ def summary_of_study(
     tuner: Tuner,
     config: TuneConfig,
     *,
-    space: str,
+    space: SearchSpace,
     rules: Sequence[BatchingConfig],
     interrupted: bool,
     duration_s: float,
@@ -249,15 +254,19 @@ def summary_of_study(
     server, simulator)."""
     records = tuner.records()
     results = {r.number: res for r in records if (res := tuner.result(r.number)) is not None}
-    return summarize(
+    best = tuner.best()
+    summary = summarize(
         records,
-        best=tuner.best(),
+        best=best,
         rules=rules,
         results=results,
         sla=config.sla,
         sampler=config.tuning.sampler,
         seed=config.tuning.seed,
-        space=space,
+        space=space.describe(),
         interrupted=interrupted,
         duration_s=duration_s,
     )
+    if best is None:
+        return summary
+    return summary.model_copy(update={"edges": space_edges(best.config(), space)})

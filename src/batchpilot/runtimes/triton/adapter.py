@@ -20,6 +20,7 @@ from typing_extensions import Unpack
 
 from batchpilot.capacity.promql import Metrics, with_matchers
 from batchpilot.errors import RequestShapeError
+from batchpilot.httpbody import MAX_CONTROL_BODY_BYTES, BodyTooLarge, text_capped
 from batchpilot.loadgen.protocols import JSON_HEADERS, RequestProtocol, v2_path
 from batchpilot.loadgen.v2model import BODY_FLAG, MetadataError, fetch_v2_model, v2_model_protocol
 from batchpilot.models import BatchingConfig
@@ -271,11 +272,11 @@ class TritonRuntimeControl:
                     async with session.post(
                         url, data=body, headers=dict(protocol.headers)
                     ) as response:
-                        text = await response.text()
+                        text = await text_capped(response, cap=MAX_CONTROL_BODY_BYTES, url=url)
                         if 200 <= response.status < 300:
                             return None
                         return response.status, f"HTTP {response.status}: {text[:200]}"
-                except (aiohttp.ClientError, TimeoutError) as exc:
+                except (aiohttp.ClientError, TimeoutError, BodyTooLarge) as exc:
                     return None, f"{type(exc).__name__}: {exc}"
 
             results = await asyncio.gather(*(one() for _ in range(n)))

@@ -19,6 +19,7 @@ from typing import Any
 import aiohttp
 
 from batchpilot.errors import TargetError
+from batchpilot.httpbody import MAX_METRICS_BODY_BYTES, BodyTooLarge, text_capped
 from batchpilot.runtimes.http import ControlClient
 from batchpilot.runtimes.triton.repository import TritonBatching
 
@@ -275,7 +276,9 @@ class TritonControl:
                 aiohttp.ClientSession(timeout=self._timeout) as session,
                 session.get(self.metrics_url) as response,
             ):
-                text = await response.text()
+                text = await text_capped(response, cap=MAX_METRICS_BODY_BYTES, url=self.metrics_url)
+        except BodyTooLarge as exc:
+            raise TritonError(str(exc)) from None
         except (aiohttp.ClientError, TimeoutError) as exc:
             raise TritonError(f"GET {self.metrics_url} failed: {exc!r}") from exc
         if response.status != 200:

@@ -1,0 +1,122 @@
+"""A real HTTP server streaming OpenAI-style tokens with known timing, for the tests of the
+token-stream load: the first token TTFT_S after the request arrives, then one token
+every ITL_S, exactly `max_tokens` of them, a usage chunk and `data: [DONE]`.
+
+The model field picks a behaviour: `m` streams as above; `m-slow` answers the requests
+whose position (the prompt's first word) is a multiple of SLOW_FIRST_EVERY with a late
+first token (SLOW_TTFT_S) and those whose position is a multiple of SLOW_DECODE_EVERY
+with slow tokens (SLOW_ITL_S), the rest as `m`; `m-nousage` sends no usage chunk;
+`m-pairs` sends two tokens per chunk; `m-nodone`, `m-error`, `m-malformed`, `m-empty`
+and `m-abort` (the connection dropped) break the stream; `m-400` and `m-500` answer
+with that status."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from aiohttp import web
+
+TTFT_S = 0.040
+ITL_S = 0.010
+SLOW_TTFT_S = 0.200
+SLOW_ITL_S = 0.030
+SLOW_FIRST_EVERY = 4
+SLOW_DECODE_EVERY = 5
+
+
+@dataclass
+class TokenServer:
+    """The application and what it was asked."""
+
+    bodies: list[dict[str, Any]] = field(default_factory=list)
+
+    def app(self) -> web.Application:
+        app = web.Application()
+        app.router.add_post("/v1/completions", self.handle)
+        app.router.add_post("/v1/chat/completions", self.handle)
+        return app
+
+    async def handle(self, request: web.Request) -> web.StreamResponse:
+        body = await request.json()
+        self.bodies.append(body)
+        model: str = body["model"]
+        chat = request.path.endswith("/chat/completions")
+        prompt: str = body["messages"][0]["content"] if chat else body["prompt"]
+        position = int(prompt.split()[0])
+        if model in ("m-400", "m-500"):
+            return web.json_response({"error": "no"}, status=int(model[2:]))
+        slow = model == "m-slow"
+        ttft = SLOW_TTFT_S if slow and position % SLOW_FIRST_EVERY == 0 else TTFT_S
+        itl = SLOW_ITL_S if slow and position % SLOW_DECODE_EVERY == 0 else ITL_S
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        tokens = 0 if model == "m-empty" else int(body["max_tokens"])
+        per_chunk = 2 if model == "m-pairs" else 1
+        await asyncio.sleep(ttft)
+        sent = 0
+        while sent < tokens:
+            if sent:
+                await asyncio.sleep(itl * per_chunk)
+            if model == "m-error" and sent >= 2:
+                await response.write(b'data: {"error": {"message": "engine died"}}\n\n')
+                return await _end(response)
+            if model == "m-abort" and sent >= 2:
+                assert request.transport is not None
+                request.transport.abort()  # the connection drops mid-stream
+                return response
+            if model == "m-malformed" and sent >= 2:
+                await response.write(b"data: {not json\n\n")
+                return await _end(response)
+            count = min(per_chunk, tokens - sent)
+            await response.write(_event(_chunk(" hello" * count, chat)))
+            sent += count
+        if model != "m-nousage":
+            usage = {"prompt_tokens": len(prompt.split()), "completion_tokens": sent}
+            await response.write(_event({"choices": [], "usage": usage}))
+        if model != "m-nodone":
+            await response.write(b"data: [DONE]\n\n")
+        return await _end(response)
+
+
+def _chunk(text: str, chat: bool) -> dict[str, Any]:
+    choice = {"index": 0, "delta": {"content": text}} if chat else {"index": 0, "text": text}
+    return {"choices": [choice]}
+
+
+def _event(chunk: dict[str, Any]) -> bytes:
+    return b"data: " + json.dumps(chunk).encode() + b"\n\n"
+
+
+async def _end(response: web.StreamResponse) -> web.StreamResponse:
+    await response.write_eof()
+    return response
+
+
+@contextlib.contextmanager
+def serving_in_thread(app: web.Application) -> Iterator[str]:
+    """`app` on 127.0.0.1 at a free port, served by its own event loop in a thread, for a
+    command that runs its own loop (a CLI under test); its base URL."""
+    loop = asyncio.new_event_loop()
+    runner = web.AppRunner(app)
+
+    async def start() -> str:
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        return f"http://127.0.0.1:{runner.addresses[0][1]}"
+
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+    try:
+        yield asyncio.run_coroutine_threadsafe(start(), loop).result(timeout=10)
+    finally:
+        asyncio.run_coroutine_threadsafe(runner.cleanup(), loop).result(timeout=10)
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(timeout=10)
+        loop.close()
