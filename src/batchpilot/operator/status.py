@@ -12,7 +12,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
 
-from batchpilot.operator.spec import MAX_TRIALS_LIMIT
+from batchpilot.operator.spec import MAX_CONFIRM_ROUNDS_LIMIT, MAX_FINALISTS, MAX_TRIALS_LIMIT
 
 Phase = Literal["Pending", "Baseline", "Tuning", "Confirming", "Converged", "Failed", "RolledBack"]
 TrialState = Literal["Running", "Complete", "Pruned", "Infeasible", "Failed", "Interrupted"]
@@ -142,7 +142,9 @@ class Confirmation(_Status):
     one measurement per step: a restarted operator resumes at the next one."""
 
     reason: str = Field(description="Why the trials ended.")
-    finalists: list[dict[str, float | int]] = Field(description="Finalists, best first.")
+    finalists: list[dict[str, float | int]] = Field(
+        description="Finalists, best first.", max_length=MAX_FINALISTS
+    )
     incumbent: dict[str, float | int] = Field(description="What ran before the study.")
     rounds: int = Field(description="Rounds to measure.")
     max_rounds: int | None = Field(
@@ -151,7 +153,10 @@ class Confirmation(_Status):
         "(unset: exactly `rounds`).",
     )
     measurements: list[RoundMeasurement] = Field(
-        default_factory=list, description="Measurements so far, in the order taken."
+        default_factory=list,
+        description="Measurements so far, in the order taken.",
+        # every finalist and the incumbent, in every round
+        max_length=(MAX_FINALISTS + 1) * MAX_CONFIRM_ROUNDS_LIMIT,
     )
     method: str = Field(default="", description="How the verdict was reached, once it was.")
 
