@@ -22,9 +22,9 @@ from batchpilot.operator.canary import canary_name
 from batchpilot.operator.crd import GROUP, PLURAL, VERSION
 from batchpilot.operator.kube import KubeError
 from batchpilot.operator.platform import policy_from_flags
+from batchpilot.operator.slots import Slots
 from batchpilot.operator.spec import InferenceServiceSpec, Params
 from batchpilot.operator.status import OriginalConfig
-from batchpilot.operator.study import Slots
 from batchpilot.operator.world import ProblemSink, TargetProblem
 
 ISVC = f"{GROUP}/{VERSION}/{PLURAL}"

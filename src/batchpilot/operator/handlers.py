@@ -31,16 +31,12 @@ from batchpilot.operator.kube import Connection, Kube, KubeError, isvc_path
 from batchpilot.operator.leader import ElectionSettings, Elector, Leadership, Standalone
 from batchpilot.operator.parentworld import ParentWorld
 from batchpilot.operator.policy import PlatformPolicy
+from batchpilot.operator.slots import Slots
 from batchpilot.operator.spec import InferenceServiceSpec, explain_validation_error, parse_spec
 from batchpilot.operator.standby import stand_by, stop_when_deposed
 from batchpilot.operator.status import InferenceServiceStatus
-from batchpilot.operator.study import (
-    EventType,
-    RecoverableError,
-    Slots,
-    StudyRunner,
-    utcnow,
-)
+from batchpilot.operator.study import StudyRunner
+from batchpilot.operator.studystate import EventType, RecoverableError, utcnow
 from batchpilot.operator.world import KubeWorld, ProblemSink, TargetProblem, World
 
 log = logging.getLogger(__name__)
