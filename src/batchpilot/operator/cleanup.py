@@ -44,17 +44,12 @@ class Cleanup:
             problem, state.stopping = state.stopping, None
             await self.fail(f"{problem.reason}: {problem.message}")
 
-    async def remove_load_workers(self) -> None:
-        remove = getattr(self._state.world, "remove_load_workers", None)
-        if remove is not None:
-            await remove()
-
     async def remove_canary(self) -> None:
         state = self._state
-        await self.remove_load_workers()
+        await state.world.trials.remove_load_workers()
         if state.status.canary is not None:
             name = state.status.canary
-            await state.world.remove_canary(name)
+            await state.world.canary.remove(name)
             await state.save(canary=None)
             state.event("Normal", "CanaryDeleted", f"deleted canary {name}")
 
@@ -81,14 +76,14 @@ class Cleanup:
         state = self._state
         spec, world = self._started()
         delete_canary, restore = decisions.needs_cleanup(state.status, spec.tuning.strategy)
-        await self.remove_load_workers()
+        await state.world.trials.remove_load_workers()
         if delete_canary and state.status.canary is not None:
             name = state.status.canary
-            await world.remove_canary(name)
+            await world.canary.remove(name)
             await state.save(canary=None)
             state.event("Normal", "CanaryDeleted", f"deleted canary {name}")
         if restore and state.status.original is not None:
-            await state.timed(world.restore(state.status.original), "restore")
+            await state.timed(world.target.restore(state.status.original), "restore")
             await state.save(restored=True)
             state.event("Normal", "Restored", f"original configuration restored: {why}")
         if any(c.type == "CleanedUp" and c.status == "False" for c in state.status.conditions):

@@ -83,10 +83,10 @@ class ConfirmationRounds:
             deadline = state.spec.tuning.trial_deadline_seconds
             try:
                 async with asyncio.timeout(deadline):
-                    await state.world.apply(params)
+                    await state.world.trials.apply(params)
                     config = batching_config(params)
                     incumbent = batching_config(confirmation.incumbent)
-                    result = await state.world.measure(
+                    result = await state.world.trials.measure(
                         config,
                         must_beat=None,
                         since=started,

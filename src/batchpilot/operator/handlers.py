@@ -28,6 +28,7 @@ from batchpilot.operator.events import EventLimiter
 from batchpilot.operator.identity import replica_identity, user_agent
 from batchpilot.operator.kopfidentity import identified
 from batchpilot.operator.kube import Connection, Kube, KubeError, isvc_path
+from batchpilot.operator.kubeworld import KubeWorld
 from batchpilot.operator.leader import ElectionSettings, Elector, Leadership, Standalone
 from batchpilot.operator.parentworld import ParentWorld
 from batchpilot.operator.policy import PlatformPolicy
@@ -37,7 +38,7 @@ from batchpilot.operator.standby import stand_by, stop_when_deposed
 from batchpilot.operator.status import InferenceServiceStatus
 from batchpilot.operator.study import StudyRunner
 from batchpilot.operator.studystate import EventType, RecoverableError, utcnow
-from batchpilot.operator.world import KubeWorld, ProblemSink, TargetProblem, World
+from batchpilot.operator.world import ProblemSink, TargetProblem, World
 
 log = logging.getLogger(__name__)
 

@@ -67,7 +67,7 @@ class Pause:
         if delete_canary:
             await self._cleanup.remove_canary()
         if restore and state.status.original is not None:
-            await state.timed(state.world.restore(state.status.original), "restore")
+            await state.timed(state.world.target.restore(state.status.original), "restore")
             await state.save(restored=True)
         self._slot.forget_workload()
         undone = [

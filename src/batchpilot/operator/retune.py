@@ -48,10 +48,8 @@ class Retune:
         kept the SLA or nothing could be read (a monitoring outage is no reason to
         re-tune: the next check is one window later)."""
         state = self._state
-        if not isinstance(state.world, schedule.BreachReader):
-            return None
         try:
-            return await state.world.production_breach(window_s)
+            return await state.world.target.production_breach(window_s)
         except (OSError, TimeoutError, KubeError, TargetProblem) as exc:
             log.warning("%s/%s: re-tune check read nothing: %s", state.namespace, state.name, exc)
             return None

@@ -62,9 +62,9 @@ class StudySlot:
         if self._prepared:
             return
         state = self._state
-        canary = await state.world.prepare(state.status.canary)
+        canary = await state.world.canary.prepare(state.status.canary)
         self._prepared = True
-        autoscalers = getattr(state.world, "autoscalers", None)
+        autoscalers = state.world.canary.autoscalers
         if autoscalers:
             how = (
                 "an InPlace trial during which the replicas change is measured again"

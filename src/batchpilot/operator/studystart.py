@@ -54,13 +54,13 @@ class StudyStart:
         if action == "apply":
             chosen = adopt.chosen_params(spec, state.status)
             assert chosen is not None  # write_back_action checked it
-            await state.timed(state.world.write_back(chosen), "write-back")
+            await state.timed(state.world.target.write_back(chosen), "write-back")
             shown = decisions.describe_params(chosen)
             await state.save(applied=True, restored=False)
             state.event("Normal", "Applied", f"wrote {shown} to {spec.target.name}")
             note += f"; writeBack Apply: wrote {shown}"
         elif action == "withhold" and state.status.original is not None:
-            await state.timed(state.world.restore(state.status.original), "restore")
+            await state.timed(state.world.target.restore(state.status.original), "restore")
             await state.save(applied=False, restored=True)
             state.event("Normal", "Restored", "writeBack Recommend: original configuration back")
             note += "; writeBack Recommend: the original configuration is back on the target"
@@ -69,7 +69,7 @@ class StudyStart:
 
     async def record_original(self) -> None:
         state = self._state
-        original = await state.world.record_original(state.clock())
+        original = await state.world.target.record_original(state.clock())
         shown = decisions.describe_params(original.params) if original.params else "unset"
         message = f"recorded the original configuration ({shown}); measuring the baseline"
         state.condition("TargetReady", "True", "TargetFound", f"{state.spec.target.name} found")

@@ -60,9 +60,7 @@ class StudyState:
 
     async def save(self, **changes: object) -> None:
         status = self.status.model_copy(update=changes)
-        # the World of a real cluster counts the pods it measured; a fake one need not
-        pods = getattr(self.world, "measured_pods", None)
-        status = kstatus.with_summary(status, self.spec, pods if isinstance(pods, int) else None)
+        status = kstatus.with_summary(status, self.spec, self.world.trials.measured_pods)
         self.status = kstatus.with_kstatus(status, self.clock())
         await self._write(self.status)
 

@@ -105,7 +105,7 @@ class Trials:
     async def _note_load_workers(self, trial: int) -> None:
         """Say in status which load workers sent the trial (with load.workers.max > 1)."""
         state = self._state
-        noted = workerfleet.trial_entry(getattr(state.world, "load_workers", None), trial)
+        noted = workerfleet.trial_entry(state.world.trials.load_workers, trial)
         if noted is None:
             return
         kept = [*state.status.load_workers, noted][-TRIALS_KEPT:]
@@ -122,9 +122,9 @@ class Trials:
         deadline = state.spec.tuning.trial_deadline_seconds
         try:
             async with asyncio.timeout(deadline):
-                await state.world.apply(params)
+                await state.world.trials.apply(params)
                 state.condition("TargetReady", "True", "Applied", "configuration is live")
-                result: CapacityResult = await state.world.measure(
+                result: CapacityResult = await state.world.trials.measure(
                     config, must_beat=tuner.must_beat(), since=started
                 )
         except TargetProblem as exc:

@@ -35,14 +35,14 @@ class WriteBack:
             if rolling_back is not None:
                 raise TargetProblem("RollingBack", rolling_back.message)
             if not state.status.applied:
-                await state.timed(state.world.write_back(params), "write-back")
+                await state.timed(state.world.target.write_back(params), "write-back")
                 await state.save(applied=True)
                 state.event(
                     "Normal",
                     "Applied",
                     f"wrote {decisions.describe_params(params)} to {state.spec.target.name}",
                 )
-            await state.world.verify(float(state.spec.tuning.verify_seconds))
+            await state.world.target.verify(float(state.spec.tuning.verify_seconds))
         except TargetProblem as problem:
             if problem.reason in NOT_ROLLED_BACK:
                 raise
@@ -67,7 +67,7 @@ class WriteBack:
             # said before the restore, so a restart in between finishes the rollback
             state.condition("Degraded", "True", "RollingBack", message)
             await state.save(message=message)
-        await state.timed(state.world.restore(original), "restore")
+        await state.timed(state.world.target.restore(original), "restore")
         state.condition("Degraded", "True", "RolledBack", message)
         state.condition("Ready", "False", "RolledBack", message)
         state.condition("TargetReady", "True", "Restored", "original configuration restored")
@@ -83,5 +83,5 @@ class WriteBack:
             and not state.status.restored
             and state.status.original is not None
         ):
-            await state.timed(state.world.restore(state.status.original), "restore")
+            await state.timed(state.world.target.restore(state.status.original), "restore")
             await state.save(restored=True)
