@@ -13,8 +13,8 @@ import pytest
 
 from batchpilot.operator import decisions
 from batchpilot.operator.kube import Connection, Kube, workload_path
+from batchpilot.operator.kubeworld import KubeWorld
 from batchpilot.operator.spec import parse_spec
-from batchpilot.operator.world import KubeWorld
 
 from . import procs
 from .conftest import Cluster
@@ -195,8 +195,8 @@ async def test_field_managers_per_inference_service_keep_each_others_variables(
     deploy_server(cluster, namespace)
     a = _world(admin_kube, namespace, "a", "A_BATCH", "A_WAIT")
     b = _world(admin_kube, namespace, "b", "B_BATCH", "B_WAIT")
-    await a.write_back({"max_batch_size": 8, "max_queue_time_ms": 3.0})
-    await b.write_back({"max_batch_size": 16, "max_queue_time_ms": 5.0})
+    await a.target.write_back({"max_batch_size": 8, "max_queue_time_ms": 3.0})
+    await b.target.write_back({"max_batch_size": 16, "max_queue_time_ms": 5.0})
     workload = await admin_kube.get(workload_path("Deployment", namespace, "server"))
     env = container_env(workload)
     assert {k: env.get(k) for k in ("A_BATCH", "A_WAIT", "B_BATCH", "B_WAIT")} == {
@@ -208,7 +208,7 @@ async def test_field_managers_per_inference_service_keep_each_others_variables(
     managers = {f["manager"] for f in workload["metadata"]["managedFields"]}
     assert {"batchpilot/a", "batchpilot/b"} <= managers
     # one releasing its variables (a restore of originally unset ones) leaves the other's
-    await a.write_back({})
+    await a.target.write_back({})
     env = container_env(await admin_kube.get(workload_path("Deployment", namespace, "server")))
     assert "A_BATCH" not in env
     assert env["B_BATCH"] == "16"

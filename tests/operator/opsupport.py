@@ -22,9 +22,10 @@ from batchpilot.operator.canary import canary_name
 from batchpilot.operator.crd import GROUP, PLURAL, VERSION
 from batchpilot.operator.kube import KubeError
 from batchpilot.operator.platform import policy_from_flags
+from batchpilot.operator.slots import Slots
 from batchpilot.operator.spec import InferenceServiceSpec, Params
 from batchpilot.operator.status import OriginalConfig
-from batchpilot.operator.study import Slots
+from batchpilot.operator.workerfleet import LoadWorkers
 from batchpilot.operator.world import ProblemSink, TargetProblem
 
 ISVC = f"{GROUP}/{VERSION}/{PLURAL}"
@@ -53,8 +54,17 @@ class GenerateNameEmulator(kmock.KubernetesEmulator):
 
 
 class FakeWorld:
-    """A World with no cluster: records what the runner asked for."""
+    """A World with no cluster: its parts record what the runner asked for."""
 
+    def __init__(self, spec: InferenceServiceSpec, cluster: FakeCluster) -> None:
+        self.spec = spec
+        self.cluster = cluster
+        self.target: FakeTarget = FakeTarget(spec, cluster)
+        self.canary = FakeCanary(spec, cluster)
+        self.trials = FakeTrials(spec, cluster)
+
+
+class FakeTarget:
     def __init__(self, spec: InferenceServiceSpec, cluster: FakeCluster) -> None:
         self.spec = spec
         self.cluster = cluster
@@ -72,6 +82,38 @@ class FakeWorld:
             recorded_at=now,
         )
 
+    async def write_back(self, params: Params) -> None:
+        if self.cluster.write_back_hangs:
+            await asyncio.Event().wait()  # a rollout that never ends
+        self.cluster.target = dict(params)
+        self.cluster.written_back.append(dict(params))
+
+    async def restore(self, original: OriginalConfig) -> None:
+        if self.cluster.restore_problem is not None:
+            raise self.cluster.restore_problem
+        if self.cluster.restore_hangs:
+            await asyncio.Event().wait()
+        self.cluster.target = dict(original.params)
+        self.cluster.restored += 1
+        self.cluster.restored_targets.append(self.spec.target.name)
+
+    async def verify(self, seconds: float) -> None:
+        self.cluster.verified.append(seconds)
+        if self.cluster.crashes(self.cluster.target):
+            raise TargetProblem(
+                "CrashLoopBackOff", "pod resnet-2 container server: CrashLoopBackOff: exit 1"
+            )
+
+    async def production_breach(self, window_s: float) -> str | None:
+        return None  # no Prometheus verdict
+
+
+class FakeCanary:
+    def __init__(self, spec: InferenceServiceSpec, cluster: FakeCluster) -> None:
+        self.spec = spec
+        self.cluster = cluster
+        self.autoscalers: list[str] = []
+
     async def prepare(self, canary: str | None) -> str | None:
         if self.spec.tuning.strategy == "InPlace":
             return None
@@ -79,6 +121,17 @@ class FakeWorld:
         self.cluster.canaries.add(name)
         self.cluster.prepares += 1
         return name
+
+    async def remove(self, name: str) -> None:
+        self.cluster.canaries.discard(name)
+
+
+class FakeTrials:
+    def __init__(self, spec: InferenceServiceSpec, cluster: FakeCluster) -> None:
+        self.spec = spec
+        self.cluster = cluster
+        self.measured_pods: int | None = None
+        self.load_workers: LoadWorkers | None = None
 
     async def apply(self, params: Params) -> None:
         self.cluster.applied.append(dict(params))
@@ -151,30 +204,8 @@ class FakeWorld:
             steps=[step],
         )
 
-    async def write_back(self, params: Params) -> None:
-        if self.cluster.write_back_hangs:
-            await asyncio.Event().wait()  # a rollout that never ends
-        self.cluster.target = dict(params)
-        self.cluster.written_back.append(dict(params))
-
-    async def restore(self, original: OriginalConfig) -> None:
-        if self.cluster.restore_problem is not None:
-            raise self.cluster.restore_problem
-        if self.cluster.restore_hangs:
-            await asyncio.Event().wait()
-        self.cluster.target = dict(original.params)
-        self.cluster.restored += 1
-        self.cluster.restored_targets.append(self.spec.target.name)
-
-    async def verify(self, seconds: float) -> None:
-        self.cluster.verified.append(seconds)
-        if self.cluster.crashes(self.cluster.target):
-            raise TargetProblem(
-                "CrashLoopBackOff", "pod resnet-2 container server: CrashLoopBackOff: exit 1"
-            )
-
-    async def remove_canary(self, name: str) -> None:
-        self.cluster.canaries.discard(name)
+    async def remove_load_workers(self) -> None:
+        pass
 
 
 def _client_bound(limit: float, sla: SLA) -> CapacityResult:

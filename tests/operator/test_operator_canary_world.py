@@ -94,7 +94,7 @@ async def test_the_canary_escapes_every_selector_and_says_which_it_checked(
         "spec": {"selector": pdb, "minAvailable": 1},
     }
 
-    assert await world(kube, make_spec("Canary")).prepare(None) == CANARY
+    assert await world(kube, make_spec("Canary")).canary.prepare(None) == CANARY
 
     body = kmock.objects[DEPLOYMENTS, NS, CANARY].raw
     labels = body["spec"]["template"]["metadata"]["labels"]
@@ -130,7 +130,7 @@ async def test_pod_monitors_are_checked_when_their_crd_exists(
         "metadata": {"name": "ml", "namespace": NS},
         "spec": {"selector": {"matchLabels": {"team": "ml"}}},
     }
-    await world(kube, make_spec("Canary")).prepare(None)
+    await world(kube, make_spec("Canary")).canary.prepare(None)
     labels = kmock.objects[DEPLOYMENTS, NS, CANARY].raw["spec"]["template"]["metadata"]["labels"]
     assert labels["team"] != "ml"
     [event] = events(kmock)
@@ -147,7 +147,7 @@ async def test_a_pdb_selecting_every_pod_refuses_the_canary(
         "spec": {"selector": {}, "maxUnavailable": 1},
     }
     with pytest.raises(TargetProblem) as caught:
-        await world(kube, make_spec("Canary")).prepare(None)
+        await world(kube, make_spec("Canary")).canary.prepare(None)
     assert caught.value.reason == "CanaryNotIsolated"
     assert "PodDisruptionBudget/all" in caught.value.message
     assert not creates(kmock, "deployments")
@@ -166,7 +166,7 @@ async def test_a_workload_of_the_canarys_name_owned_by_another_is_not_adopted(
     kmock.objects[DEPLOYMENTS, NS, CANARY] = foreign
     w = world(kube, make_spec("Canary"))
     with pytest.raises(TargetProblem) as caught:
-        await w.prepare(None)
+        await w.canary.prepare(None)
     assert caught.value.reason == "CanaryNotOwned"
     assert "uid-9" in caught.value.message
     assert not kmock["patch"]
@@ -180,10 +180,10 @@ async def test_a_canary_deleted_mid_study_is_created_again_before_the_next_trial
     kmock.objects[DEPLOYMENTS, NS, "resnet"] = target()
     kmock.objects["v1/pods", NS, "canary-1"] = ready_pod()
     w = world(kube, make_spec("Canary"))
-    assert await w.prepare(None) == CANARY
+    assert await w.canary.prepare(None) == CANARY
     await kube.delete(f"/apis/apps/v1/namespaces/{NS}/deployments/{CANARY}")  # by someone
 
-    apply = asyncio.ensure_future(w.apply({"max_batch_size": 8, "max_queue_time_ms": 2.0}))
+    apply = asyncio.ensure_future(w.trials.apply({"max_batch_size": 8, "max_queue_time_ms": 2.0}))
     async with asyncio.timeout(10):
         # KMock records requests but offers nothing to await one by
         while len(creates(kmock, "deployments")) < 2:  # noqa: ASYNC110
@@ -216,10 +216,10 @@ async def test_a_statefulset_target_gets_a_statefulset_canary_with_its_claims(
         }
     )
     w = world(kube, spec)
-    assert await w.prepare(None) == CANARY
+    assert await w.canary.prepare(None) == CANARY
     body = kmock.objects["apps/v1/statefulsets", NS, CANARY].raw
     assert [c["metadata"]["name"] for c in body["spec"]["volumeClaimTemplates"]] == ["cache"]
-    await w.remove_canary(CANARY)
+    await w.canary.remove(CANARY)
     assert [r.name for r in kmock["delete"]] == [CANARY]
 
 
@@ -245,7 +245,7 @@ async def test_a_second_inference_service_on_a_target_is_refused_naming_the_firs
     kmock.objects[ISVCS, NS, "first"] = isvc("first", "uid-0", "2026-01-01T00:00:00Z")
     kmock.objects[ISVCS, NS, "resnet"] = isvc("resnet", "uid-1", "2026-01-02T00:00:00Z")
     w = world(kube, make_spec("Canary"))
-    for step in (w.record_original(NOW), w.prepare(None)):
+    for step in (w.target.record_original(NOW), w.canary.prepare(None)):
         with pytest.raises(TargetProblem) as caught:
             await step
         assert caught.value.reason == "TargetTaken"
@@ -255,8 +255,8 @@ async def test_a_second_inference_service_on_a_target_is_refused_naming_the_firs
 
     # the first one is deleted: this one now tunes the target
     await kube.delete(f"/apis/batchpilot.dev/v1alpha1/namespaces/{NS}/inferenceservices/first")
-    await w.record_original(NOW)
-    assert await w.prepare(None) == CANARY
+    await w.target.record_original(NOW)
+    assert await w.canary.prepare(None) == CANARY
 
 
 def foreign_workload(name: str) -> dict[str, Any]:
@@ -278,10 +278,10 @@ async def test_a_canary_name_in_status_owned_by_another_is_neither_used_nor_dele
     kmock.objects[DEPLOYMENTS, NS, "resnet"] = target()
     kmock.objects[DEPLOYMENTS, NS, "resnet-bp-canary"] = foreign_workload("resnet-bp-canary")
     w = world(kube, make_spec("Canary"))
-    assert await w.prepare("resnet-bp-canary") == CANARY  # a canary of its own instead
-    await w.remove_canary("resnet-bp-canary")
+    assert await w.canary.prepare("resnet-bp-canary") == CANARY  # a canary of its own instead
+    await w.canary.remove("resnet-bp-canary")
     assert [r.name for r in kmock["delete"]] == []
-    await w.remove_canary(CANARY)
+    await w.canary.remove(CANARY)
     assert [r.name for r in kmock["delete"]] == [CANARY]
 
 
@@ -293,9 +293,9 @@ async def test_a_canary_of_an_earlier_name_that_is_ours_is_kept(
     ours["metadata"]["ownerReferences"] = [{"kind": "InferenceService", "uid": "uid-1"}]
     kmock.objects[DEPLOYMENTS, NS, "resnet-bp-canary"] = ours
     w = world(kube, make_spec("Canary"))
-    assert await w.prepare("resnet-bp-canary") == "resnet-bp-canary"
+    assert await w.canary.prepare("resnet-bp-canary") == "resnet-bp-canary"
     assert not creates(kmock, "deployments")
-    await w.remove_canary("resnet-bp-canary")
+    await w.canary.remove("resnet-bp-canary")
     [delete] = kmock["delete"]
     # only that very object: one recreated under the name in between stays
     assert delete.data["preconditions"] == {"uid": "d9"}

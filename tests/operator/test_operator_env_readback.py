@@ -30,8 +30,10 @@ from opsupport import (
 from batchpilot.models import BatchingConfig, CapacityResult, StepResult
 from batchpilot.operator import decisions
 from batchpilot.operator.kube import Connection, Kube
+from batchpilot.operator.kubetrials import KubeTrials
+from batchpilot.operator.kubeworld import KubeWorld
 from batchpilot.operator.spec import InferenceServiceSpec, parse_spec
-from batchpilot.operator.world import KubeWorld, ProblemSink, TargetProblem
+from batchpilot.operator.world import ProblemSink, TargetProblem
 
 pytestmark = [
     pytest.mark.operator,
@@ -203,7 +205,7 @@ async def test_a_container_that_reads_the_variables_proceeds(
 ) -> None:
     server, port = pod
     w = world(kube, parse_spec(reference_spec(port)))
-    await w.apply({"max_batch_size": 32, "max_queue_time_ms": 12.5})
+    await w.trials.apply({"max_batch_size": 32, "max_queue_time_ms": 12.5})
     assert rolled_out(kmock) == {"MAX_BATCH_SIZE": "32", "WAIT": "12.5"}
     assert server.asked == 1  # read back once the rollout was done
 
@@ -215,7 +217,7 @@ async def test_a_container_that_ignores_the_variables_fails_the_trial_as_env_ign
     server.reads_env = False
     w = world(kube, parse_spec(reference_spec(port)))
     with pytest.raises(TargetProblem) as caught:
-        await w.apply({"max_batch_size": 32, "max_queue_time_ms": 10.0})
+        await w.trials.apply({"max_batch_size": 32, "max_queue_time_ms": 10.0})
     assert caught.value.reason == "EnvIgnored"
     assert caught.value.message.startswith(
         "pod resnet-1 runs max_batch_size=8 after MAX_BATCH_SIZE=32 was rolled out: the "
@@ -230,12 +232,12 @@ async def test_a_triton_pod_is_read_back_in_microseconds(
 ) -> None:
     server, port = pod
     w = world(kube, triton_spec(port))
-    await w.apply({"max_batch_size": 16, "max_queue_time_ms": 2.5})
+    await w.trials.apply({"max_batch_size": 16, "max_queue_time_ms": 2.5})
     # Triton's variable carries whole µs; its model configuration answers the same
     assert rolled_out(kmock) == {"MAX_BATCH_SIZE": "16", "WAIT": "2500"}
     server.reads_env = False  # the model configuration says 8 and 10 µs
     with pytest.raises(TargetProblem) as caught:
-        await w.apply({"max_batch_size": 8, "max_queue_time_ms": 2.5})
+        await w.trials.apply({"max_batch_size": 8, "max_queue_time_ms": 2.5})
     assert caught.value.reason == "EnvIgnored"
     assert "max_queue_time_ms=0.01 after WAIT=2500" in caught.value.message
 
@@ -247,7 +249,7 @@ async def test_a_pod_that_cannot_be_read_back_is_measured_unverified_and_said_so
     spec = reference_spec(port)
     spec["apply"]["live"]["path"] = "/no-such-admin"  # answers 404
     w = world(kube, parse_spec(spec))
-    await w.apply({"max_batch_size": 32, "max_queue_time_ms": 10.0})
+    await w.trials.apply({"max_batch_size": 32, "max_queue_time_ms": 10.0})
     posted = [e for e in events_of(kmock) if e["reason"] == "EnvUnverified"]
     assert len(posted) == 1
     assert "pod resnet-1" in posted[0]["message"]
@@ -259,21 +261,21 @@ async def test_without_a_read_back_the_rollout_is_trusted_as_before(
 ) -> None:
     server, _ = pod
     server.reads_env = False
-    await world(kube, parse_spec(reference_spec(None))).apply(
+    await world(kube, parse_spec(reference_spec(None))).trials.apply(
         {"max_batch_size": 32, "max_queue_time_ms": 10.0}
     )
     assert server.asked == 0
     assert not [e for e in events_of(kmock) if e["reason"] == "EnvUnverified"]
 
 
-class UnmeasuredWorld(KubeWorld):
-    """A KubeWorld whose measurement is a fixed figure: the study's path through apply is
+class UnmeasuredTrials(KubeTrials):
+    """KubeTrials whose measurement is a fixed figure: the study's path through apply is
     real, and no load is sent."""
 
     measured: int = 0
 
     async def measure(self, config: BatchingConfig, **_: Any) -> CapacityResult:
-        UnmeasuredWorld.measured += 1
+        UnmeasuredTrials.measured += 1
         sla = self._spec.sla.to_sla()
         step = StepResult(
             offered_rps=100.0,
@@ -288,6 +290,10 @@ class UnmeasuredWorld(KubeWorld):
         return CapacityResult(
             effective_rps=100.0, p99_ms=200.0, sla=sla, feasible=True, precision=0.05, steps=[step]
         )
+
+
+class UnmeasuredWorld(KubeWorld):
+    trials_type = UnmeasuredTrials
 
 
 async def test_a_study_on_a_container_that_ignores_the_variables_fails_on_max_failures(
@@ -331,7 +337,7 @@ async def test_a_study_on_a_container_that_ignores_the_variables_fails_on_max_fa
     status = status_of(kmock)
     # the original runs (the container's own values are the original ones): measured
     assert status["trials"][0]["state"] == "Complete"
-    assert UnmeasuredWorld.measured == 1
+    assert UnmeasuredTrials.measured == 1
     failed = [t for t in status["trials"] if t["state"] == "Failed"]
     assert len(failed) == 2
     assert all(t["reason"].startswith("EnvIgnored: pod resnet-1 runs ") for t in failed)

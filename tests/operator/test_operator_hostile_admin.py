@@ -18,8 +18,9 @@ from kmock import ResourceInfo
 from batchpilot.httpbody import MAX_CONTROL_BODY_BYTES
 from batchpilot.operator import decisions
 from batchpilot.operator.kube import Connection, Kube
+from batchpilot.operator.kubeworld import KubeWorld
 from batchpilot.operator.spec import parse_spec
-from batchpilot.operator.world import KubeWorld, TargetProblem
+from batchpilot.operator.world import TargetProblem
 from support.hostile_server import ENDLESS_BYTES, Hostile, hostile_server
 
 pytestmark = [pytest.mark.operator, pytest.mark.timeout(60)]
@@ -82,7 +83,7 @@ async def test_an_endless_admin_answer_is_refused_at_the_cap(
     started = time.monotonic()
     try:
         with pytest.raises(TargetProblem) as caught:
-            await world._live_get("127.0.0.1")
+            await world.live.admin_get("127.0.0.1")
         _, peak = tracemalloc.get_traced_memory()
     finally:
         tracemalloc.stop()
@@ -101,7 +102,7 @@ async def test_a_dripping_admin_answer_stops_at_the_http_timeout(
     world = live_world(kube, hostile.port, "/drip", http_timeout_s=1.0)
     started = time.monotonic()
     with pytest.raises(TargetProblem) as caught:
-        await world._live_get("127.0.0.1")
+        await world.live.admin_get("127.0.0.1")
     assert caught.value.reason == "AdminUnreachable"
     assert time.monotonic() - started < 5.0
 
@@ -116,7 +117,7 @@ async def test_apply_live_on_a_pod_that_streams_without_end_fails_at_once(
     world = live_world(kube, hostile.port, "/endless")
     started = time.monotonic()
     with pytest.raises(TargetProblem) as caught:
-        await world.apply({"max_batch_size": 8, "max_queue_time_ms": 2.0})
+        await world.trials.apply({"max_batch_size": 8, "max_queue_time_ms": 2.0})
     assert caught.value.reason == "AdminRejected"
     assert "cap of 4 MiB" in caught.value.message
     assert time.monotonic() - started < 10.0

@@ -90,7 +90,7 @@ async def test_an_https_endpoint_is_measured_over_verified_tls(
     port, seen = https_pod
     kmock.objects[DEPLOYMENTS, NS, "resnet"] = target()
     kmock.objects["v1/pods", NS, "resnet-1"] = ready_pod()
-    result = await world(kube, https_spec(port, tls)).measure(
+    result = await world(kube, https_spec(port, tls)).trials.measure(
         CONFIG, must_beat=None, since=datetime.now(UTC)
     )
     assert seen

@@ -175,20 +175,20 @@ async def test_kserve_env_goes_to_the_predictor_and_the_pods_are_awaited(
         "bert-predictor-1", KSERVE_LABELS, {"OMP_NUM_THREADS": "4", "MAX_BATCH_SIZE": "16"}
     )
     w = world(kube, kserve_spec())
-    original = await w.record_original(NOW)
+    original = await w.target.record_original(NOW)
     assert original.env == {"MAX_BATCH_SIZE": "16", "MAX_QUEUE_TIME_MS": None}
-    assert await w.prepare(None) is None
+    assert await w.canary.prepare(None) is None
 
     rolled: list[dict[str, Any]] = []
     controller = asyncio.create_task(kserve_controller(kmock, rolled))
     try:
-        await w.apply({"max_batch_size": 8, "max_queue_time_ms": 12.5})
+        await w.trials.apply({"max_batch_size": 8, "max_queue_time_ms": 12.5})
         # apply returned only once the pod ran the new env: KServe's stand-in made it
         assert rolled == [
             {"OMP_NUM_THREADS": "4", "MAX_BATCH_SIZE": "8", "MAX_QUEUE_TIME_MS": "12.5"}
         ]
-        await w.write_back({"max_batch_size": 32, "max_queue_time_ms": 5.0})
-        await w.restore(original)
+        await w.target.write_back({"max_batch_size": 32, "max_queue_time_ms": 5.0})
+        await w.target.restore(original)
     finally:
         controller.cancel()
 
@@ -226,11 +226,11 @@ async def test_kserve_missing_target_and_container_are_target_problems(
 ) -> None:
     w = world(kube, kserve_spec())
     with pytest.raises(TargetProblem) as caught:
-        await w.record_original(NOW)
+        await w.target.record_original(NOW)
     assert caught.value.reason == "TargetNotFound"
     kmock.objects[ISVCS, NS, "bert"] = {**kserve_isvc(), "spec": {"predictor": {}}}
     with pytest.raises(TargetProblem) as caught:
-        await w.record_original(NOW)
+        await w.target.record_original(NOW)
     assert caught.value.reason == "ContainerNotFound"
 
 
@@ -314,14 +314,14 @@ async def test_rayservice_trials_are_live_and_the_winner_goes_to_serve_config(
     kmock.objects[PODS, NS, "ranker-abc-head"] = pod("ranker-abc-head", serving)
     w = world(kube, ray_spec(port))
 
-    original = await w.record_original(NOW)
+    original = await w.target.record_original(NOW)
     assert original.params == {"max_batch_size": 8, "max_queue_time_ms": 10.0}
     assert original.env == {"max_batch_size": "8", "batch_wait_timeout_s": "0.01"}
-    await w.apply({"max_batch_size": 4, "max_queue_time_ms": 2.0})
+    await w.trials.apply({"max_batch_size": 4, "max_queue_time_ms": 2.0})
     assert server.puts == [{"max_batch_size": 4, "max_queue_time_ms": 2.0}]  # one pod
     assert applies_to(kmock, "rayservices") == []  # trials do not touch the RayService
 
-    await w.write_back({"max_batch_size": 32, "max_queue_time_ms": 25.0})
+    await w.target.write_back({"max_batch_size": 32, "max_queue_time_ms": 25.0})
     assert server.values == {"max_batch_size": 32, "max_queue_time_ms": 25.0}
     patches = applies_to(kmock, "rayservices")
     assert len(patches) == 1
@@ -332,10 +332,10 @@ async def test_rayservice_trials_are_live_and_the_winner_goes_to_serve_config(
     assert deployment["user_config"] == {"max_batch_size": 32, "batch_wait_timeout_s": 0.025}
     assert written["applications"][0]["import_path"] == "app:graph"
 
-    await w.write_back({"max_batch_size": 32, "max_queue_time_ms": 25.0})
+    await w.target.write_back({"max_batch_size": 32, "max_queue_time_ms": 25.0})
     assert len(applies_to(kmock, "rayservices")) == 1  # already there: not written twice
 
-    await w.restore(original)
+    await w.target.restore(original)
     assert server.puts[-1] == {"max_batch_size": 8, "max_queue_time_ms": 10.0}
     restored = yaml.safe_load(kmock.objects[RAYSERVICES, NS, "ranker"].raw["spec"]["serveConfigV2"])
     assert restored == yaml.safe_load(SERVE)
@@ -353,11 +353,11 @@ async def test_rayservice_without_active_cluster_or_serve_config_is_a_target_pro
     kmock.objects[RAYSERVICES, NS, "ranker"] = service
     w = world(kube, ray_spec(port))
     with pytest.raises(TargetProblem) as caught:
-        await w.record_original(NOW)
+        await w.target.record_original(NOW)
     assert caught.value.reason == "NoActiveRayCluster"
     kmock.objects[RAYSERVICES, NS, "ranker"] = {**rayservice(), "spec": {}}
     with pytest.raises(TargetProblem) as caught:
-        await w.record_original(NOW)
+        await w.target.record_original(NOW)
     assert caught.value.reason == "ServeConfigMissing"
 
 
@@ -451,22 +451,22 @@ async def test_rayservice_with_the_rayserve_runtime_goes_through_the_heads_serve
         kmock.objects[PODS, NS, worker] = pod(worker, {**cluster, "ray.io/node-type": "worker"})
     w = world(kube, ray_runtime_spec(port))
 
-    original = await w.record_original(NOW)
+    original = await w.target.record_original(NOW)
     assert original.params == {"max_batch_size": 8, "max_queue_time_ms": 10.0}
-    await w.apply({"max_batch_size": 4, "max_queue_time_ms": 2.0})
+    await w.trials.apply({"max_batch_size": 4, "max_queue_time_ms": 2.0})
     # one call for the application, however many pods serve it
     assert len(api.puts) == 1
     assert api.user_config == {"max_batch_size": 4, "batch_wait_timeout_s": 0.002}
     assert applies_to(kmock, "rayservices") == []  # trials do not touch the RayService
 
-    await w.write_back({"max_batch_size": 32, "max_queue_time_ms": 25.0})
+    await w.target.write_back({"max_batch_size": 32, "max_queue_time_ms": 25.0})
     assert len(api.puts) == 2
     assert api.user_config == {"max_batch_size": 32, "batch_wait_timeout_s": 0.025}
     written = yaml.safe_load(kmock.objects[RAYSERVICES, NS, "ranker"].raw["spec"]["serveConfigV2"])
     user = written["applications"][0]["deployments"][0]["user_config"]
     assert user == {"max_batch_size": 32, "batch_wait_timeout_s": 0.025}
 
-    await w.restore(original)
+    await w.target.restore(original)
     assert len(api.puts) == 3
     assert api.user_config == {"max_batch_size": 8, "batch_wait_timeout_s": 0.01}
     restored = yaml.safe_load(kmock.objects[RAYSERVICES, NS, "ranker"].raw["spec"]["serveConfigV2"])

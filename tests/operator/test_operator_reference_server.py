@@ -15,8 +15,9 @@ from kmock import ResourceInfo
 
 from batchpilot.operator import decisions
 from batchpilot.operator.kube import Connection, Kube
+from batchpilot.operator.kubeworld import KubeWorld
 from batchpilot.operator.spec import batching_config, parse_spec
-from batchpilot.operator.world import KubeWorld, TargetProblem
+from batchpilot.operator.world import TargetProblem
 from batchpilot.server.process import ServerProcess, free_port
 
 pytestmark = [pytest.mark.operator, pytest.mark.component, pytest.mark.timeout(180)]
@@ -126,17 +127,17 @@ async def test_live_apply_reaches_the_server_and_is_verified(
     server: ServerProcess, kube: Kube
 ) -> None:
     world = live_world(kube, server.port, server.port)
-    original = await world.record_original(datetime(2026, 1, 1, tzinfo=UTC))
+    original = await world.target.record_original(datetime(2026, 1, 1, tzinfo=UTC))
     assert original.params["max_batch_size"] == 4
     assert original.params["max_queue_time_ms"] == pytest.approx(2.0)
-    await world.apply({"max_batch_size": 8, "max_queue_time_ms": 3.5})
+    await world.trials.apply({"max_batch_size": 8, "max_queue_time_ms": 3.5})
     now = await admin(server)
     assert (now["max_batch_size"], now["max_queue_time_ms"]) == (8, 3.5)
-    await world.apply(original.params)
+    await world.trials.apply(original.params)
     assert (await admin(server))["max_batch_size"] == 4
     refused = live_world(kube, free_port(), server.port)
     with pytest.raises(TargetProblem) as caught:
-        await refused.apply({"max_batch_size": 8, "max_queue_time_ms": 3.5})
+        await refused.trials.apply({"max_batch_size": 8, "max_queue_time_ms": 3.5})
     assert caught.value.reason == "AdminUnreachable"
     assert "not live after 1 s" in caught.value.message
 
@@ -146,7 +147,7 @@ async def test_measure_runs_the_capacity_search_against_the_pod_ips(
 ) -> None:
     world = live_world(kube, server.port, server.port)
     config = batching_config({"max_batch_size": 4, "max_queue_time_ms": 2.0})
-    result = await world.measure(config, must_beat=None, since=datetime.now(UTC))
+    result = await world.trials.measure(config, must_beat=None, since=datetime.now(UTC))
     assert result.steps
     assert result.sla.p99_ms == 500
     assert result.feasible
@@ -164,7 +165,7 @@ async def test_measure_refuses_steps_shorter_than_four_scrape_intervals(
     )
     config = batching_config({"max_batch_size": 4, "max_queue_time_ms": 2.0})
     with pytest.raises(TargetProblem) as caught:
-        await world.measure(config, must_beat=None, since=datetime.now(UTC))
+        await world.trials.measure(config, must_beat=None, since=datetime.now(UTC))
     assert caught.value.reason == "StepShorterThanScrapes"
     assert "load.stepSeconds: a step of 1 s is shorter than 4 scrape intervals" in str(
         caught.value.message
@@ -177,5 +178,5 @@ async def test_measure_offers_the_load_arrival_process(server: ServerProcess, ku
         kube, server.port, server.port, {"arrival": {"process": "MMPP", "burstFactor": 3}}
     )
     config = batching_config({"max_batch_size": 4, "max_queue_time_ms": 2.0})
-    result = await world.measure(config, must_beat=None, since=datetime.now(UTC))
+    result = await world.trials.measure(config, must_beat=None, since=datetime.now(UTC))
     assert result.feasible

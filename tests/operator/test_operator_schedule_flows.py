@@ -16,6 +16,7 @@ from opsupport import (
     NAMESPACE,
     ORIGINAL,
     FakeCluster,
+    FakeTarget,
     FakeWorld,
     GenerateNameEmulator,
     Operator,
@@ -63,8 +64,8 @@ def clock(monkeypatch: pytest.MonkeyPatch) -> Clock:
     return fake
 
 
-class BreachWorld(FakeWorld):
-    """A FakeWorld whose production traffic breaks the SLA when the test says so."""
+class BreachTarget(FakeTarget):
+    """A FakeTarget whose production traffic breaks the SLA when the test says so."""
 
     def __init__(self, spec: InferenceServiceSpec, cluster: FakeCluster, probe: Probe) -> None:
         super().__init__(spec, cluster)
@@ -73,6 +74,12 @@ class BreachWorld(FakeWorld):
     async def production_breach(self, window_s: float) -> str | None:
         self.probe.windows.append(window_s)
         return self.probe.breach
+
+
+class BreachWorld(FakeWorld):
+    def __init__(self, spec: InferenceServiceSpec, cluster: FakeCluster, probe: Probe) -> None:
+        super().__init__(spec, cluster)
+        self.target = BreachTarget(spec, cluster, probe)
 
 
 class Probe:

@@ -20,8 +20,9 @@ from batchpilot.operator import decisions
 from batchpilot.operator import runtimes as operator_runtimes
 from batchpilot.operator.canary import canary_name
 from batchpilot.operator.kube import Connection, Kube, KubeError
+from batchpilot.operator.kubeworld import KubeWorld
 from batchpilot.operator.spec import InferenceServiceSpec, parse_spec
-from batchpilot.operator.world import KubeWorld, TargetProblem
+from batchpilot.operator.world import TargetProblem
 
 
 def register_neighbours(kmock: kmock.KubernetesEmulator) -> None:
@@ -125,11 +126,11 @@ async def test_env_apply_is_a_server_side_apply_by_batchpilot(
     kmock.objects[DEPLOYMENTS, NS, "resnet"] = target()
     kmock.objects["v1/pods", NS, "resnet-1"] = ready_pod()
     w = world(kube, make_spec())
-    original = await w.record_original(NOW)
+    original = await w.target.record_original(NOW)
     assert original.env == {"MAX_BATCH_SIZE": "32", "MAX_QUEUE_TIME_MS": None}
     assert original.params == {}  # one knob unset: the server's default is invisible
-    assert await w.prepare(None) is None  # InPlace: no canary
-    await w.apply({"max_batch_size": 8, "max_queue_time_ms": 12.5})
+    assert await w.canary.prepare(None) is None  # InPlace: no canary
+    await w.trials.apply({"max_batch_size": 8, "max_queue_time_ms": 12.5})
     patches = [r for r in kmock["patch"] if r.resource is not None and r.name == "resnet"]
     assert len(patches) == 1
     request = patches[0]
@@ -144,7 +145,7 @@ async def test_env_apply_is_a_server_side_apply_by_batchpilot(
             {"name": "MAX_QUEUE_TIME_MS", "value": "12.5"},
         ],
     }
-    await w.restore(original)
+    await w.target.restore(original)
     restore = [r for r in kmock["patch"] if r.name == "resnet"][-1]
     env = restore.data["spec"]["template"]["spec"]["containers"][0]["env"]
     assert env == [{"name": "MAX_BATCH_SIZE", "value": "32"}]  # the unset one is released
@@ -155,17 +156,17 @@ async def test_canary_is_created_owned_and_deleted(
 ) -> None:
     kmock.objects[DEPLOYMENTS, NS, "resnet"] = target()
     w = world(kube, make_spec("Canary"))
-    name = await w.prepare(None)
+    name = await w.canary.prepare(None)
     assert name == canary_name("resnet", NS, "resnet", "uid-1")
     canary = kmock.objects[DEPLOYMENTS, NS, name].raw
     assert canary["metadata"]["ownerReferences"][0]["uid"] == "uid-1"
     assert canary["spec"]["template"]["metadata"]["labels"]["app"] != "resnet"
-    assert await w.prepare(name) == name  # after a restart: found, not created twice
+    assert await w.canary.prepare(name) == name  # after a restart: found, not created twice
     created = [r for r in kmock["post"] if r.resource is not None and r.resource.plural != "events"]
     assert len(created) == 1
-    await w.remove_canary(name)
+    await w.canary.remove(name)
     assert len(kmock["delete"]) == 1
-    await w.remove_canary(name)  # already gone: not an error
+    await w.canary.remove(name)  # already gone: not an error
 
 
 async def test_missing_target_and_container_are_target_problems(
@@ -173,13 +174,13 @@ async def test_missing_target_and_container_are_target_problems(
 ) -> None:
     w = world(kube, make_spec())
     with pytest.raises(TargetProblem) as caught:
-        await w.record_original(NOW)
+        await w.target.record_original(NOW)
     assert caught.value.reason == "TargetNotFound"
     other = target()
     other["spec"]["template"]["spec"]["containers"][0]["name"] = "sidecar"
     kmock.objects[DEPLOYMENTS, NS, "resnet"] = other
     with pytest.raises(TargetProblem) as caught:
-        await w.record_original(NOW)
+        await w.target.record_original(NOW)
     assert caught.value.reason == "ContainerNotFound"
 
 
@@ -193,7 +194,7 @@ async def test_crash_looping_pods_fail_the_apply_with_the_reason(
     ]
     kmock.objects["v1/pods", NS, "resnet-1"] = crashing
     with pytest.raises(TargetProblem) as caught:
-        await world(kube, make_spec()).apply({"max_batch_size": 8, "max_queue_time_ms": 1.0})
+        await world(kube, make_spec()).trials.apply({"max_batch_size": 8, "max_queue_time_ms": 1.0})
     assert caught.value.reason == "CrashLoopBackOff"
 
 
@@ -256,7 +257,9 @@ async def test_an_unschedulable_pod_past_the_schedule_timeout_stops_the_study(
     problems: list[Any] = []
     spec = quick(make_spec(), schedule_timeout_seconds=0.2)
     with pytest.raises(TargetProblem) as caught:
-        await world(kube, spec, problems).apply({"max_batch_size": 8, "max_queue_time_ms": 1.0})
+        await world(kube, spec, problems).trials.apply(
+            {"max_batch_size": 8, "max_queue_time_ms": 1.0}
+        )
     assert caught.value.reason == "Unschedulable"
     assert caught.value.stops_study
     assert "Insufficient nvidia.com/gpu" in caught.value.message
@@ -273,9 +276,9 @@ async def test_a_rollout_that_never_finishes_ends_at_its_deadline(
     kmock.objects[DEPLOYMENTS, NS, "resnet"] = stuck
     spec = quick(make_spec(), trial_deadline_seconds=0.3)
     w = world(kube, spec)
-    original = await w.record_original(NOW)
+    original = await w.target.record_original(NOW)
     with pytest.raises(TargetProblem) as caught:
-        await w.restore(original)
+        await w.target.restore(original)
     assert caught.value.reason == "RolloutTimedOut"
     assert "0 of 1 replicas ready" in caught.value.message
     assert not caught.value.stops_study
@@ -297,7 +300,9 @@ async def test_a_rollout_past_its_progress_deadline_fails_the_write_back(
     kmock.objects[DEPLOYMENTS, NS, "resnet"] = stuck
     kmock.objects["v1/pods", NS, "resnet-1"] = ready_pod()
     with pytest.raises(TargetProblem) as caught:
-        await world(kube, make_spec()).write_back({"max_batch_size": 8, "max_queue_time_ms": 1.0})
+        await world(kube, make_spec()).target.write_back(
+            {"max_batch_size": 8, "max_queue_time_ms": 1.0}
+        )
     assert caught.value.reason == "ProgressDeadlineExceeded"
     assert "has timed out progressing" in caught.value.message
 
@@ -308,7 +313,7 @@ async def test_verify_passes_a_healthy_target_and_catches_a_crash_loop(
     kmock.objects[DEPLOYMENTS, NS, "resnet"] = target()
     kmock.objects["v1/pods", NS, "resnet-1"] = ready_pod()
     w = world(kube, make_spec())
-    await w.verify(0.2)  # healthy for the whole window
+    await w.target.verify(0.2)  # healthy for the whole window
     crashing = ready_pod()
     crashing["status"]["containerStatuses"] = [
         {
@@ -319,7 +324,7 @@ async def test_verify_passes_a_healthy_target_and_catches_a_crash_loop(
     ]
     kmock.objects["v1/pods", NS, "resnet-1"] = crashing
     with pytest.raises(TargetProblem) as caught:
-        await w.verify(30.0)
+        await w.target.verify(30.0)
     assert caught.value.reason == "CrashLoopBackOff"
 
 
@@ -330,7 +335,7 @@ async def test_verify_catches_pods_that_stay_unready(
     unready["status"]["readyReplicas"] = 0
     kmock.objects[DEPLOYMENTS, NS, "resnet"] = unready
     with pytest.raises(TargetProblem) as caught:
-        await world(kube, make_spec()).verify(0.2)
+        await world(kube, make_spec()).target.verify(0.2)
     assert caught.value.reason == "Unready"
     assert "0 of 1 replicas ready" in caught.value.message
 
@@ -379,12 +384,12 @@ async def test_verify_rolls_back_on_an_sla_breach_seen_by_prometheus(
         }
     )
     w = world(kube, spec)
-    await w.verify(0.2)  # no traffic in the window: nothing to judge
+    await w.target.verify(0.2)  # no traffic in the window: nothing to judge
     answers.update({"p99": 0.2, "ok": 50.0, "total": 50.0})
-    await w.verify(0.2)  # traffic within the SLA
+    await w.target.verify(0.2)  # traffic within the SLA
     answers["p99"] = 0.45
     with pytest.raises(TargetProblem) as caught:
-        await w.verify(0.2)
+        await w.target.verify(0.2)
     assert caught.value.reason == "SLABreached"
     assert "p99 450 ms > 300 ms at 50 req/s" in caught.value.message
 
@@ -399,7 +404,7 @@ async def test_verify_does_not_blame_the_configuration_for_a_pod_without_room(
     pending = unschedulable_pod()
     pending["metadata"]["name"] = "resnet-2"
     kmock.objects["v1/pods", NS, "resnet-2"] = pending
-    await world(kube, make_spec()).verify(0.2)
+    await world(kube, make_spec()).target.verify(0.2)
 
 
 class FakeControl:
@@ -459,15 +464,15 @@ async def test_runtime_live_applies_on_every_pod_and_never_touches_the_template(
         pod["status"]["podIP"] = ip
         kmock.objects["v1/pods", NS, f"resnet-{n}"] = pod
     w = world(kube, triton_spec())
-    original = await w.record_original(NOW)
+    original = await w.target.record_original(NOW)
     # read through the runtime's control, not from the environment
     assert original.params == {"max_batch_size": 4, "max_queue_time_ms": 1.0}
-    await w.apply({"max_batch_size": 8, "max_queue_time_ms": 2.5})
+    await w.trials.apply({"max_batch_size": 8, "max_queue_time_ms": 2.5})
     wanted = BatchingConfig(max_batch_size=8, max_queue_time_ms=2.5)
     assert live == {"127.0.0.1": wanted, "127.0.0.2": wanted}
-    await w.write_back({"max_batch_size": 16, "max_queue_time_ms": 0.5})
+    await w.target.write_back({"max_batch_size": 16, "max_queue_time_ms": 0.5})
     assert {c.max_batch_size for c in live.values()} == {16}
-    await w.restore(original)
+    await w.target.restore(original)
     assert {c.label() for c in live.values()} == {"batch=4 wait=1ms"}
     assert not [r for r in kmock["patch"] if r.resource is not None]
 
@@ -479,7 +484,7 @@ async def test_runtime_apply_waits_out_a_failing_pod_then_names_it(
     kmock.objects[DEPLOYMENTS, NS, "resnet"] = target()
     kmock.objects["v1/pods", NS, "resnet-1"] = ready_pod()
     w = world(kube, triton_spec())
-    await w.apply({"max_batch_size": 8, "max_queue_time_ms": 2.5})  # second attempt took
+    await w.trials.apply({"max_batch_size": 8, "max_queue_time_ms": 2.5})  # second attempt took
     assert live["127.0.0.1"].max_batch_size == 8
     fake_controls(monkeypatch, fail=["refused"] * 1000)
     settling = KubeWorld(
@@ -492,7 +497,7 @@ async def test_runtime_apply_waits_out_a_failing_pod_then_names_it(
         settle_s=0.2,
     )
     with pytest.raises(TargetProblem) as caught:
-        await settling.apply({"max_batch_size": 8, "max_queue_time_ms": 2.5})
+        await settling.trials.apply({"max_batch_size": 8, "max_queue_time_ms": 2.5})
     assert caught.value.reason == "AdminUnreachable"
     assert "refused" in caught.value.message
     assert "127.0.0.1" in caught.value.message
@@ -561,7 +566,7 @@ async def test_verify_reads_a_runtimes_own_metrics_in_its_units(
     )
     answers.update({"p99": p99, "rps": 50.0})
     with pytest.raises(TargetProblem) as caught:
-        await world(kube, spec).verify(0.2)
+        await world(kube, spec).target.verify(0.2)
     assert caught.value.reason == "SLABreached"
     assert "p99 450 ms > 300 ms at 50 req/s" in caught.value.message
     assert seen
@@ -587,7 +592,7 @@ async def test_a_runtime_without_a_latency_histogram_stops_the_study_saying_why(
         }
     )
     with pytest.raises(TargetProblem) as caught:
-        await world(kube, spec)._checked_prometheus_source(["resnet-1"])
+        await world(kube, spec).prometheus.checked_source(["resnet-1"])
     assert caught.value.reason == "NoLatencyHistogram"
     assert caught.value.stops_study
     assert "exports no latency histogram" in caught.value.message

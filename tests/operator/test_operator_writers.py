@@ -18,8 +18,9 @@ from test_operator_world import DEPLOYMENTS, NS, OWNER, ready_pod, register_neig
 from batchpilot.models import BatchingConfig
 from batchpilot.operator import decisions
 from batchpilot.operator.kube import Connection, Kube
+from batchpilot.operator.kubeworld import KubeWorld
 from batchpilot.operator.spec import InferenceServiceSpec, parse_spec
-from batchpilot.operator.world import KubeWorld, TargetProblem
+from batchpilot.operator.world import TargetProblem
 
 pytestmark = [pytest.mark.operator, pytest.mark.timeout(60)]
 
@@ -157,7 +158,7 @@ async def test_in_place_prometheus_steps_read_the_measured_pods_without_live_tra
     w = world(kube, spec(port, prometheus=url))
     # production alone serves 30 req/s; with the 5 req/s offered, 35 are served
     fake.answers.update({"live": 30.0, "ok": 35.0, "total": 35.0, "p99": 0.05})
-    served = await w.measure(CONFIG, must_beat=None, since=SINCE)
+    served = await w.trials.measure(CONFIG, must_beat=None, since=SINCE)
     # every query, the live traffic's before the load and each step's, is the pod's
     assert fake.queries
     assert all('{pod=~"resnet-1"' in q for q in fake.queries)
@@ -168,7 +169,7 @@ async def test_in_place_prometheus_steps_read_the_measured_pods_without_live_tra
 
     # the load is not served at all: production's 35 req/s must not pass the step
     fake.answers["live"] = 35.0
-    starved = await w.measure(CONFIG, must_beat=None, since=SINCE)
+    starved = await w.trials.measure(CONFIG, must_beat=None, since=SINCE)
     assert not starved.feasible
     [step] = starved.steps
     assert not step.passed
@@ -191,7 +192,7 @@ async def test_a_failing_prometheus_is_a_target_problem(
     for strategy in ("InPlace", "Canary"):
         w = world(kube, spec(port, strategy=strategy, prometheus=url))
         with pytest.raises(TargetProblem) as caught:
-            await w.measure(CONFIG, must_beat=None, since=SINCE)
+            await w.trials.measure(CONFIG, must_beat=None, since=SINCE)
         assert caught.value.reason == "PrometheusUnavailable"
         assert "500" in caught.value.message
         assert "overloaded" not in caught.value.message  # the body is never echoed
@@ -215,7 +216,7 @@ async def test_a_trial_whose_values_another_writer_reverted_fails_with_the_reaso
     )
     w = world(kube, spec(8080))
     with pytest.raises(TargetProblem) as caught:
-        await w.apply({"max_batch_size": 8, "max_queue_time_ms": 12.5})
+        await w.trials.apply({"max_batch_size": 8, "max_queue_time_ms": 12.5})
     assert caught.value.reason == "ConfigReverted"
     assert "resnet-1 runs MAX_BATCH_SIZE=32" in caught.value.message
     assert "Argo CD" in caught.value.message
@@ -223,7 +224,7 @@ async def test_a_trial_whose_values_another_writer_reverted_fails_with_the_reaso
     kmock.objects["v1/pods", NS, "resnet-1"] = pod_with_env(
         {"MAX_BATCH_SIZE": "8", "MAX_QUEUE_TIME_MS": "12.5"}
     )
-    await w.apply({"max_batch_size": 8, "max_queue_time_ms": 12.5})
+    await w.trials.apply({"max_batch_size": 8, "max_queue_time_ms": 12.5})
 
 
 def hpa(name: str, target_name: str) -> dict[str, Any]:
@@ -248,13 +249,13 @@ async def test_an_autoscaler_is_named_and_a_scale_mid_trial_makes_it_invalid(
     kmock.objects[HPAS, NS, "resnet-hpa"] = hpa("resnet-hpa", "resnet")
     kmock.objects[HPAS, NS, "web-hpa"] = hpa("web-hpa", "web")
     w = world(kube, spec(port))
-    assert await w.prepare(None) is None
-    assert w.autoscalers == ["resnet-hpa"]
+    assert await w.canary.prepare(None) is None
+    assert w.canary.autoscalers == ["resnet-hpa"]
     [detected] = [e for e in events(kmock) if e["reason"] == "AutoscalerDetected"]
     assert "resnet-hpa" in detected["message"]
     assert "web-hpa" not in detected["message"]
 
-    await w.measure(CONFIG, must_beat=None, since=SINCE)  # the same replicas: scored
+    await w.trials.measure(CONFIG, must_beat=None, since=SINCE)  # the same replicas: scored
 
     def scale_out() -> None:
         scaled = target()
@@ -263,7 +264,7 @@ async def test_an_autoscaler_is_named_and_a_scale_mid_trial_makes_it_invalid(
 
     server.on_request.append(scale_out)
     with pytest.raises(TargetProblem) as caught:
-        await w.measure(CONFIG, must_beat=None, since=SINCE)
+        await w.trials.measure(CONFIG, must_beat=None, since=SINCE)
     assert caught.value.reason == "ScaledDuringTrial"
     assert caught.value.invalid
     assert not caught.value.stops_study

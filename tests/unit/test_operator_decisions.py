@@ -732,7 +732,7 @@ def test_sla_breach_of_production_traffic() -> None:
 
 def test_an_interrupted_trial_is_shown_as_such_and_retried_by_the_tuner() -> None:
     from batchpilot.operator.status import INTERRUPTED_REASON
-    from batchpilot.operator.study import search_space, to_entry, to_record
+    from batchpilot.operator.trials import search_space, to_entry, to_record
     from batchpilot.tuner.study import Tuner
 
     running = trial(1, "Running", source="warm-start")

@@ -198,7 +198,7 @@ def test_a_disturbed_trial_is_retried_and_counts_as_no_failure() -> None:
 
 
 def decisions_record(t: TrialEntry) -> Any:
-    from batchpilot.operator.study import to_record
+    from batchpilot.operator.trials import to_record
 
     return to_record(t)
 

@@ -28,20 +28,17 @@ from batchpilot.operator.events import EventLimiter
 from batchpilot.operator.identity import replica_identity, user_agent
 from batchpilot.operator.kopfidentity import identified
 from batchpilot.operator.kube import Connection, Kube, KubeError, isvc_path
+from batchpilot.operator.kubeworld import KubeWorld
 from batchpilot.operator.leader import ElectionSettings, Elector, Leadership, Standalone
 from batchpilot.operator.parentworld import ParentWorld
 from batchpilot.operator.policy import PlatformPolicy
+from batchpilot.operator.slots import Slots
 from batchpilot.operator.spec import InferenceServiceSpec, explain_validation_error, parse_spec
 from batchpilot.operator.standby import stand_by, stop_when_deposed
 from batchpilot.operator.status import MAX_REASON_CHARS, InferenceServiceStatus, clipped
-from batchpilot.operator.study import (
-    EventType,
-    RecoverableError,
-    Slots,
-    StudyRunner,
-    utcnow,
-)
-from batchpilot.operator.world import KubeWorld, ProblemSink, TargetProblem, World
+from batchpilot.operator.study import StudyRunner
+from batchpilot.operator.studystate import EventType, RecoverableError, utcnow
+from batchpilot.operator.world import ProblemSink, TargetProblem, World
 
 log = logging.getLogger(__name__)
 

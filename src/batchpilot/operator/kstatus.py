@@ -7,8 +7,8 @@ user, Ready=True when done, each with the observedGeneration it speaks for. A fa
 study would otherwise look "in progress" forever.
 
 The other conditions (TargetReady, Measuring, SpecValid, ...) are set where they happen
-with `StudyRunner._condition` or `decisions.set_condition`; this module only adds the
-three derived ones. A `Degraded=True` condition keeps a converged study not Ready.
+with `studystate.StudyState.condition` or `decisions.set_condition`; this module only
+adds the three derived ones. A `Degraded=True` condition keeps a converged study not Ready.
 """
 
 from __future__ import annotations

@@ -17,20 +17,32 @@ from datetime import datetime
 from typing import Any, TypeVar
 
 from batchpilot.operator import decisions, parents
+from batchpilot.operator import runtimes as operator_runtimes
 from batchpilot.operator.kube import JSON, KubeError, NotFound, pods_path
+from batchpilot.operator.kubetarget import KubeTarget
+from batchpilot.operator.kubeworkload import Workload
+from batchpilot.operator.kubeworld import KubeWorld
 from batchpilot.operator.spec import Params
 from batchpilot.operator.status import OriginalConfig
-from batchpilot.operator.world import KubeWorld, TargetProblem
+from batchpilot.operator.world import TargetProblem
 
 T = TypeVar("T")
 
 
-class ParentWorld(KubeWorld):
-    """A KubeWorld on a KServe InferenceService or a RayService target."""
+def checked(check: Callable[[], T]) -> T:
+    try:
+        return check()
+    except parents.ParentProblem as problem:
+        raise TargetProblem(problem.reason, problem.message) from None
+
+
+class ParentWorkload(Workload):
+    """The parent as the workload: read, its pods found, its environment or user_config
+    written, its rollout judged by the pods."""
 
     _wanted_env: Mapping[str, str | None] | None = None
 
-    async def _target(self) -> JSON:
+    async def target(self) -> JSON:
         target = self._spec.target
         try:
             parent = await self._kube.get(parents.target_path(target, self._namespace))
@@ -38,7 +50,7 @@ class ParentWorld(KubeWorld):
             raise TargetProblem(
                 "TargetNotFound", f"{target.kind} {self._namespace}/{target.name} does not exist"
             ) from exc
-        self._check(lambda: self._describe(parent))
+        checked(lambda: self._describe(parent))
         return parent
 
     def _describe(self, parent: Mapping[str, Any]) -> None:
@@ -48,88 +60,46 @@ class ParentWorld(KubeWorld):
         else:
             parents.predictor_slot(parent, self._spec.target.container)
 
-    @staticmethod
-    def _check(check: Callable[[], T]) -> T:
-        try:
-            return check()
-        except parents.ParentProblem as problem:
-            raise TargetProblem(problem.reason, problem.message) from None
-
-    async def _measured(self, *, recreate: bool = False) -> JSON:
-        # trials run on the parent's own pods: there is no canary to recreate
-        return await self._target()
-
-    async def _pods(self, workload: Mapping[str, Any]) -> list[JSON]:
-        selector = self._check(lambda: parents.pod_selector(workload))
+    async def pods(self, workload: Mapping[str, Any]) -> list[JSON]:
+        selector = checked(lambda: parents.pod_selector(workload))
         listing = await self._kube.get(pods_path(self._namespace), {"labelSelector": selector})
         items: list[JSON] = listing.get("items", [])
         return items
 
-    def _container(self, workload: Mapping[str, Any]) -> str:
-        slot = self._check(lambda: parents.predictor_slot(workload, self._spec.target.container))
+    def container(self, workload: Mapping[str, Any]) -> str:
+        slot = checked(lambda: parents.predictor_slot(workload, self._spec.target.container))
         return slot.container
 
-    async def record_original(self, now: datetime) -> OriginalConfig:
-        parent = await self._target()
-        read = (
-            parents.ray_original if parent.get("kind") == "RayService" else parents.kserve_original
-        )
-        original = self._check(lambda: read(parent, self._spec, now))
-        if self._spec.apply.method == "Live":
-            ips = await self._live_ips(parent)
-            if ips:
-                original = original.model_copy(update={"params": await self._live_read(ips[0])})
-        return original
-
-    async def _live_ips(self, workload: Mapping[str, Any]) -> list[str]:
+    async def live_ips(self, workload: Mapping[str, Any]) -> list[str]:
         """A RayService tuned through the Ray Serve adapter is changed once, for the
         whole application, through the Serve REST API on its head; otherwise every
         serving pod is."""
-        if workload.get("kind") != "RayService" or self._runtime is None:
-            return await super()._live_ips(workload)
-        selector = self._check(lambda: parents.head_selector(workload))
+        if (
+            workload.get("kind") != "RayService"
+            or operator_runtimes.live_adapter(self._spec) is None
+        ):
+            return await super().live_ips(workload)
+        selector = checked(lambda: parents.head_selector(workload))
         listing = await self._kube.get(pods_path(self._namespace), {"labelSelector": selector})
         heads = parents.head_pods(listing.get("items") or [])
         ips = decisions.ready_pod_ips(heads)
         return ips[:1]
 
-    async def write_back(self, params: Params) -> None:
-        parent = await self._target()
-        if parent.get("kind") != "RayService":
-            await super().write_back(params)
-            return
-        # the serving pods run the winner now, as a Deployment's would after its
-        # rollout; KubeRay then hands the same user_config to the replicas again
-        if self._spec.apply.method == "Live":
-            await self._apply_live(parent, params)
-        await self._apply_user_config(parent, parents.user_config_values(params))
-
-    async def restore(self, original: OriginalConfig) -> None:
-        parent = await self._target()
-        if parent.get("kind") != "RayService":
-            await super().restore(original)
-            return
-        if self._spec.apply.method == "Live" and original.params:
-            await self._apply_live(parent, original.params)
-        await self._apply_user_config(parent, parents.ray_restore_values(original))
-
-    async def _apply_user_config(
-        self, parent: Mapping[str, Any], values: Mapping[str, Any]
-    ) -> None:
-        body = self._check(lambda: parents.ray_user_config_patch(parent, self._spec.target, values))
+    async def apply_user_config(self, parent: Mapping[str, Any], values: Mapping[str, Any]) -> None:
+        body = checked(lambda: parents.ray_user_config_patch(parent, self._spec.target, values))
         if body is None:
             return  # already there: no write, so KubeRay has nothing to redeploy
         await self._server_side_apply(parent, body)
 
-    async def _apply_env(
+    async def apply_env(
         self, workload: Mapping[str, Any], env: dict[str, str | None], *, force: bool
     ) -> None:
-        slot = self._check(lambda: parents.predictor_slot(workload, self._spec.target.container))
+        slot = checked(lambda: parents.predictor_slot(workload, self._spec.target.container))
         body = parents.kserve_env_patch(workload, slot, env)
         applied = await self._server_side_apply(workload, body, force=force)
         self._wanted_env = env
         try:
-            await self._wait_rollout(applied)
+            await self.wait_rollout(applied)
         finally:
             self._wanted_env = None
 
@@ -147,21 +117,21 @@ class ParentWorld(KubeWorld):
                 "ApplyFailed", f"server-side apply on {parent.get('kind')} {name}: {exc}"
             ) from exc
 
-    def _settled(self, workload: Mapping[str, Any], pods: list[JSON]) -> decisions.Rollout:
+    def settled(self, workload: Mapping[str, Any], pods: list[JSON]) -> decisions.Rollout:
         # a parent's status is its controller's own (KServe, KubeRay): the pods say
         # whether what was written runs, ready
-        container = self._container(workload) if workload.get("kind") == "InferenceService" else ""
+        container = self.container(workload) if workload.get("kind") == "InferenceService" else ""
         return parents.pods_rollout(pods, container, None)
 
-    async def _wait_rollout(self, workload: Mapping[str, Any]) -> None:
+    async def wait_rollout(self, workload: Mapping[str, Any]) -> None:
         """Until every pod of the parent runs the wanted environment (when one was just
         written) and is ready; the trial's deadline bounds the wait."""
-        container = self._container(workload) if workload.get("kind") == "InferenceService" else ""
+        container = self.container(workload) if workload.get("kind") == "InferenceService" else ""
         wanted = self._wanted_env
         reported: str | None = None
         while True:
-            current = await self._target()
-            pods = await self._pods(current)
+            current = await self.target()
+            pods = await self.pods(current)
             problem = decisions.pod_problem(pods)
             if problem is not None:
                 if problem.fatal:
@@ -173,3 +143,47 @@ class ParentWorld(KubeWorld):
             if rollout.done and problem is None:
                 return
             await asyncio.sleep(self._poll_s)
+
+
+class ParentTarget(KubeTarget):
+    """The parent's original configuration, write-back and restore: a RayService's in
+    its Serve user_config, a KServe InferenceService's in its predictor's environment."""
+
+    @property
+    def _parent(self) -> ParentWorkload:
+        assert isinstance(self._workload, ParentWorkload)  # ParentWorld builds both
+        return self._workload
+
+    async def record_original(self, now: datetime) -> OriginalConfig:
+        parent = await self._parent.target()
+        read = (
+            parents.ray_original if parent.get("kind") == "RayService" else parents.kserve_original
+        )
+        return await self._with_live_params(parent, checked(lambda: read(parent, self._spec, now)))
+
+    async def write_back(self, params: Params) -> None:
+        parent = await self._parent.target()
+        if parent.get("kind") != "RayService":
+            await super().write_back(params)
+            return
+        # the serving pods run the winner now, as a Deployment's would after its
+        # rollout; KubeRay then hands the same user_config to the replicas again
+        if self._spec.apply.method == "Live":
+            await self._live.apply(parent, params)
+        await self._parent.apply_user_config(parent, parents.user_config_values(params))
+
+    async def restore(self, original: OriginalConfig) -> None:
+        parent = await self._parent.target()
+        if parent.get("kind") != "RayService":
+            await super().restore(original)
+            return
+        if self._spec.apply.method == "Live" and original.params:
+            await self._live.apply(parent, original.params)
+        await self._parent.apply_user_config(parent, parents.ray_restore_values(original))
+
+
+class ParentWorld(KubeWorld):
+    """A KubeWorld on a KServe InferenceService or a RayService target."""
+
+    workload_type = ParentWorkload
+    target_type = ParentTarget

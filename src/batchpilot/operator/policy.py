@@ -12,7 +12,7 @@ Two rules, set by operator flags rather than by the tenant:
 - `tuning.trialDeadlineSeconds` must not pass `--max-trial-deadline-seconds`: a trial
   holds a measurement slot that every namespace shares.
 
-The I/O (resolving the host, with a timeout) is the caller's: see `operator.world` and
+The I/O (resolving the host, with a timeout) is the caller's: see `operator.promreads` and
 the daemon in `operator.handlers`."""
 
 from __future__ import annotations

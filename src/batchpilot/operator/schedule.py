@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Literal, Protocol, runtime_checkable
+from typing import Literal
 from zoneinfo import ZoneInfo
 
 from batchpilot.operator.cron import Cron
@@ -144,10 +144,3 @@ def retune_step(
     if spec.tuning.retune == "OnSLABreach":
         return RetuneStep("check", at=next_retune(spec, now))
     return RetuneStep("retune", why=f"scheduled re-tune ({spec.tuning.retune!r}) at {_shown(due)}")
-
-
-@runtime_checkable
-class BreachReader(Protocol):
-    """A World that can judge the target's production traffic over a window."""
-
-    async def production_breach(self, window_s: float) -> str | None: ...
