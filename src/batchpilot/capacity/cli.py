@@ -69,7 +69,10 @@ _POSITIVE = click.FloatRange(0, min_open=True)
 )  # fmt: skip
 @max_connections_option(split=", split over --workers")
 @click.option("--start-rps", type=_POSITIVE, default=None, help="Default: from the warm-up.")
-@click.option("--timeout", type=_POSITIVE, default=None, help="Default: max(5 x SLA, 1 s).")
+@click.option(
+    "--timeout", type=_POSITIVE, default=None,
+    help="Default: max(5 x SLA, 1 s); with token targets alone, 5 x a long answer within them.",
+)  # fmt: skip
 @arrival_option()
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--path", default=None, help=f"Request path [default {REFERENCE_PATH}].")

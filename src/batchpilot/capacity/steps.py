@@ -141,8 +141,9 @@ def client_could_explain(
     response is read; the allowance is the p99 send lag plus the worst stall. The window
     is excused when, less that allowance, its p99 is within the SLA and its achieved
     rate keeps up, every request that timed out only because of the client counted as
-    served; a token-stream window's TTFT and TPOT tails (`tails`) less it too. Non-OK requests stay
-    infinitely slow -- so a window judged on an infinite p99 (more than 1 % non-OK, or
+    served; a token-stream window's TTFT and TPOT tails (`tails`) less it too (a stall
+    adds to one gap, so to TPOT less than that: the excuse errs towards invalid). Non-OK
+    requests stay infinitely slow -- so a window judged on an infinite p99 (more than 1 % non-OK, or
     too few requests to bound it) is never excused -- except timeouts once the client's
     worst lag plus its worst stall reached the request timeout, or once it held every
     request that timed out so long (ClientHealth.timeout_held_min_ms) that, less its

@@ -84,6 +84,17 @@ def _stream_options(judged: str = _REPORTED) -> list[Callable[[F], F]]:
     ]
 
 
+def _applying(options: Sequence[Callable[[F], F]]) -> Callable[[F], F]:
+    """A decorator applying `options` in order (the first is the first in --help)."""
+
+    def decorate(command: F) -> F:
+        for option in reversed(options):
+            command = option(command)
+        return command
+
+    return decorate
+
+
 def stream_protocol_options(judged: str, *, with_model: bool = True) -> Callable[[F], F]:
     """--protocol (the token-stream ones), --model and the token-stream options, for a
     command whose other requests are the reference server's or the runtime's; the
@@ -100,18 +111,13 @@ def stream_protocol_options(judged: str, *, with_model: bool = True) -> Callable
             help="Send streamed OpenAI completions (openai-stream) or chat completions "
             "(openai-chat-stream): TTFT, TPOT, goodput and output tokens/s measured, "
             "lengths from --prompt-tokens/--output-tokens [default: the reference "
-            "server's requests].",
+            "server's, or the runtime's own, requests].",
         ),
         *([model] if with_model else []),
         *_stream_options(judged),
     ]
 
-    def decorate(command: F) -> F:
-        for option in reversed(options):
-            command = option(command)
-        return command
-
-    return decorate
+    return _applying(options)
 
 
 def build_stream_protocol(
@@ -211,12 +217,7 @@ def protocol_options() -> Callable[[F], F]:
         ),
     ]
 
-    def decorate(command: F) -> F:
-        for option in reversed(options):
-            command = option(command)
-        return command
-
-    return decorate
+    return _applying(options)
 
 
 def build_protocol(

@@ -471,6 +471,11 @@ def tune(
         )
     if simulated and runtime_name is not None:
         raise TuneError("--runtime applies to --local runs; a simulated service has no runtime")
+    if protocol is not None and attach_url is None:
+        raise TuneError(
+            f"--protocol {protocol} applies to --url runs: the runtimes --local starts and "
+            "the simulator serve whole requests, not token streams"
+        )
     url_only = [
         flag
         for flag, given in (
@@ -489,11 +494,6 @@ def tune(
     if simulated and body_template is not None:
         raise TuneError(
             "--body-template applies to --local and --url runs; a simulated run sends no load"
-        )
-    if protocol is not None and attach_url is None:
-        raise TuneError(
-            f"--protocol {protocol} applies to --url runs: the runtimes --local starts and "
-            "the simulator serve whole requests, not token streams"
         )
     if protocol is not None and body_template is not None:
         raise TuneError("--body-template and --protocol exclude each other: give one of them")
