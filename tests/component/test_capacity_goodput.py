@@ -18,7 +18,9 @@ from support.tokenserver import TokenServer, serving_in_thread
 
 pytestmark = [pytest.mark.component, pytest.mark.timeout(240)]
 
-TTFT_MS = 300.0
+# Generous, so that the client's allowance (10 % of TTFT + TPOT x 3 for four-token answers)
+# outlasts the event-loop stalls of a busy shared host: the TPOT target is what caps here.
+TTFT_MS = 1000.0
 LOOSE_TPOT_MS = 60.0
 TIGHT_TPOT_MS = 20.0
 
@@ -136,4 +138,4 @@ async def test_tune_url_scores_each_trial_by_its_goodput_within_the_targets(
     # the server is left as it was found, and was only ever sent token streams
     assert server.batching == found
     assert all(b["stream"] is True for b in server.bodies)
-    assert "TTFT p99 <= 300 ms, TPOT p99 <= 60 ms" in err.decode()
+    assert "TTFT p99 <= 1000 ms, TPOT p99 <= 60 ms" in err.decode()
