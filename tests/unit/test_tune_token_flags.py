@@ -14,10 +14,16 @@ from batchpilot.tuner.cli import build_config, tune
 from batchpilot.tuner.config import TuneConfig, parse_config
 
 
-def sla_of(base: TuneConfig, **flags: float | None) -> SLA:
+def sla_of(
+    base: TuneConfig,
+    *,
+    p99: float | None = None,
+    ttft_p99_ms: float | None = None,
+    tpot_p99_ms: float | None = None,
+) -> SLA:
     config = build_config(
-        base, trials=None, seed=None, sampler=None, mix=None, quick=False,
-        sla_p99_ms=flags.pop("p99", None), **flags,
+        base, trials=None, seed=None, sampler=None, mix=None, quick=False, sla_p99_ms=p99,
+        ttft_p99_ms=ttft_p99_ms, tpot_p99_ms=tpot_p99_ms,
     )  # fmt: skip
     return config.sla
 
