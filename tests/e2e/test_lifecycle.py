@@ -1,14 +1,18 @@
 """Scenarios f and g: deleting an InferenceService mid-study undoes it (InPlace target
 restored, canary removed) with no finalizer left behind; `writeBack: Apply` owns the
 tuned fields under the field manager `batchpilot/<name>`, and what another manager's
-`kubectl apply` of the original manifest then does."""
+`kubectl apply` of the original manifest then does. The uninstall order the docs give
+(docs/getting-started/install.md, "Uninstall") leaves nothing Terminating."""
 
 from __future__ import annotations
+
+import os
 
 import pytest
 
 from . import procs
-from .conftest import Cluster
+from .conftest import EXISTING_CLUSTER_ENV, Cluster
+from .harness import CRD_NAME, apply_crds
 from .operatorproc import OperatorProcess
 from .scenario import (
     deploy_server,
@@ -129,3 +133,45 @@ def test_write_back_then_another_manager_applies_original(
     assert after["status"]["phase"] == "Converged"
     assert after["status"]["best"] == best
     assert after["metadata"]["generation"] == 1
+
+
+@pytest.mark.skipif(
+    os.environ.get(EXISTING_CLUSTER_ENV) == "1", reason="deletes the CRD of the whole cluster"
+)
+def test_uninstall_in_the_documented_order_restores_and_leaves_nothing_terminating(
+    cluster: Cluster, namespace: str, operator: OperatorProcess
+) -> None:
+    deploy_server(cluster, namespace)
+    cluster.kubectl.apply(dump(inference_service("inplace", "server")), "-n", namespace)
+    wait_running_trial(cluster, namespace, "inplace", operator, at_least=1)
+    assert procs.wait_until(
+        lambda: _env(cluster, namespace, "server") != {"PORT": "8080", **ORIGINAL}, timeout_s=60
+    ), diagnostics(cluster, operator)
+    try:
+        # 1. every InferenceService, while the operator runs
+        deleted = cluster.kubectl.run(
+            "delete",
+            CRD_NAME,
+            "--all",
+            "--all-namespaces",
+            "--timeout=120s",
+            check=False,
+        )
+        assert deleted.returncode == 0, deleted.stderr + diagnostics(cluster, operator)
+        env = _env(cluster, namespace, "server")
+        assert {k: env[k] for k in ORIGINAL} == ORIGINAL
+        # 2. the operator, then the CRD: nothing is left for a finalizer to wait on
+        operator.stop()
+        gone = cluster.kubectl.run("delete", "crd", CRD_NAME, "--timeout=60s", check=False)
+        assert gone.returncode == 0, gone.stderr
+        ended = cluster.kubectl.run("delete", "namespace", namespace, "--timeout=90s", check=False)
+        assert ended.returncode == 0, ended.stderr
+    finally:
+        # the tier's later tests need the CRD: once a deletion under way has finished
+        procs.wait_until(lambda: not _crd_terminating(cluster), 60)
+        apply_crds(cluster)
+
+
+def _crd_terminating(cluster: Cluster) -> bool:
+    found = cluster.kubectl.run("get", "crd", CRD_NAME, "-o", "json", check=False)
+    return found.returncode == 0 and '"deletionTimestamp"' in found.stdout

@@ -22,6 +22,7 @@ from opsupport import (
 )
 
 from batchpilot.operator.handlers import MAX_UNEXPECTED_ERRORS
+from batchpilot.operator.status import MAX_MESSAGE_CHARS, MAX_REASON_CHARS
 
 pytestmark = [
     pytest.mark.operator,
@@ -64,3 +65,21 @@ async def test_an_in_place_target_gets_its_original_values_back(
     assert cluster.applied  # the trial's values went onto the target first
     assert cluster.target == ORIGINAL
     assert status_of(kmock)["restored"] is True
+
+
+async def test_a_text_of_any_size_is_stored_within_the_status_caps(
+    kmock: kmock.KubernetesEmulator, operator: Operator, cluster: FakeCluster
+) -> None:
+    # the scheduler's words quoted whole: a megabyte of text in the trial's failure
+    cluster.unschedulable = "0/1 nodes are available: " + "x" * 1_000_000
+    kmock.objects[ISVC, NAMESPACE, "resnet"] = isvc(tuning={"maxTrials": 3, "finalists": 0})
+    async with operator():
+        await eventually(lambda: phase_is(kmock, "Failed"), what="the study stopped")
+    status = status_of(kmock)
+    assert len(status["message"]) <= MAX_MESSAGE_CHARS
+    assert "0/1 nodes are available: xxx" in status["message"]
+    assert status["message"].endswith("more characters)")  # says that text was left out
+    for condition in status["conditions"]:
+        assert len(condition["message"]) <= MAX_MESSAGE_CHARS
+    assert status["trials"]
+    assert all(len(trial.get("reason", "")) <= MAX_REASON_CHARS for trial in status["trials"])

@@ -9,6 +9,8 @@ from typing import Any
 import yaml
 
 from batchpilot.operator import crd
+from batchpilot.operator.spec import MAX_CONFIRM_ROUNDS_LIMIT, MAX_FINALISTS
+from batchpilot.operator.status import Confirmation
 
 ROOT = Path(__file__).resolve().parents[2]
 CRD_PATH = ROOT / "crds" / crd.CRD_FILE
@@ -116,3 +118,34 @@ def test_status_sections_are_not_defaulted() -> None:
         assert "default" not in status["properties"][name]
     conditions = status["properties"]["conditions"]
     assert conditions["x-kubernetes-list-map-keys"] == ["type"]
+
+
+def test_every_status_list_has_a_cap() -> None:
+    # the API server refuses a status over its caps instead of storing an object that
+    # grows with every trial or round until etcd's object limit breaks every write
+    status = _version()["schema"]["openAPIV3Schema"]["properties"]["status"]
+    uncapped = [node for node in _walk(status) if node.get("type") == "array"]
+    uncapped = [node.get("description", "?") for node in uncapped if "maxItems" not in node]
+    assert uncapped == []
+
+
+def test_the_largest_confirmation_fits_its_cap() -> None:
+    finalists = [{"maxBatchSize": b, "maxQueueTimeMs": 1.0} for b in range(MAX_FINALISTS)]
+    measurements = [
+        {"round": r, "params": p, "effectiveRps": 1.0}
+        for r in range(MAX_CONFIRM_ROUNDS_LIMIT)
+        for p in [*finalists, {"maxBatchSize": 99, "maxQueueTimeMs": 1.0}]
+    ]
+    largest = {
+        "reason": "trials done",
+        "finalists": finalists,
+        "incumbent": {"maxBatchSize": 99, "maxQueueTimeMs": 1.0},
+        "rounds": 3,
+        "maxRounds": MAX_CONFIRM_ROUNDS_LIMIT,
+        "measurements": measurements,
+    }
+    Confirmation.model_validate(largest)
+    caps = _version()["schema"]["openAPIV3Schema"]["properties"]["status"]["properties"]
+    schema = caps["confirmation"]["properties"]
+    assert len(finalists) == schema["finalists"]["maxItems"]
+    assert len(measurements) == schema["measurements"]["maxItems"]

@@ -33,7 +33,7 @@ from batchpilot.operator.parentworld import ParentWorld
 from batchpilot.operator.policy import PlatformPolicy
 from batchpilot.operator.spec import InferenceServiceSpec, explain_validation_error, parse_spec
 from batchpilot.operator.standby import stand_by, stop_when_deposed
-from batchpilot.operator.status import InferenceServiceStatus
+from batchpilot.operator.status import MAX_REASON_CHARS, InferenceServiceStatus, clipped
 from batchpilot.operator.study import (
     EventType,
     RecoverableError,
@@ -509,7 +509,9 @@ async def finalize(body: kopf.Body, memo: kopf.Memo, logger: kopf.Logger, **_: A
                 kopf.event(body, type="Warning", reason="CleanupIncomplete", message=message[:1024])
                 logger.warning(message)
         except KubeError as error:
-            raise kopf.TemporaryError(f"cleanup: {error}", delay=10) from error
+            # the message goes into an annotation, whose size the API server caps
+            message = clipped(f"cleanup: {error}", MAX_REASON_CHARS)
+            raise kopf.TemporaryError(message, delay=10) from error
         else:
             if recorded:
                 message = (

@@ -53,6 +53,9 @@ HTTP_PATH_PATTERN = r"^/[A-Za-z0-9/_.~%-]*$"
 MAX_EXTRA_PARAMETERS = 8
 MAX_REQUEST_CLASSES = 16
 MAX_TRIALS_LIMIT = 100
+# the confirmation's size: its status keeps a measurement per finalist and incumbent per round
+MAX_FINALISTS = 10
+MAX_CONFIRM_ROUNDS_LIMIT = 20
 
 
 def cel(rule: str, message: str, *, field_path: str | None = None) -> dict[str, str]:
@@ -1290,14 +1293,14 @@ class TuningSpec(BaseModel):
         "confirmation off: the study's best is written back unproven, and only when its "
         "study figure is at least minGainPercent above the incumbent's.",
         ge=0,
-        le=10,
+        le=MAX_FINALISTS,
     )
     confirm_rounds: int = Field(
         default=3,
         description="Interleaved rounds of that re-measurement: each round measures every "
         "finalist and then the incumbent, with the same load seed.",
         ge=3,
-        le=20,
+        le=MAX_CONFIRM_ROUNDS_LIMIT,
     )
     max_confirm_rounds: int = Field(
         default=DEFAULT_MAX_CONFIRM_ROUNDS,
@@ -1306,7 +1309,7 @@ class TuningSpec(BaseModel):
         "minGainPercent), up to this many rounds in all. Equal to confirmRounds: a fixed "
         "number of rounds.",
         ge=3,
-        le=20,
+        le=MAX_CONFIRM_ROUNDS_LIMIT,
     )
     min_gain_percent: float = Field(
         default=5.0,

@@ -7,12 +7,12 @@ tuner needs, bounded in size.
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, PlainSerializer
 from pydantic.alias_generators import to_camel
 
-from batchpilot.operator.spec import MAX_TRIALS_LIMIT
+from batchpilot.operator.spec import MAX_CONFIRM_ROUNDS_LIMIT, MAX_FINALISTS, MAX_TRIALS_LIMIT
 
 Phase = Literal["Pending", "Baseline", "Tuning", "Confirming", "Converged", "Failed", "RolledBack"]
 TrialState = Literal["Running", "Complete", "Pruned", "Infeasible", "Failed", "Interrupted"]
@@ -31,6 +31,42 @@ TRIALS_KEPT = MAX_TRIALS_LIMIT + 20
 # Today's conditions, the kstatus ones (Ready, Reconciling, Stalled) and room for more.
 MAX_CONDITIONS = 16
 
+# Text from errors can be any size (a server's answer, a traceback). Each text is cut to its
+# cap when the status is written, so that no message makes the object too large to store:
+# then every later write, the cleanup's included, would be refused. Read back as written.
+MAX_MESSAGE_CHARS = 8192
+# per trial and per confirmation measurement: TRIALS_KEPT of them fit in a few hundred KiB
+MAX_REASON_CHARS = 1024
+
+
+def clipped(text: str, limit: int) -> str:
+    """`text` cut to at most `limit` characters, saying how many were left out."""
+    if len(text) <= limit:
+        return text
+    # the tail's length grows with the count it states: room for the largest count
+    kept = limit - len(f" … ({len(text)} more characters)")
+    return f"{text[:kept]} … ({len(text) - kept} more characters)"
+
+
+def _clip_message(text: str) -> str:
+    return clipped(text, MAX_MESSAGE_CHARS)
+
+
+def _clip_reason(text: str) -> str:
+    return clipped(text, MAX_REASON_CHARS)
+
+
+Message = Annotated[
+    str,
+    PlainSerializer(_clip_message, return_type=str),
+    Field(json_schema_extra={"maxLength": MAX_MESSAGE_CHARS}),
+]
+Reason = Annotated[
+    str,
+    PlainSerializer(_clip_reason, return_type=str),
+    Field(json_schema_extra={"maxLength": MAX_REASON_CHARS}),
+]
+
 
 class _Status(BaseModel):
     model_config = ConfigDict(
@@ -48,7 +84,7 @@ class Condition(_Status):
     type: str = Field(description="Condition type, e.g. Ready, Measuring, TargetReady.")
     status: Literal["True", "False", "Unknown"] = Field(description="True, False or Unknown.")
     reason: str = Field(default="", description="CamelCase reason for the last transition.")
-    message: str = Field(default="", description="What is happening, for a person.")
+    message: Message = Field(default="", description="What is happening, for a person.")
     last_transition_time: datetime | None = Field(
         default=None, description="When status last changed."
     )
@@ -71,7 +107,7 @@ class TrialEntry(_Status):
     effective_rps: float | None = Field(default=None, description="Effective throughput, req/s.")
     p99_ms: float | None = Field(default=None, description="p99 at the effective rate, ms.")
     error_rate: float | None = Field(default=None, description="Error rate at the effective rate.")
-    reason: str = Field(default="", description="Why it was pruned, infeasible or failed.")
+    reason: Reason = Field(default="", description="Why it was pruned, infeasible or failed.")
     started_at: datetime | None = Field(default=None, description="When the trial started.")
     finished_at: datetime | None = Field(default=None, description="When the trial finished.")
     client_lag_p99_ms: float | None = Field(
@@ -134,15 +170,17 @@ class RoundMeasurement(_Status):
     round: int = Field(description="Round, from 0.")
     params: dict[str, float | int] = Field(description="Values measured.")
     effective_rps: float = Field(description="Effective throughput, req/s (0: none met the SLA).")
-    reason: str = Field(default="", description="Why it scored 0, when it failed.")
+    reason: Reason = Field(default="", description="Why it scored 0, when it failed.")
 
 
 class Confirmation(_Status):
     """The finalists and the incumbent measured again, interleaved (A B C I, A B C I, ...),
     one measurement per step: a restarted operator resumes at the next one."""
 
-    reason: str = Field(description="Why the trials ended.")
-    finalists: list[dict[str, float | int]] = Field(description="Finalists, best first.")
+    reason: Message = Field(description="Why the trials ended.")
+    finalists: list[dict[str, float | int]] = Field(
+        description="Finalists, best first.", max_length=MAX_FINALISTS
+    )
     incumbent: dict[str, float | int] = Field(description="What ran before the study.")
     rounds: int = Field(description="Rounds to measure.")
     max_rounds: int | None = Field(
@@ -151,7 +189,10 @@ class Confirmation(_Status):
         "(unset: exactly `rounds`).",
     )
     measurements: list[RoundMeasurement] = Field(
-        default_factory=list, description="Measurements so far, in the order taken."
+        default_factory=list,
+        description="Measurements so far, in the order taken.",
+        # every finalist and the incumbent, in every round
+        max_length=(MAX_FINALISTS + 1) * MAX_CONFIRM_ROUNDS_LIMIT,
     )
     method: str = Field(default="", description="How the verdict was reached, once it was.")
 
@@ -205,7 +246,7 @@ class InferenceServiceStatus(_Status):
     observed_generation: int | None = Field(
         default=None, description="Spec generation the study in status belongs to."
     )
-    message: str = Field(default="", description="The latest news, for a person.")
+    message: Message = Field(default="", description="The latest news, for a person.")
     conditions: list[Condition] = Field(
         default_factory=list, description="Conditions.", max_length=MAX_CONDITIONS
     )
@@ -282,7 +323,7 @@ class InferenceServiceStatus(_Status):
     last_retune_at: datetime | None = Field(
         default=None, description="When the latest re-tune started a new study."
     )
-    last_retune_reason: str = Field(default="", description="Why it did.")
+    last_retune_reason: Message = Field(default="", description="Why it did.")
     next_retune_at: datetime | None = Field(
         default=None,
         description="A Converged study with tuning.retune: the next SLA check (OnSLABreach) "

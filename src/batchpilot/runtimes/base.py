@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from types import TracebackType
 from typing import (
     Annotated,
@@ -263,6 +264,9 @@ class Runtime(ABC, Generic[ControlT, ServerT]):
     server_name: ClassVar[str]
     serves: ClassVar[str]
     workloads: ClassVar[tuple[str, ...]] = ()  # what `launcher`'s `workload` may pick
+    # what a user's model folder (`tune --local --model-dir DIR`) holds for this runtime,
+    # for people; None: `launcher` starts only the bundled model
+    user_model_dir: ClassVar[str | None] = None
 
     @abstractmethod
     def protocol(self, model: str | None = None) -> RequestProtocol:
@@ -295,11 +299,22 @@ class Runtime(ABC, Generic[ControlT, ServerT]):
         *,
         threads: int | None = None,
         workload: str | None = None,
+        model_dir: Path | None = None,
     ) -> ServerT:
         """A local server with the bundled model (`default_model`), starting at `start`;
         not yet started. `workload` picks among bundled models where a runtime has several
         (`workloads`; the reference server: mlp, encoder); others raise LaunchError for any
-        value, as for a `start` the runtime cannot take."""
+        value, as for a `start` the runtime cannot take. `model_dir`: serve the user's
+        model in that folder instead, starting at its own settings (`start` unused), where
+        the runtime takes one (`user_model_dir`)."""
+        if model_dir is not None:
+            if workload is not None:
+                raise LaunchError("a workload picks a bundled model; --model-dir gives your own")
+            try:
+                self.user_model(model_dir)
+            except ValueError as exc:
+                raise LaunchError(str(exc)) from None
+            return self._launch_user(model_dir, threads)
         if workload is not None and workload not in self.workloads:
             raise LaunchError(f"{self.server_name} serves {self.serves}, not {workload!r}")
         try:
@@ -316,6 +331,18 @@ class Runtime(ABC, Generic[ControlT, ServerT]):
     ) -> ServerT:
         """`launcher` once `workload` and `start` (`native` in the runtime's terms) are
         known to be ones it takes."""
+
+    def user_model(self, folder: Path) -> str:
+        """The name of the user's model in `folder`, once the folder is one this runtime
+        can serve. ValueError says what is wrong and what is expected."""
+        raise ValueError(
+            f"{self.server_name} serves {self.serves} only: --model-dir is for runtimes "
+            "that serve a model folder of your own"
+        )
+
+    def _launch_user(self, folder: Path, threads: int | None) -> ServerT:
+        """`launcher` for the user's model in `folder` (checked by `user_model`)."""
+        raise LaunchError(f"{self.server_name} serves {self.serves} only")
 
     @abstractmethod
     def persistence(self, config: BatchingConfig, *, model: str | None = None) -> Persistence:

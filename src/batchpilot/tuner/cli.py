@@ -234,6 +234,16 @@ def _storage(spec: str | None) -> str | BaseStorage | None:
     "with --protocol also the requests' model field.",
 )
 @click.option(
+    "--model-dir",
+    "model_dir",
+    type=click.Path(path_type=Path),
+    default=None,
+    help="--local: serve your own model from this folder instead of the runtime's bundled "
+    "one, starting at the batching values of its own settings (--runtime mlserver: "
+    "model-settings.json with name, implementation and inputs, beside the model's Python "
+    "file; the folder is copied, never changed).",
+)
+@click.option(
     "--prometheus",
     "prometheus_url",
     default=None,
@@ -408,6 +418,7 @@ def tune(
     attach_url: str | None,
     runtime_name: str | None,
     model: str | None,
+    model_dir: Path | None,
     prometheus_url: str | None,
     prometheus_selector: str,
     control_url: str | None,
@@ -491,6 +502,11 @@ def tune(
             f"{url_only[0]} applies to --url runs: --local tunes the runtime's bundled "
             "model, measured by the client, and stops the server at the end"
         )
+    if model_dir is not None and not local:
+        raise TuneError(
+            "--model-dir applies to --local runs: it is the model folder the runtime "
+            "started here serves (a server at --url serves its own; name it with --model)"
+        )
     if simulated and body_template is not None:
         raise TuneError(
             "--body-template applies to --local and --url runs; a simulated run sends no load"
@@ -572,6 +588,8 @@ def tune(
             f"server.model picks the reference server's model; the {runtime} runtime serves "
             "its own bundled model (leave server.model out)"
         )
+    if model_dir is not None:
+        _check_model_dir(model_dir, runtime, config)
     if report_dir is not None and report_dir.exists() and not report_dir.is_dir():
         raise TuneError(f"--report {report_dir}: exists and is not a directory")
     # before any trial: a run whose report cannot be drawn would be wasted
@@ -595,7 +613,7 @@ def tune(
             report_dir=report_dir,
         )
         return
-    from batchpilot.errors import TargetError
+    from batchpilot.errors import RequestShapeError, TargetError
     from batchpilot.runtimes.base import LaunchError
     from batchpilot.runtimes.registry import get_runtime
     from batchpilot.server.process import ServerStartError
@@ -625,8 +643,10 @@ def tune(
             )
     requests = streams
     if body_template is not None:
-        requests = _body_template(body_template, get_runtime(runtime), model)
+        served = get_runtime(runtime).user_model(model_dir) if model_dir is not None else model
+        requests = _body_template(body_template, get_runtime(runtime), served)
     run = LocalRun(
+        model_dir=model_dir,
         requests=requests,
         config=config,
         space=space,
@@ -644,6 +664,8 @@ def tune(
         raise click.ClickException(
             f"{what}: {first}" if attach is not None else f"{what} did not start: {first}"
         ) from None
+    except RequestShapeError as exc:  # the requests are wrong, not the server
+        raise click.ClickException(f"{what}: {exc}") from None
     except TargetError as exc:
         why = f"{what}: {exc}" if attach is not None else f"{what} misbehaved: {exc}"
         raise click.ClickException(why) from None
@@ -703,6 +725,31 @@ def _tune_simulated(
         console.print(f"Report: {', '.join(str(p) for p in paths)}", highlight=False)
     if as_json:
         sys.stdout.write(summary.model_dump_json() + "\n")
+
+
+def _check_model_dir(folder: Path, runtime_name: str, config: TuneConfig) -> None:
+    """`tune --local --model-dir DIR`: a runtime that serves a user's model folder, a
+    folder it can serve, and no start values from elsewhere (the folder's own settings
+    are the baseline)."""
+    from batchpilot.runtimes.registry import get_runtime
+
+    runtime = get_runtime(runtime_name)
+    if runtime.user_model_dir is None:
+        takers = [n for n in runtime_names() if get_runtime(n).user_model_dir is not None]
+        raise TuneError(
+            f"--model-dir: the {runtime_name} runtime serves its bundled model only; "
+            f"--runtime {' or '.join(takers)} serves a model folder of your own"
+        )
+    starts = {"max_batch_size", "max_queue_time_ms"} & config.server.model_fields_set
+    if starts:
+        raise TuneError(
+            f"server.{sorted(starts)[0]} sets the start of a bundled model; with --model-dir "
+            "the baseline is what your model's own settings say (leave it out)"
+        )
+    try:
+        runtime.user_model(folder)
+    except ValueError as exc:
+        raise TuneError(f"--model-dir {folder}: {exc}") from None
 
 
 def _body_template(path: Path, runtime: Runtime, model: str | None) -> RequestProtocol:

@@ -16,6 +16,7 @@ import signal
 import time
 from collections.abc import Coroutine
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from optuna.storages import BaseStorage
@@ -69,6 +70,8 @@ class LocalRun:
     source: StepSource | None = None
     # the user's own request body (`tune --body-template`) in place of the runtime's
     requests: RequestProtocol | None = None
+    # the user's own model folder the runtime serves (`tune --local --model-dir`)
+    model_dir: Path | None = None
 
 
 class SimulatorWarmStart:
@@ -176,19 +179,29 @@ async def tune_local(run: LocalRun, console: Console) -> TuneSummary:
     )
     reference = runtime.name == DEFAULT_RUNTIME
     attach = run.attach
-    if attach is None:
+    model = attach.model if attach is not None and attach.model else runtime.default_model
+    if run.model_dir is not None:
+        model = runtime.user_model(run.model_dir)
+        console.print(
+            f"Starting the {runtime.title} (model {model} from {run.model_dir}, at the "
+            "batching values of its own settings) ...",
+            highlight=False,
+        )
+    elif attach is None:
         console.print(
             f"Starting the {runtime.title}"
             + (f" ({cfg.server.model}, " if reference else f" ({runtime.default_model}, ")
             + f"{start.label()}) ...",
             highlight=False,
         )
-    model = attach.model if attach is not None and attach.model else runtime.default_model
     async with (
         contextlib.nullcontext(None)
         if attach is not None
         else runtime.launcher(
-            start, threads=cfg.server.threads, workload=cfg.server.model if reference else None
+            start,
+            threads=cfg.server.threads,
+            workload=cfg.server.model if reference else None,
+            model_dir=run.model_dir,
         )
     ) as server:
         if server is not None:
@@ -210,6 +223,10 @@ async def tune_local(run: LocalRun, console: Console) -> TuneSummary:
             if attach is not None
             else await target.current()
         )
+        if run.model_dir is not None:
+            # a model of the user's own: its requests are tried (and its control) before
+            # the study, so a model that refuses them stops the run with the server's words
+            await target.apply(baseline)
         tuner = Tuner(
             run.space,
             sampler=cfg.tuning.sampler,

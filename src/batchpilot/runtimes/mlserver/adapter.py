@@ -1,10 +1,13 @@
 """MLServer 1.7.1 as a BatchPilot runtime: `max_batch_size` (requests) and
 `max_batch_time` (seconds) in model-settings.json, changed by loading a new model version
-and verified by what the bundled model reports in its answers (recommend-only persistence)."""
+and verified by what the bundled model reports in its answers, or, for a user's own
+model folder (`--model-dir`), by MLServer's repository index, the settings it loaded and
+its own request counters (recommend-only persistence)."""
 
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 from batchpilot.capacity.promql import Metrics
 from batchpilot.loadgen.protocols import RequestProtocol, kserve_v2
@@ -15,10 +18,11 @@ from batchpilot.runtimes.mlserver.control import (
     INPUT_NAME,
     KNOBS,
     MODEL,
-    SETTINGS_FILE,
     MLServerControl,
+    UserModelControl,
 )
 from batchpilot.runtimes.mlserver.process import MLServerProcess
+from batchpilot.runtimes.mlserver.user import SETTINGS_FILE, USER_MODEL_DIR, load_user_model
 
 # MLServer labels its HTTP figures with the route's template, the same for every model
 INFER_PATH = 'path="/v2/models/{model_name}/infer"'
@@ -47,6 +51,7 @@ class MLServerRuntime(base.Runtime[MLServerControl, MLServerProcess]):
     )
     server_name = "MLServer"
     serves = f"its bundled model {MODEL}"
+    user_model_dir = USER_MODEL_DIR
 
     def protocol(self, model: str | None = None) -> RequestProtocol:
         return kserve_v2(model or MODEL, input_name=INPUT_NAME, features=FEATURES)
@@ -55,6 +60,8 @@ class MLServerRuntime(base.Runtime[MLServerControl, MLServerProcess]):
         self, url: str, model: str | None, server: base.LocalServer | None, control_url: str | None
     ) -> MLServerControl:
         repository = server.repository if isinstance(server, MLServerProcess) else None
+        if isinstance(server, MLServerProcess) and repository is not None and repository.user:
+            return UserModelControl(url, repository=repository, metrics_url=server.metrics_url)
         return MLServerControl(
             url, model=model or MODEL, repository=repository, control_url=control_url
         )
@@ -67,6 +74,14 @@ class MLServerRuntime(base.Runtime[MLServerControl, MLServerProcess]):
         workload: str | None,
     ) -> MLServerProcess:
         return MLServerProcess(start, threads=threads)
+
+    def user_model(self, folder: Path) -> str:
+        return load_user_model(folder).name
+
+    def _launch_user(self, folder: Path, threads: int | None) -> MLServerProcess:
+        user = load_user_model(folder)
+        start = base.from_native(KNOBS, user.baseline)
+        return MLServerProcess(start, threads=threads, user=user)
 
     def unchangeable_from_elsewhere(self, model: str | None = None) -> str:
         # MLServer 1.7.1's repository load (REST and gRPC) takes a model name and nothing

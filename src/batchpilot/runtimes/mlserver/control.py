@@ -14,27 +14,38 @@ batch into the response parameters), from a burst of concurrent requests."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import math
+import re
 import shutil
 import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from batchpilot.errors import TargetError
-from batchpilot.loadgen.protocols import JSON_HEADERS, v2_body, v2_path
+import aiohttp
+
+from batchpilot.errors import RequestShapeError, TargetError
+from batchpilot.loadgen.protocols import JSON_HEADERS, RequestProtocol, v2_body, v2_path
+from batchpilot.loadgen.v2model import BODY_FLAG, MetadataError, fetch_v2_model, v2_model_protocol
 from batchpilot.models import BatchingConfig
 from batchpilot.runtimes import base, burst
 from batchpilot.runtimes.http import ControlClient
+from batchpilot.runtimes.mlserver.user import (
+    SETTINGS_FILE,
+    UserModel,
+    copy_model,
+    persisted_settings,
+    settings_native,
+)
 
 MODEL = "batchpilot-mlp"
 MODEL_FILE = "mlserver_batch_model.py"
 IMPLEMENTATION = "mlserver_batch_model.BatchRecordingMLP"
 INPUT_NAME = "INPUT"
 FEATURES = 8  # per row; the bundled model's input width
-SETTINGS_FILE = "model-settings.json"
 KNOBS: tuple[base.Knob, base.Knob] = (
     base.batch_knob("max_batch_size"),
     base.wait_knob("max_batch_time", "s"),
@@ -60,12 +71,15 @@ def model_settings(native: Mapping[str, float], *, model: str, version: int) -> 
 
 class ModelRepository:
     """The folder MLServer serves `model` from: one subfolder per version (v1, v2, ...),
-    of which only the newest is kept on disk."""
+    of which only the newest is kept on disk. With `user`, each version is a copy of the
+    user's model folder with the version's values in its model-settings.json (the user's
+    folder is only read); else the bundled model's settings."""
 
-    def __init__(self, root: Path, model: str = MODEL) -> None:
+    def __init__(self, root: Path, model: str = MODEL, *, user: UserModel | None = None) -> None:
         self.root = root
-        self.model = model
-        self.dir = root / model
+        self.user = user
+        self.model = user.name if user is not None else model
+        self.dir = root / self.model
 
     def versions(self) -> list[int]:
         if not self.dir.is_dir():
@@ -79,12 +93,25 @@ class ModelRepository:
         old = self.versions()
         version = (old[-1] + 1) if old else 1
         folder = self.dir / f"v{version}"
-        folder.mkdir(parents=True)
-        settings = model_settings(native, model=self.model, version=version)
-        (folder / SETTINGS_FILE).write_text(json.dumps(settings, indent=2) + "\n")
+        if self.user is not None:
+            self.dir.mkdir(parents=True, exist_ok=True)
+            copy_model(self.user, folder, native, version=version)
+        else:
+            folder.mkdir(parents=True)
+            settings = model_settings(native, model=self.model, version=version)
+            (folder / SETTINGS_FILE).write_text(json.dumps(settings, indent=2) + "\n")
         for v in old:
             shutil.rmtree(self.dir / f"v{v}")
         return version
+
+    def written(self, version: int) -> base.NativeValues:
+        """The values in the model-settings.json of `version` on disk (what MLServer read
+        when it loaded that version). TargetError when it is not there."""
+        path = self.dir / f"v{version}" / SETTINGS_FILE
+        try:
+            return settings_native(json.loads(path.read_text(encoding="utf-8")))
+        except (OSError, ValueError) as exc:
+            raise TargetError(f"cannot read {path}: {exc}") from None
 
     def rollback(self, previous: Mapping[str, float]) -> int:
         """Put `previous` back on disk as a new version (after a failed change)."""
@@ -233,4 +260,249 @@ class MLServerControl:
                     ),
                     change_s=time.monotonic() - started,
                 )
+        raise TargetError(f"MLServer did not take {config.label()}: {'; '.join(problems)}")
+
+
+# --- a user's own model: verified by MLServer itself, never by the model's answers ---
+
+# MLServer's own counter of the requests each model version answered (dataplane.py)
+SUCCESS_METRIC = "model_infer_request_success_total"
+_SAMPLE = re.compile(r"^(?P<name>[a-zA-Z_:][a-zA-Z0-9_:]*)\{(?P<labels>[^}]*)\}\s+(?P<value>\S+)")
+_LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
+
+
+def served_versions(index: object, model: str) -> dict[str, str]:
+    """Version -> state of `model` in a `POST /v2/repository/index` answer (every
+    version MLServer finds in its repository, with whether it is READY)."""
+    if not isinstance(index, list):
+        raise TargetError(f"MLServer's repository index is not a list: {str(index)[:200]}")
+    found: dict[str, str] = {}
+    for item in index:
+        if isinstance(item, dict) and item.get("name") == model:
+            found[str(item.get("version") or "")] = str(item.get("state") or "")
+    return found
+
+
+def index_problem(versions: Mapping[str, str], model: str, version: str) -> str | None:
+    """What is wrong with the index for `model` serving only `version`, READY; None
+    when that is what MLServer reports."""
+    if versions == {version: "READY"}:
+        return None
+    return (
+        f"MLServer's repository index shows model {model} at versions "
+        f"[{versions_text(versions)}], expected {version} READY"
+    )
+
+
+def versions_text(versions: Mapping[str, str]) -> str:
+    return ", ".join(f"{v or '-'} {s or '?'}" for v, s in sorted(versions.items())) or "none"
+
+
+def answered(metrics: str, model: str, version: str) -> float:
+    """How many requests MLServer counts as answered by `version` of `model` (its
+    `model_infer_request_success_total{model, version}`; 0 when absent)."""
+    total = 0.0
+    for line in metrics.splitlines():
+        match = _SAMPLE.match(line)
+        if match is None or match["name"] != SUCCESS_METRIC:
+            continue
+        labels = dict(_LABEL.findall(match["labels"]))
+        if labels.get("model") == model and labels.get("version") == version:
+            with contextlib.suppress(ValueError):
+                total += float(match["value"])
+    return total
+
+
+def refused_message(status: int, text: str, model: str, *, template: bool = False) -> str:
+    """What to tell the user when MLServer refuses the requests for `model` with a 4xx
+    (built from its metadata, or with `template` the user's --body-template): the
+    server's words and what to set."""
+    try:
+        data = json.loads(text)
+    except ValueError:
+        data = None
+    said = data["error"] if isinstance(data, dict) and "error" in data else text[:200]
+    if template:
+        return (
+            f"MLServer refused the {BODY_FLAG} requests for model {model!r} (HTTP {status}: "
+            f"{said}); give a request body it accepts with {BODY_FLAG}"
+        )
+    return (
+        f"MLServer refused the requests built for model {model!r} from its metadata "
+        f"(HTTP {status}: {said}); declare the model's inputs (name, datatype, shape) in "
+        f"its {SETTINGS_FILE}, or give a request body it accepts with {BODY_FLAG}"
+    )
+
+
+def no_inputs_message(model: str, why: str) -> str:
+    return (
+        f"cannot build requests for model {model!r}: {why}. MLServer lists in a model's "
+        f"metadata only the inputs its {SETTINGS_FILE} declares: add "
+        '"inputs": [{"name": "<input>", "datatype": "FP32", "shape": [-1, <width>]}] '
+        f"there, or give a sample request body with {BODY_FLAG}"
+    )
+
+
+class UserModelControl(MLServerControl):
+    """The tuner's Target for a user's own model served from a local repository: each
+    change a new version (a copy of the user's folder with the values in its
+    model-settings.json), verified by MLServer itself: its repository index shows that
+    version alone and READY, the model-settings.json it loaded holds the values, and
+    its own counter says that version answered a burst of requests built from the
+    model's metadata. Nothing is asked of the model's answers."""
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        repository: ModelRepository,
+        metrics_url: str,
+        timeout_s: float = 30.0,
+        verify_attempts: int = 3,
+    ) -> None:
+        super().__init__(
+            url,
+            model=repository.model,
+            repository=repository,
+            timeout_s=timeout_s,
+            verify_attempts=verify_attempts,
+        )
+        self.repo = repository
+        self.metrics_url = metrics_url
+        self.protocol: RequestProtocol | None = None
+        self._template = False  # the requests are the user's --body-template
+
+    async def request_protocol(self, override: RequestProtocol | None = None) -> RequestProtocol:
+        """The requests the model takes: `override` (the user's own body), else built
+        once from the model's metadata. RequestShapeError says why none can be built and
+        what to declare or give."""
+        if override is not None:
+            self.protocol = override
+            self._template = True
+        if self.protocol is None:
+            try:
+                model = await fetch_v2_model(self.url, self.model, triton_config=False)
+            except MetadataError as exc:
+                raise RequestShapeError(no_inputs_message(self.model, str(exc))) from None
+            try:
+                self.protocol = v2_model_protocol(model)
+            except MetadataError as exc:
+                raise RequestShapeError(str(exc)) from None
+        return self.protocol
+
+    async def served(self) -> str:
+        """The version MLServer serves the model at (alone and READY in its index)."""
+        index = await self._client.call("POST", "/v2/repository/index", {})
+        versions = served_versions(index, self.model)
+        ready = [v for v, state in versions.items() if state == "READY"]
+        if len(ready) != 1:
+            raise TargetError(
+                f"MLServer's repository index shows model {self.model} at versions "
+                f"[{versions_text(versions)}], not one version READY"
+            )
+        return ready[0]
+
+    async def native(self) -> base.NativeValues:
+        """The values in the model-settings.json of the version MLServer serves."""
+        version = await self.served()
+        if not version.isdigit():
+            raise TargetError(f"MLServer serves model {self.model} at version {version!r}")
+        return self.repo.written(int(version))
+
+    async def persistence(self, config: BatchingConfig) -> base.Persistence:
+        """The user's own model-settings.json with `config`'s values in it."""
+        user = self.repo.user
+        assert user is not None  # a UserModelControl serves a user's folder
+        try:
+            native = base.to_native(KNOBS, config)
+        except ValueError as exc:
+            raise TargetError(str(exc)) from None
+        return base.Persistence(
+            kind="recommend",
+            where=f"{user.folder / SETTINGS_FILE}: set max_batch_size and max_batch_time "
+            "(seconds) as in this copy of it",
+            snippet=json.dumps(persisted_settings(user, native), indent=2),
+        )
+
+    async def _answered(self, version: str) -> float | None:
+        try:
+            async with (
+                aiohttp.ClientSession(
+                    timeout=aiohttp.ClientTimeout(total=self._timeout_s)
+                ) as session,
+                session.get(self.metrics_url) as response,
+            ):
+                text = await response.text()
+        except (aiohttp.ClientError, TimeoutError):
+            return None
+        return answered(text, self.model, version) if response.status == 200 else None
+
+    async def _send(self, n: int, protocol: RequestProtocol, version: str) -> None:
+        """`n` concurrent requests of size 1 (`protocol`'s body) to `version` of the
+        model by name, so MLServer answers them from that version or not at all and
+        counts them under it; RequestShapeError on a 4xx (the requests are wrong for this
+        model), TargetError on any other failure."""
+        url = self.url + v2_path(self.model, version)
+        body = protocol.body(1)
+
+        async def one(session: aiohttp.ClientSession) -> None:
+            async with session.post(url, data=body, headers=dict(protocol.headers)) as response:
+                text = await response.text()
+                if 400 <= response.status < 500:
+                    raise RequestShapeError(
+                        refused_message(response.status, text, self.model, template=self._template)
+                    )
+                if not 200 <= response.status < 300:
+                    raise TargetError(f"POST {url} answered HTTP {response.status}: {text[:200]}")
+
+        try:
+            timeout = aiohttp.ClientTimeout(total=self._timeout_s)
+            async with aiohttp.ClientSession(timeout=timeout) as session:
+                await asyncio.gather(*(one(session) for _ in range(n)))
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            raise TargetError(f"inference on {url} failed: {exc or type(exc).__name__}") from exc
+
+    async def _verify(
+        self, config: BatchingConfig, native: base.NativeValues, version: str, started: float
+    ) -> base.Verification:
+        protocol = await self.request_protocol()
+        n = burst.burst_size(int(native["max_batch_size"]))
+        problems: list[str] = []
+        for _ in range(self._verify_attempts):
+            problems = []
+            index = await self._client.call("POST", "/v2/repository/index", {})
+            problem = index_problem(served_versions(index, self.model), self.model, version)
+            if problem is not None:
+                problems.append(problem)
+            loaded = self.repo.written(int(version))
+            if loaded != native:
+                problems.append(f"the model-settings.json of version {version} holds {loaded}")
+            before = await self._answered(version)
+            await self._send(n, protocol, version)
+            after = await self._answered(version)
+            counted = ""
+            if before is not None and after is not None:
+                if after - before < n:
+                    problems.append(
+                        f"MLServer counts {after - before:g} of {n} requests answered by "
+                        f"version {version}"
+                    )
+                counted = f"; {n} requests to that version answered ({SUCCESS_METRIC})"
+            if not problems:
+                on = batching_on(native)
+                return base.Verification(
+                    requested=config,
+                    live=base.from_native(KNOBS, native),
+                    native=native,
+                    verified_by=(
+                        f"repository index: version {version} alone and READY, its "
+                        f"{SETTINGS_FILE} read back (max_batch_size "
+                        f"{int(native['max_batch_size'])}, max_batch_time "
+                        f"{float(native['max_batch_time']):g} s: adaptive batching "
+                        + ("on" if on else "off")
+                        + f"){counted}"
+                    ),
+                    change_s=time.monotonic() - started,
+                )
+            await asyncio.sleep(0.2)
         raise TargetError(f"MLServer did not take {config.label()}: {'; '.join(problems)}")

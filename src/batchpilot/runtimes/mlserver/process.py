@@ -1,5 +1,6 @@
 """MLServer started on this machine: from its own environment, every listener on
-127.0.0.1, the bundled model served from a model repository in a temporary folder."""
+127.0.0.1, the bundled model (or a copy of a user's model folder) served from a model
+repository in a temporary folder."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from importlib import resources
 from batchpilot.models import BatchingConfig
 from batchpilot.runtimes.base import to_native
 from batchpilot.runtimes.mlserver.control import KNOBS, MODEL, MODEL_FILE, ModelRepository
+from batchpilot.runtimes.mlserver.user import UserModel
 from batchpilot.runtimes.process import V2Process
 from batchpilot.runtimes.venvs import venv_executable
 
@@ -32,12 +34,15 @@ class MLServerProcess(V2Process):
         threads: int | None = None,
         ready_timeout_s: float = 90.0,
         stop_timeout_s: float = 10.0,
+        user: UserModel | None = None,
     ) -> None:
         super().__init__(
             threads=threads, ready_timeout_s=ready_timeout_s, stop_timeout_s=stop_timeout_s
         )
         self.start_config = start
-        self.native_start = to_native(KNOBS, start)
+        self.user = user
+        self.native_start = dict(user.baseline) if user is not None else to_native(KNOBS, start)
+        self.model = user.name if user is not None else MODEL
         self._env: dict[str, str] = {}
         self.repository: ModelRepository | None = None
 
@@ -45,10 +50,12 @@ class MLServerProcess(V2Process):
         workdir = await self._new_root("batchpilot-mlserver-")
         code = workdir / "code"
         code.mkdir()
-        source = resources.files("batchpilot.runtimes").joinpath("models", MODEL_FILE)
-        (code / MODEL_FILE).write_bytes(source.read_bytes())
+        if self.user is None:
+            source = resources.files("batchpilot.runtimes").joinpath("models", MODEL_FILE)
+            (code / MODEL_FILE).write_bytes(source.read_bytes())
+        # a user's model is imported from its own folder (MLServer puts it on the path)
         models = workdir / "models"
-        self.repository = ModelRepository(models)
+        self.repository = ModelRepository(models, user=self.user)
         self.repository.write(self.native_start)
         self._choose_ports()
         settings = {
@@ -93,7 +100,7 @@ class MLServerProcess(V2Process):
                 cwd=self.root,  # MLServer keeps its metrics files under ./.metrics
             )
             await self._wait_ready(
-                f"{self.url}/v2/models/{MODEL}/ready", poll_s=0.1, tail=_LAUNCH_LOG_TAIL
+                f"{self.url}/v2/models/{self.model}/ready", poll_s=0.1, tail=_LAUNCH_LOG_TAIL
             )
         except BaseException:
             await self.stop()
