@@ -10,9 +10,16 @@ from __future__ import annotations
 
 import math
 import random
-from typing import Annotated, Self
+from typing import Annotated, Any, NamedTuple, Self
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SerializerFunctionWrapHandler,
+    model_serializer,
+    model_validator,
+)
 
 MAX_BATCH_SIZE_LIMIT = 4096
 MAX_QUEUE_TIME_MS_LIMIT = 60_000.0
@@ -32,11 +39,61 @@ class BatchingConfig(Frozen):
         return f"batch={self.max_batch_size} wait={self.max_queue_time_ms:g}ms"
 
 
-class SLA(Frozen):
-    """What a sustained rate must keep to count as effective throughput."""
+LatencyBound = Annotated[float, Field(gt=0.0, le=3_600_000.0)]
 
-    p99_ms: Annotated[float, Field(gt=0.0, le=3_600_000.0)]
+
+class SLA(Frozen):
+    """What a sustained rate must keep to count as effective throughput: an end-to-end p99
+    bound, token-stream targets (time to first token, time per output token, both p99),
+    or several of them; and an error rate."""
+
+    p99_ms: LatencyBound | None = None
     max_error_rate: Annotated[float, Field(ge=0.0, lt=1.0)] = 0.001
+    ttft_p99_ms: LatencyBound | None = None
+    tpot_p99_ms: LatencyBound | None = None
+
+    @model_validator(mode="after")
+    def _bounded(self) -> Self:
+        if self.p99_ms is None and not self.token_targets:
+            raise ValueError(
+                "an SLA needs a p99 latency bound, a TTFT p99 target or a TPOT p99 target "
+                "(one of them or several)"
+            )
+        return self
+
+    @model_serializer(mode="wrap")
+    def _without_absent_targets(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        """An SLA without token targets serialises as it did before they existed."""
+        data: dict[str, Any] = handler(self)
+        for key in ("ttft_p99_ms", "tpot_p99_ms"):
+            if data.get(key, 0) is None:
+                del data[key]
+        return data
+
+    @property
+    def token_targets(self) -> bool:
+        """Whether a token-stream tail is judged (TTFT or TPOT p99)."""
+        return self.ttft_p99_ms is not None or self.tpot_p99_ms is not None
+
+    def scale_ms(self, output_tokens: float = 1.0) -> float:
+        """The latency a window's own rules measure against (the trend of its latency,
+        the client's allowance, the default request timeout): the end-to-end p99 bound,
+        else the end-to-end time of an answer of `output_tokens` tokens within the token
+        targets, TTFT + TPOT x (tokens - 1), counting each target that is set and at
+        least one token's TPOT."""
+        if self.p99_ms is not None:
+            return self.p99_ms
+        tpot = (self.tpot_p99_ms or 0.0) * max(output_tokens - 1.0, 1.0)
+        return (self.ttft_p99_ms or 0.0) + tpot
+
+    def describe(self, at_most: str = "≤") -> str:
+        """The latency bounds in words, e.g. 'p99 ≤ 100 ms, TTFT p99 ≤ 500 ms'."""
+        bounds = (
+            ("p99", self.p99_ms),
+            ("TTFT p99", self.ttft_p99_ms),
+            ("TPOT p99", self.tpot_p99_ms),
+        )
+        return ", ".join(f"{name} {at_most} {ms:g} ms" for name, ms in bounds if ms is not None)
 
 
 class RequestClass(Frozen):
@@ -164,18 +221,21 @@ class ClientHealth(Frozen):
         open loop: only the server, holding every connection, makes them wait there."""
         return self.connection_cap is None and self.conn_wait_p99_ms > 0
 
-    def limit_reason(self, sla: SLA) -> str:
+    def limit_reason(self, sla: SLA, scale_ms: float | None = None) -> str:
         """Why the client could not keep its schedule at this SLA (empty when it could):
-        the validity rule, with the bounds named in the message."""
+        the validity rule, with the bounds named in the message. Its delays are weighed
+        against `scale_ms` [the SLA's own scale, `SLA.scale_ms`]."""
         reasons: list[str] = []
-        bound = CLIENT_MAX_LOOP_DELAY_SHARE * sla.p99_ms
+        scale = sla.scale_ms() if scale_ms is None else scale_ms
+        bound = CLIENT_MAX_LOOP_DELAY_SHARE * scale
+        what = "SLA p99" if sla.p99_ms is not None else f"the token targets' {scale:g} ms"
         # The worst stall, not a percentile of the loop's samples: a few 300 ms stalls
         # among thousands of 10 ms samples leave the p99 low, yet delay every request in
         # flight through them. Whether they explain a failure is client_could_explain's.
         if self.loop_delay_max_ms > bound:
             reasons.append(
                 f"client event-loop stall up to {self.loop_delay_max_ms:.1f} ms > "
-                f"{CLIENT_MAX_LOOP_DELAY_SHARE:.0%} of SLA p99 ({bound:g} ms)"
+                f"{CLIENT_MAX_LOOP_DELAY_SHARE:.0%} of {what} ({bound:g} ms)"
             )
 
         if self.send_rate_share < CLIENT_MIN_SEND_RATE_SHARE and not self.server_held_sends():
@@ -192,7 +252,7 @@ class ClientHealth(Frozen):
             reasons.append(
                 f"requests waited for one of the {self.connection_cap} connections the client "
                 f"is allowed: p99 wait {self.conn_wait_p99_ms:.1f} ms > "
-                f"{CLIENT_MAX_LOOP_DELAY_SHARE:.0%} of SLA p99 ({bound:g} ms)"
+                f"{CLIENT_MAX_LOOP_DELAY_SHARE:.0%} of {what} ({bound:g} ms)"
             )
         return "; ".join(reasons)
 
@@ -222,6 +282,14 @@ class StepResult(Frozen):
     # Failed only on the upper confidence bound of a short window's p99: the measured
     # p99, error rate and goodput hold the SLA, there were too few requests to prove it.
     failed_on_bound_only: bool = False
+    # A token-stream window (None otherwise): the tails it was judged on (the upper
+    # confidence bounds in a short window), its goodput (requests per second that met
+    # every TTFT and TPOT target; the effective rate of a passing step) and its output
+    # tokens per second.
+    ttft_p99_ms: float | None = None
+    tpot_p99_ms: float | None = None
+    goodput_rps: float | None = None
+    output_tokens_per_s: float | None = None
 
 
 class CapacityResult(Frozen):
@@ -229,6 +297,10 @@ class CapacityResult(Frozen):
 
     effective_rps: float  # 0.0 when no step passed
     p99_ms: float | None  # p99 at effective_rps
+    # a token-stream search's figures at effective_rps (None otherwise)
+    ttft_p99_ms: float | None = None
+    tpot_p99_ms: float | None = None
+    output_tokens_per_s: float | None = None
     sla: SLA
     feasible: bool  # at least one step passed
     pruned: bool = False  # the search stopped early because it could not win
@@ -257,6 +329,14 @@ class CapacityResult(Frozen):
         return self
 
 
+class TokenTails(NamedTuple):
+    """A token-stream window's tails, ms: TTFT p99 (None: no whole stream) and TPOT p99
+    (None: no answer of two tokens or more, which meets any TPOT target)."""
+
+    ttft_p99_ms: float | None
+    tpot_p99_ms: float | None
+
+
 def step_passes(
     *,
     p99_ms: float,
@@ -265,13 +345,25 @@ def step_passes(
     achieved_rps: float,
     sla: SLA,
     min_achieved_ratio: float = 0.97,
+    tokens: TokenTails | None = None,
 ) -> tuple[bool, str]:
-    """The step rule (docs/architecture.md, "How a measurement flows"): p99 within the SLA,
-    errors within the bound, and the server keeping up with the offered rate. Returns
-    (passed, reason for failing)."""
+    """The step rule (docs/architecture.md, "How a measurement flows"): p99 within the SLA's
+    bound when it has one, the TTFT and TPOT tails of a token-stream window (`tokens`)
+    within the SLA's targets when it has them, errors within the bound, and the server
+    keeping up with the offered rate. Returns (passed, reason for failing)."""
     reasons: list[str] = []
-    if not math.isfinite(p99_ms) or p99_ms > sla.p99_ms:
+    if sla.p99_ms is not None and (not math.isfinite(p99_ms) or p99_ms > sla.p99_ms):
         reasons.append(f"p99 {p99_ms:.1f} ms > SLA {sla.p99_ms:g} ms")
+    if sla.token_targets and tokens is None:
+        reasons.append("TTFT and TPOT targets are judged on token streams; none was measured")
+    elif tokens is not None:
+        ttft, tpot = tokens
+        if sla.ttft_p99_ms is not None and ttft is None:
+            reasons.append("no whole stream, so no TTFT to judge")
+        elif sla.ttft_p99_ms is not None and ttft is not None and not ttft <= sla.ttft_p99_ms:
+            reasons.append(f"TTFT p99 {ttft:.1f} ms > SLA {sla.ttft_p99_ms:g} ms")
+        if sla.tpot_p99_ms is not None and tpot is not None and not tpot <= sla.tpot_p99_ms:
+            reasons.append(f"TPOT p99 {tpot:.1f} ms > SLA {sla.tpot_p99_ms:g} ms")
     if error_rate > sla.max_error_rate:
         reasons.append(f"error rate {error_rate:.4f} > {sla.max_error_rate:g}")
     if offered_rps > 0 and achieved_rps < min_achieved_ratio * offered_rps:

@@ -287,6 +287,43 @@ CEL_CASES = [
     ),
 ]
 
+# the SLA's bounds and the token-stream load they need
+VLLM_STREAMS = _both(
+    _set("runtime", {"kind": "VLLM", "model": "m"}), _set("load.protocol", "OpenAIStream")
+)
+CEL_CASES += [
+    Case(
+        "SLA without a bound",
+        _set("sla", {"maxErrorRate": 0.01}),
+        cel_key="sla needs p99LatencyMs, ttftP99Ms or tpotP99Ms",
+    ),
+    Case(
+        "negative TTFT target",
+        _both(VLLM_STREAMS, _set("sla.ttftP99Ms", -5)),
+        cel_key="sla.ttftP99Ms must be",
+    ),
+    Case(
+        "negative TPOT target",
+        _both(VLLM_STREAMS, _set("sla.tpotP99Ms", -5)),
+        cel_key="sla.tpotP99Ms must be",
+    ),
+    Case(
+        "TTFT target on the runtime's requests",
+        _set("sla.ttftP99Ms", 200),
+        cel_key="are judged on token streams",
+    ),
+    Case(
+        "prompt lengths on the runtime's requests",
+        _set("load.promptTokens", "fixed:8"),
+        cel_key="load.promptTokens and load.outputTokens apply to",
+    ),
+    Case(
+        "token streams without a model",
+        _set("load.protocol", "OpenAIStream"),
+        cel_key="send runtime.model as the request's model",
+    ),
+]
+
 # tuning.window, tuning.retune and its window (the scheduling rules)
 CEL_CASES += [
     Case(
@@ -318,6 +355,7 @@ ENUM_CASES = [
     ("runtime", "kind"),
     ("apply", "method"),
     ("load", "source"),
+    ("load", "protocol"),
     ("tuning", "strategy"),
     ("tuning", "sampler"),
     ("tuning", "writeBack"),

@@ -177,8 +177,8 @@ class FakeTrials:
         step = StepResult(
             offered_rps=rps,
             achieved_rps=rps,
-            p50_ms=sla.p99_ms / 4,
-            p99_ms=sla.p99_ms * 0.9,
+            p50_ms=sla.scale_ms() / 4,
+            p99_ms=sla.scale_ms() * 0.9,
             error_rate=0.0,
             requests=int(rps * 5),
             passed=True,
@@ -193,7 +193,7 @@ class FakeTrials:
                 precision=0.05,
                 steps=[step],
                 light_load=f"LightLoad: at {0.1 * rps:.1f} req/s (10 % of {rps:,.0f} req/s) "
-                f"p99 {1.03 * sla.p99_ms:.1f} ms, breaking the SLA",
+                f"p99 {1.03 * sla.scale_ms():.1f} ms, breaking the SLA",
             )
         return CapacityResult(
             effective_rps=rps,
@@ -219,14 +219,15 @@ def _client_bound(limit: float, sla: SLA) -> CapacityResult:
         update={"lag_p99_ms": 48.0, "loop_delay_p99_ms": 45.0, "loop_delay_max_ms": 80.0}
     )
     passed = StepResult(
-        offered_rps=limit, achieved_rps=limit, p50_ms=sla.p99_ms / 4, p99_ms=sla.p99_ms * 0.9,
+        offered_rps=limit, achieved_rps=limit, p50_ms=sla.scale_ms() / 4,
+        p99_ms=sla.scale_ms() * 0.9,
         error_rate=0.0, requests=int(limit * 5), passed=True, duration_s=5.0, client=healthy,
     )  # fmt: skip
     invalid = passed.model_copy(
         update={
             "offered_rps": 2 * limit,
             "achieved_rps": 2 * limit,
-            "p99_ms": sla.p99_ms * 1.2,
+            "p99_ms": sla.scale_ms() * 1.2,
             "passed": False,
             "valid": False,
             "reason": f"invalid, client-bound: {stalled.limit_reason(sla)}",

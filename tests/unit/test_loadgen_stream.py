@@ -13,7 +13,6 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 from loopback import serving
-from tokenserver import SLOW_DECODE_EVERY, SLOW_FIRST_EVERY, TokenServer, serving_in_thread
 
 from batchpilot.loadgen.arrivals import as_arrival, schedule
 from batchpilot.loadgen.cli import loadtest
@@ -24,6 +23,7 @@ from batchpilot.loadgen.result import LoadResult
 from batchpilot.loadgen.tokens import StreamSummary, TokenSla
 from batchpilot.loadgen.workers import run_load_workers
 from batchpilot.models import RequestMix
+from support.tokenserver import SLOW_DECODE_EVERY, SLOW_FIRST_EVERY, TokenServer, serving_in_thread
 
 RATE = 20.0
 DURATION_S = 1.0

@@ -86,7 +86,8 @@ def test_spec_has_cel_rules_defaults_and_enums() -> None:
     assert set(spec["required"]) == {"target", "sla", "load"}
     rules = {r["rule"] for node in _walk(spec) for r in node.get("x-kubernetes-validations", [])}
     assert "self.min <= self.max" in rules
-    assert "self.p99LatencyMs > 0.0" in rules
+    assert "!has(self.p99LatencyMs) || self.p99LatencyMs > 0.0" in rules
+    assert "has(self.p99LatencyMs) || has(self.ttftP99Ms) || has(self.tpotP99Ms)" in rules
     # apply.live is needed for the reference server only: the rule sits on the spec
     assert (
         "self.apply.method != 'Live' || !(!has(self.runtime) || self.runtime.kind == "

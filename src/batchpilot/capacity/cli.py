@@ -22,6 +22,8 @@ from batchpilot.loadgen.arrivals import ArrivalKind
 from batchpilot.loadgen.connections_option import max_connections_option
 from batchpilot.loadgen.endpoints import UnreachableError, check_reachable, normalise_urls
 from batchpilot.loadgen.mix import parse_mix
+from batchpilot.loadgen.protocol_option import build_stream_protocol, stream_protocol_options
+from batchpilot.loadgen.protocols import REFERENCE_PATH, speaking
 from batchpilot.loadgen.result import LoadResult
 from batchpilot.loadgen.workers import WorkerError
 from batchpilot.models import (
@@ -40,8 +42,9 @@ _POSITIVE = click.FloatRange(0, min_open=True)
 @click.command(cls=SeeHelpErrors)
 @click.argument("urls", metavar="URL...", nargs=-1, required=True)
 @click.option(
-    "--p99-ms", type=click.FloatRange(0, 3_600_000, min_open=True), required=True,
-    help="SLA: p99 latency bound in milliseconds.",
+    "--p99-ms", type=click.FloatRange(0, 3_600_000, min_open=True), default=None,
+    help="SLA: p99 end-to-end latency bound in milliseconds (required unless "
+    "--ttft-p99-ms or --tpot-p99-ms is given).",
 )  # fmt: skip
 @click.option(
     "--max-error-rate", type=click.FloatRange(0, 1, max_open=True), default=0.001,
@@ -66,10 +69,17 @@ _POSITIVE = click.FloatRange(0, min_open=True)
 )  # fmt: skip
 @max_connections_option(split=", split over --workers")
 @click.option("--start-rps", type=_POSITIVE, default=None, help="Default: from the warm-up.")
-@click.option("--timeout", type=_POSITIVE, default=None, help="Default: max(5 x SLA, 1 s).")
+@click.option(
+    "--timeout", type=_POSITIVE, default=None,
+    help="Default: max(5 x SLA, 1 s); with token targets alone, 5 x a long answer within them.",
+)  # fmt: skip
 @arrival_option()
 @click.option("--seed", type=int, default=0, show_default=True)
-@click.option("--path", default="/v1/predict", show_default=True)
+@click.option("--path", default=None, help=f"Request path [default {REFERENCE_PATH}].")
+@stream_protocol_options(
+    "SLA: a step fails when the TTFT p99 is over it, and the capacity is the goodput, the "
+    "requests per second within it and --tpot-p99-ms"
+)
 @click.option("--replicas", type=click.IntRange(1), default=1, show_default=True)
 @click.option("--accelerators-per-replica", type=click.IntRange(1), default=1, show_default=True)
 @click.option("--prometheus", "prometheus_url", default=None, help="Decide steps from PromQL.")
@@ -88,7 +98,7 @@ _POSITIVE = click.FloatRange(0, min_open=True)
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 def capacity(
     urls: tuple[str, ...],
-    p99_ms: float,
+    p99_ms: float | None,
     max_error_rate: float,
     mix_spec: str | None,
     precision: float,
@@ -101,7 +111,13 @@ def capacity(
     timeout: float | None,
     arrival: ArrivalKind,
     seed: int,
-    path: str,
+    path: str | None,
+    protocol: str | None,
+    model: str | None,
+    prompt_tokens: str | None,
+    output_tokens: str | None,
+    ttft_p99_ms: float | None,
+    tpot_p99_ms: float | None,
     replicas: int,
     accelerators_per_replica: int,
     prometheus_url: str | None,
@@ -113,8 +129,25 @@ def capacity(
 ) -> None:
     """Find the effective throughput of URL: the highest offered rate whose p99 and error
     rate stay within the SLA. Warm-up, geometric ramp, bisection; every step reported.
-    Ctrl-C stops and prints the steps so far."""
+    With a token-stream --protocol the SLA may be TTFT and TPOT targets, and the figure
+    searched is the goodput. Ctrl-C stops and prints the steps so far."""
     try:
+        request = build_stream_protocol(
+            protocol=protocol, model=model, prompt_tokens=prompt_tokens,
+            output_tokens=output_tokens, ttft_p99_ms=ttft_p99_ms, tpot_p99_ms=tpot_p99_ms,
+        )  # fmt: skip
+        if p99_ms is None and ttft_p99_ms is None and tpot_p99_ms is None:
+            raise ValueError(
+                "give the SLA: --p99-ms, or with a token-stream --protocol --ttft-p99-ms "
+                "and/or --tpot-p99-ms (beside --p99-ms or alone)"
+            )
+        if request is not None and mix_spec is not None:
+            raise ValueError(
+                f"--mix applies to sized requests, not --protocol {request.name}: its "
+                "lengths come from --prompt-tokens and --output-tokens"
+            )
+        if request is not None and path is not None:
+            raise ValueError(f"--path is set by --protocol {request.name}")
         mix = parse_mix(mix_spec) if mix_spec is not None else RequestMix.default()
         bases = normalise_urls(urls)
         source = None
@@ -134,7 +167,10 @@ def capacity(
             raise ValueError(missing)
     except ValueError as e:
         raise fail(str(e)) from None
-    sla = SLA(p99_ms=p99_ms, max_error_rate=max_error_rate)
+    sla = SLA(
+        p99_ms=p99_ms, max_error_rate=max_error_rate, ttft_p99_ms=ttft_p99_ms,
+        tpot_p99_ms=tpot_p99_ms,
+    )  # fmt: skip
     console = Console(stderr=True)
     steps: list[StepResult] = []
 
@@ -152,13 +188,14 @@ def capacity(
             if source is not None:
                 await source.check_reachable()
                 await source.check_step(step_seconds)
-            result = await measure_capacity(
-                bases, sla=sla, mix=mix, precision=precision, step_duration_s=step_seconds,
-                warmup_s=warmup_seconds, start_rps=start_rps, timeout_s=timeout, seed=seed,
-                source=source, arrival=arrival,
-                path=path, on_step=progress, min_requests=min_requests, workers=workers,
-                max_connections=max_connections,
-            )  # fmt: skip
+            with speaking(request):
+                result = await measure_capacity(
+                    bases, sla=sla, mix=mix, precision=precision, step_duration_s=step_seconds,
+                    warmup_s=warmup_seconds, start_rps=start_rps, timeout_s=timeout, seed=seed,
+                    source=source, arrival=arrival, path=path or REFERENCE_PATH,
+                    on_step=progress, min_requests=min_requests, workers=workers,
+                    max_connections=max_connections,
+                )  # fmt: skip
             return result, False
         except asyncio.CancelledError:
             return summarise_steps(steps, sla=sla, precision=precision), True

@@ -4,6 +4,7 @@ the open-loop generator, decided on the client's percentiles or on Prometheus's.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import itertools
 import math
 import time
@@ -16,9 +17,11 @@ from batchpilot.capacity.steps import step_from_load
 from batchpilot.loadgen.arrivals import ArrivalKind, as_arrival
 from batchpilot.loadgen.endpoints import check_reachable, normalise_urls
 from batchpilot.loadgen.generator import run_load
-from batchpilot.loadgen.protocols import in_force
+from batchpilot.loadgen.lengths import long_output_tokens
+from batchpilot.loadgen.protocols import STREAM_PROTOCOLS, RequestProtocol, in_force, speaking
 from batchpilot.loadgen.result import LoadResult
 from batchpilot.loadgen.serve_worker import ShareSender
+from batchpilot.loadgen.tokens import TokenSla
 from batchpilot.loadgen.warmup import closed_loop_rate
 from batchpilot.loadgen.workers import (
     ShareSpec,
@@ -92,9 +95,28 @@ def step_window_s(rate: float, step_duration_s: float, min_requests: int) -> flo
 MAX_STRETCH = 6.0
 
 
-def default_timeout_s(sla: SLA) -> float:
-    """Well above the SLA, so a timeout marks a request that failed, not a slow pass."""
-    return max(5.0 * sla.p99_ms / 1000.0, 1.0)
+def default_timeout_s(sla: SLA, output_tokens: float = 1.0) -> float:
+    """Well above the SLA, so a timeout marks a request that failed, not a slow pass: for
+    token targets alone, above an answer of `output_tokens` (a long one) within them."""
+    return max(5.0 * sla.scale_ms(output_tokens) / 1000.0, 1.0)
+
+
+def judged_protocol(sla: SLA) -> RequestProtocol | None:
+    """The request protocol in force, a token stream's goodput counted against the SLA's
+    TTFT and TPOT targets (None: no protocol in force). ValueError when the SLA has token
+    targets and the requests are not token streams."""
+    protocol = in_force()
+    stream = protocol.stream if protocol is not None else None
+    if stream is None:
+        if sla.token_targets:
+            raise ValueError(
+                "TTFT and TPOT p99 targets are judged on token streams: the load must use "
+                f"a token-stream protocol ({' or '.join(STREAM_PROTOCOLS)})"
+            )
+        return protocol
+    assert protocol is not None
+    targets = TokenSla(ttft_ms=sla.ttft_p99_ms, tpot_ms=sla.tpot_p99_ms)
+    return dataclasses.replace(protocol, stream=stream.model_copy(update={"sla": targets}))
 
 
 class OverloadBudget:
@@ -265,72 +287,79 @@ async def measure_capacity(
         raise ValueError(f"start rate must be > 0 req/s, got {start_rps:g}")
     if max_overload_s is not None and not (math.isfinite(max_overload_s) and max_overload_s > 0):
         raise ValueError(f"overload budget must be > 0 s, got {max_overload_s:g}")
-    # Parsed once: a trace file is read before the first request, not at every step.
-    process = as_arrival(arrival)
-    timeout = timeout_s if timeout_s is not None else default_timeout_s(sla)
-    cooldown = timeout if cooldown_s is None else cooldown_s
-    await check_reachable(bases)
-    estimate = 0.0
-    if warmup_s > 0:
-        estimate = await closed_loop_rate(
-            bases,
-            concurrency=min(WARMUP_CONCURRENCY * len(bases), max_connections or MAX_CONNECTIONS),
-            duration_s=warmup_s,
-            mix=mix,
-            timeout_s=timeout,
-            path=path,
-            seed=seed,
-            # a load budget holds for the warm-up too
-            max_rps=max_rps if max_rps < DEFAULT_MAX_RPS else None,
-        )
-    if start_rps is None:
-        start_rps = max(1.0, estimate / 2.0) if estimate > 0 else FALLBACK_START_RPS
-    step_seeds = itertools.count(seed + 1)
-    overload = OverloadBudget(max_overload_s)
-
-    def window(rate: float) -> float:
-        return step_window_s(rate, step_duration_s, min_requests)
-
-    async def measure(rate: float) -> StepResult:
-        try:
-            step, load = await measure_step(
+    # a token stream's goodput counts against the SLA's own targets, wherever it is sent
+    protocol = judged_protocol(sla)
+    stream = protocol.stream if protocol is not None else None
+    with speaking(protocol):
+        # Parsed once: a trace file is read before the first request, not at every step.
+        process = as_arrival(arrival)
+        long_answer = long_output_tokens(stream.lengths) if stream is not None else 1
+        timeout = timeout_s if timeout_s is not None else default_timeout_s(sla, long_answer)
+        cooldown = timeout if cooldown_s is None else cooldown_s
+        await check_reachable(bases)
+        estimate = 0.0
+        if warmup_s > 0:
+            estimate = await closed_loop_rate(
                 bases,
-                rate=rate,
-                sla=sla,
+                concurrency=min(
+                    WARMUP_CONCURRENCY * len(bases), max_connections or MAX_CONNECTIONS
+                ),
+                duration_s=warmup_s,
                 mix=mix,
-                duration_s=window(rate),
                 timeout_s=timeout,
-                seed=next(step_seeds),
-                arrival=process,
-                source=source,
                 path=path,
-                min_requests=min_requests,
-                workers=workers,
-                sender=sender,
-                max_connections=max_connections,
+                seed=seed,
+                # a load budget holds for the warm-up too
+                max_rps=max_rps if max_rps < DEFAULT_MAX_RPS else None,
             )
-        except WorkerError as exc:
-            if sender is None:
-                raise
-            # a remote share not sent, or not reported in time: never a pass
-            step = worker_failed_step(rate, window(rate), str(exc))
-            overload.record(step, window(rate))
-            return step
-        if on_step is not None:
-            on_step(step, load)
-        overload.record(step, window(rate))
-        if not step.passed and cooldown > 0:
-            await asyncio.sleep(cooldown)
-        return step
+        if start_rps is None:
+            start_rps = max(1.0, estimate / 2.0) if estimate > 0 else FALLBACK_START_RPS
+        step_seeds = itertools.count(seed + 1)
+        overload = OverloadBudget(max_overload_s)
 
-    return await search_capacity(
-        measure,
-        sla=sla,
-        start_rps=start_rps,
-        precision=precision,
-        must_beat=must_beat,
-        max_rps=max_rps,
-        confirm_failures=confirm_failures,
-        may_measure=lambda rate: overload.fits(window(rate)),
-        light_load=light_load,
-    )
+        def window(rate: float) -> float:
+            return step_window_s(rate, step_duration_s, min_requests)
+
+        async def measure(rate: float) -> StepResult:
+            try:
+                step, load = await measure_step(
+                    bases,
+                    rate=rate,
+                    sla=sla,
+                    mix=mix,
+                    duration_s=window(rate),
+                    timeout_s=timeout,
+                    seed=next(step_seeds),
+                    arrival=process,
+                    source=source,
+                    path=path,
+                    min_requests=min_requests,
+                    workers=workers,
+                    sender=sender,
+                    max_connections=max_connections,
+                )
+            except WorkerError as exc:
+                if sender is None:
+                    raise
+                # a remote share not sent, or not reported in time: never a pass
+                step = worker_failed_step(rate, window(rate), str(exc))
+                overload.record(step, window(rate))
+                return step
+            if on_step is not None:
+                on_step(step, load)
+            overload.record(step, window(rate))
+            if not step.passed and cooldown > 0:
+                await asyncio.sleep(cooldown)
+            return step
+
+        return await search_capacity(
+            measure,
+            sla=sla,
+            start_rps=start_rps,
+            precision=precision,
+            must_beat=must_beat,
+            max_rps=max_rps,
+            confirm_failures=confirm_failures,
+            may_measure=lambda rate: overload.fits(window(rate)),
+            light_load=light_load,
+        )

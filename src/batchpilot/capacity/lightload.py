@@ -92,7 +92,7 @@ def wait_needs_light_load(config: BatchingConfig, sla: SLA) -> bool:
     """Whether a study's trial of `config` is probed at light load (LIGHT_LOAD_WAIT_SHARE).
     A batch cap of 1 never waits for a batch to fill."""
     return config.max_batch_size > 1 and config.max_queue_time_ms >= (
-        LIGHT_LOAD_WAIT_SHARE * sla.p99_ms
+        LIGHT_LOAD_WAIT_SHARE * sla.scale_ms()
     )
 
 

@@ -17,7 +17,13 @@ from batchpilot.capacity.scrape import (
     check_window,
     scrape_interval_from_config,
 )
-from batchpilot.capacity.steps import P99_UCB_LEVEL, judge_client, quantile_upper_rank
+from batchpilot.capacity.steps import (
+    P99_UCB_LEVEL,
+    judge_client,
+    quantile_upper_rank,
+    stream_figures,
+    token_tails,
+)
 from batchpilot.loadgen.result import LoadResult
 from batchpilot.models import SLA, StepResult, step_passes
 
@@ -272,6 +278,8 @@ class PrometheusStepSource:
         requests = round(total * window_s) if math.isfinite(total) else 0
         p99_ms = math.inf
         bound_note = ""
+        # the TTFT and TPOT tails are the client's: the server's histograms are not read
+        tails = token_tails(load, bound=0 < load.requests < min_requests)
         if not math.isfinite(ok_p99_ms) or requests <= 0:
             passed, reason = False, "Prometheus holds no requests for this window"
         else:
@@ -292,10 +300,11 @@ class PrometheusStepSource:
                 offered_rps=load.offered_rps,
                 achieved_rps=max(0.0, ok_rps - self.background_ok_rps),
                 sla=sla,
+                tokens=tails,
             )
             if not passed and bound_note:
                 reason += bound_note
-        passed, reason, valid = judge_client(load, sla, p99_ms, passed, reason)
+        passed, reason, valid = judge_client(load, sla, p99_ms, passed, reason, tails)
         return StepResult(
             offered_rps=load.offered_rps,
             achieved_rps=ok_rps,
@@ -312,6 +321,7 @@ class PrometheusStepSource:
             client=load.client,
             worker_clients=load.worker_clients,
             warmup_s=load.warmup_s,
+            **stream_figures(load, tails),
         )
 
     async def query_scalar(self, query: str, *, at_unix: float) -> float:

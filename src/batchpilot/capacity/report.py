@@ -43,11 +43,38 @@ def step_line(index: int, step: StepResult) -> str:
     verdict = "pass" if step.passed else f"FAIL ({step.reason})"
     if not step.valid:
         verdict = f"INVALID ({step.reason})"
+    tokens = ""
+    if step.goodput_rps is not None:
+        tokens = (
+            f", TTFT p99 {_ms(step.ttft_p99_ms)}, TPOT p99 {_ms(step.tpot_p99_ms)}, goodput "
+            f"{step.goodput_rps:,.1f} req/s, {step.output_tokens_per_s or 0:,.0f} tokens/s"
+        )
     return (
         f"step {index}: offered {step.offered_rps:,.1f} req/s → achieved "
-        f"{step.achieved_rps:,.1f}, p50 {step.p50_ms:,.1f} ms, p99 {step.p99_ms:,.1f} ms, "
-        f"errors {step.error_rate:.2%}: {verdict}"
+        f"{step.achieved_rps:,.1f}, p50 {step.p50_ms:,.1f} ms, p99 {step.p99_ms:,.1f} ms"
+        f"{tokens}, errors {step.error_rate:.2%}: {verdict}"
     )
+
+
+def _ms(value: float | None) -> str:
+    return "-" if value is None else f"{value:,.1f} ms"
+
+
+def _held(result: CapacityResult) -> str:
+    """What the step the capacity rests on kept, e.g. 'p99 80.1 ms ≤ SLA 100 ms'."""
+    sla = result.sla
+    held = []
+    if sla.p99_ms is not None:
+        held.append(f"p99 {result.p99_ms or 0:,.1f} ms ≤ SLA {sla.p99_ms:g} ms")
+    for name, measured, target in (
+        ("TTFT", result.ttft_p99_ms, sla.ttft_p99_ms),
+        ("TPOT", result.tpot_p99_ms, sla.tpot_p99_ms),
+    ):
+        if target is not None:
+            held.append(f"{name} p99 {_ms(measured)} ≤ SLA {target:g} ms")
+    if result.output_tokens_per_s is not None:
+        held.append(f"{result.output_tokens_per_s:,.0f} output tokens/s")
+    return ", ".join(held)
 
 
 def render_capacity(data: dict[str, Any], console: Console) -> None:
@@ -56,15 +83,29 @@ def render_capacity(data: dict[str, Any], console: Console) -> None:
     )
     title = "Capacity search" + (" (interrupted: partial result)" if data["interrupted"] else "")
     table = Table(title=title)
-    for name in ("#", "offered req/s", "achieved req/s", "p50 ms", "p99 ms", "errors", "step"):
+    streamed = any(s.goodput_rps is not None for s in result.steps)
+    tokens = ("TTFT p99 ms", "TPOT p99 ms", "goodput req/s", "tokens/s") if streamed else ()
+    names = ("#", "offered req/s", "achieved req/s", "p50 ms", "p99 ms", *tokens, "errors", "step")
+    for name in names:
         table.add_column(name, justify="right" if name != "step" else "left")
     for index, step in enumerate(result.steps, start=1):
+        figures = (
+            (
+                _ms(step.ttft_p99_ms).removesuffix(" ms"),
+                _ms(step.tpot_p99_ms).removesuffix(" ms"),
+                "-" if step.goodput_rps is None else f"{step.goodput_rps:,.1f}",
+                "-" if step.output_tokens_per_s is None else f"{step.output_tokens_per_s:,.0f}",
+            )
+            if streamed
+            else ()
+        )
         table.add_row(
             str(index),
             f"{step.offered_rps:,.1f}",
             f"{step.achieved_rps:,.1f}",
             f"{step.p50_ms:,.1f}",
             f"{step.p99_ms:,.1f}",
+            *figures,
             f"{step.error_rate:.2%}",
             "[green]pass[/]"
             if step.passed
@@ -77,7 +118,7 @@ def render_capacity(data: dict[str, Any], console: Console) -> None:
     if result.feasible:
         console.print(
             f"Effective throughput (goodput): [bold]{result.capacity_label()}[/] "
-            f"(p99 {result.p99_ms or 0:,.1f} ms ≤ SLA {sla.p99_ms:g} ms, errors ≤ "
+            f"({_held(result)}, errors ≤ "
             f"{sla.max_error_rate:g}; precision {result.precision:.0%})"
             + (" — pruned early" if result.pruned else "")
         )
@@ -109,7 +150,7 @@ def render_capacity(data: dict[str, Any], console: Console) -> None:
         )
     else:
         console.print(
-            f"[red]No offered rate met the SLA[/] (p99 ≤ {sla.p99_ms:g} ms, errors ≤ "
+            f"[red]No offered rate met the SLA[/] ({sla.describe()}, errors ≤ "
             f"{sla.max_error_rate:g}): effective throughput 0"
         )
     if data.get("plot"):

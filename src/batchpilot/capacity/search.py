@@ -225,13 +225,19 @@ def _capacity(
     client_bound: bool,
 ) -> CapacityResult:
     """The result at the highest passing step `best`: its goodput (successful requests
-    per second actually achieved) is the effective throughput, not the rate offered."""
+    per second actually achieved; in a token-stream window those that met every TTFT
+    and TPOT target) is the effective throughput, not the rate offered."""
     effective = 0.0
-    if best is not None:
+    if best is not None and best.goodput_rps is not None:
+        effective = best.goodput_rps
+    elif best is not None:
         effective = best.achieved_rps if best.achieved_rps > 0 else best.offered_rps
     return CapacityResult(
         effective_rps=effective,
         p99_ms=best.p99_ms if best is not None else None,
+        ttft_p99_ms=best.ttft_p99_ms if best is not None else None,
+        tpot_p99_ms=best.tpot_p99_ms if best is not None else None,
+        output_tokens_per_s=best.output_tokens_per_s if best is not None else None,
         sla=sla,
         feasible=effective > 0,
         pruned=pruned,

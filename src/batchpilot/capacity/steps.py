@@ -5,11 +5,18 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from typing import TypedDict
 
 from batchpilot.loadgen.histogram import TOP_MS, LatencyHistogram
 from batchpilot.loadgen.result import LoadResult, TrendBin, trend_points
 from batchpilot.loadgen.trend import mann_kendall_p, queue_growth_s, theil_sen
-from batchpilot.models import CLIENT_MIN_SEND_RATE_SHARE, SLA, StepResult, step_passes
+from batchpilot.models import (
+    CLIENT_MIN_SEND_RATE_SHARE,
+    SLA,
+    StepResult,
+    TokenTails,
+    step_passes,
+)
 
 # A step with fewer measured requests than it asked for is judged on this one-sided
 # upper confidence bound of its p99 (an order statistic, exact binomial), not on luck.
@@ -48,6 +55,32 @@ def p99_upper_bound_ms(histogram: LatencyHistogram, level: float = P99_UCB_LEVEL
     return histogram.percentile_ms(100.0 * rank / n)
 
 
+def token_tails(load: LoadResult, *, bound: bool = False) -> TokenTails | None:
+    """The TTFT and TPOT p99 of a token-stream window (None: not one), or with `bound`
+    their upper confidence bounds (a window with too few requests, as its p99)."""
+    stream = load.stream
+    if stream is None:
+        return None
+
+    def tail(count: int, p99_ms: float, encoded: str) -> float | None:
+        if count == 0:
+            return None
+        return p99_upper_bound_ms(LatencyHistogram.decode(encoded)) if bound else p99_ms
+
+    return TokenTails(
+        tail(stream.ttft.count, stream.ttft.p99_ms, stream.ttft_histogram),
+        tail(stream.tpot.count, stream.tpot.p99_ms, stream.tpot_histogram),
+    )
+
+
+def window_scale_ms(load: LoadResult, sla: SLA) -> float:
+    """The SLA's scale (`SLA.scale_ms`) in this window: with token targets alone, that of
+    an answer of the window's mean output length."""
+    stream = load.stream
+    tokens = stream.output_tokens / stream.streams if stream is not None and stream.streams else 1.0
+    return sla.scale_ms(tokens)
+
+
 # The trend test needs at least this many slices with answered requests in the second
 # half of the measured window (loadgen.result.TREND_BINS cut it).
 TREND_MIN_POINTS = 3
@@ -64,11 +97,12 @@ def rising_trend(
 ) -> str:
     """Why the window's latency is still climbing at its end (empty when it is not).
 
-    Two rules over the median latency of each slice of the measured window. The
-    second half: the Theil-Sen line through its slices (at least TREND_MIN_POINTS with
-    answered requests), carried one more measured window past the end, exceeds the SLA
-    p99 while rising: the next window would breach even if this one did not. The whole
-    window: a significant steady rise (Mann-Kendall at OVERLOAD_TREND_ALPHA) of at least
+    Two rules over the median latency of each slice of the measured window, against
+    `sla_p99_ms`, the SLA's scale in this window (`window_scale_ms`). The second half:
+    the Theil-Sen line through its slices (at least TREND_MIN_POINTS with answered
+    requests), carried one more measured window past the end, exceeds the SLA p99 while
+    rising: the next window would breach even if this one did not. The whole window: a
+    significant steady rise (Mann-Kendall at OVERLOAD_TREND_ALPHA) of at least
     OVERLOAD_RISE_SHARE of the SLA across it: a queue that grows without bound however
     generous the SLA, which a short window would otherwise let pass."""
     answered = [(b.t_s, b.p50_ms) for b in trend if b.answered]
@@ -98,15 +132,18 @@ def rising_trend(
     return ""
 
 
-def client_could_explain(load: LoadResult, sla: SLA, sla_p99_ms: float) -> bool:
+def client_could_explain(
+    load: LoadResult, sla: SLA, sla_p99_ms: float, tails: TokenTails | None = None
+) -> bool:
     """Whether the client's own delays could have made a failing window fail.
 
     The client adds to a request at most its send lag and a stall of its loop while the
     response is read; the allowance is the p99 send lag plus the worst stall. The window
     is excused when, less that allowance, its p99 is within the SLA and its achieved
     rate keeps up, every request that timed out only because of the client counted as
-    served. Non-OK requests stay
-    infinitely slow -- so a window judged on an infinite p99 (more than 1 % non-OK, or
+    served; a token-stream window's TTFT and TPOT tails (`tails`) less it too (a stall
+    adds to one gap, so to TPOT less than that: the excuse errs towards invalid). Non-OK
+    requests stay infinitely slow -- so a window judged on an infinite p99 (more than 1 % non-OK, or
     too few requests to bound it) is never excused -- except timeouts once the client's
     worst lag plus its worst stall reached the request timeout, or once it held every
     request that timed out so long (ClientHealth.timeout_held_min_ms) that, less its
@@ -118,6 +155,7 @@ def client_could_explain(load: LoadResult, sla: SLA, sla_p99_ms: float) -> bool:
     the wait stays charged to the server."""
     if load.requests == 0:
         return False
+    scale_ms = window_scale_ms(load, sla)
     client = load.client
     slot_p99_ms = slot_max_ms = 0.0
     if client.connection_cap is not None:
@@ -131,7 +169,7 @@ def client_could_explain(load: LoadResult, sla: SLA, sla_p99_ms: float) -> bool:
         # server had at most the SLA's time for it, less the loop's worst stall
         held_ms = client.timeout_held_min_ms
         left_ms = None if held_ms is None else timeout_ms - held_ms - client.loop_delay_max_ms
-        if worst_ms >= timeout_ms or (left_ms is not None and left_ms <= sla.p99_ms):
+        if worst_ms >= timeout_ms or (left_ms is not None and left_ms <= scale_ms):
             excused = load.timeouts
     non_ok = load.requests - load.ok - excused
     if excused:
@@ -149,24 +187,32 @@ def client_could_explain(load: LoadResult, sla: SLA, sla_p99_ms: float) -> bool:
     measured_s = load.duration_s - load.warmup_s
     growth_s = queue_growth_s(trend_points(load.trend), measured_s) - worst_ms / 1000.0
     achieved = (load.ok + excused) / (measured_s + max(growth_s, 0.0)) if measured_s > 0 else 0.0
+    if tails is not None:
+        tails = TokenTails(*(None if ms is None else max(ms - allowance_ms, 0.0) for ms in tails))
     passed, _ = step_passes(
         p99_ms=max(judged_ms - allowance_ms, 0.0),
         error_rate=non_ok / load.requests,
         offered_rps=load.offered_rps,
         achieved_rps=achieved,
         sla=sla,
+        tokens=tails,
     )
     return passed
 
 
 def judge_client(
-    load: LoadResult, sla: SLA, sla_p99_ms: float, passed: bool, reason: str
+    load: LoadResult,
+    sla: SLA,
+    sla_p99_ms: float,
+    passed: bool,
+    reason: str,
+    tails: TokenTails | None = None,
 ) -> tuple[bool, str, bool]:
     """(passed, reason, valid) once the client's health is weighed in, whatever decided
     the window (the client's figures or the server's own through Prometheus): a pass
     whose sends fell behind for good offered less than its rate, and a failure the
     client's own delays could explain is invalid."""
-    limit = load.client.limit_reason(sla)
+    limit = load.client.limit_reason(sla, window_scale_ms(load, sla))
     share = load.client.send_rate_share
     if passed and share < CLIENT_MIN_SEND_RATE_SHARE:
         # the server was offered less than the rate this pass would be credited with
@@ -179,7 +225,7 @@ def judge_client(
             )
         return False, f"invalid, client-bound: {limit}", False
     if limit and not passed:
-        if client_could_explain(load, sla, sla_p99_ms):
+        if client_could_explain(load, sla, sla_p99_ms, tails):
             return False, f"invalid, client-bound: {limit}", False
         reason += f" (the client was over its limits too: {limit})"
     return passed, reason, True
@@ -195,11 +241,13 @@ def step_from_load(load: LoadResult, sla: SLA, *, min_requests: int = 0) -> Step
     sends fell behind the schedule for good (ClientHealth.send_rate_share): then the
     server was offered less than the rate, and the pass is invalid too. The SLA p99
     counts every non-OK request as infinitely slow; with fewer than `min_requests`
-    requests it is the p99's upper confidence bound instead. A window whose latency
-    still climbs at its end fails (see rising_trend)."""
+    requests it is the p99's upper confidence bound instead, and so are a token-stream
+    window's TTFT and TPOT p99 (`token_tails`). A window whose latency still climbs at
+    its end fails (see rising_trend, against the window's `window_scale_ms`)."""
     p99 = load.sla_p99_ms
     short = 0 < load.requests < min_requests
     bound_only = False
+    tails = token_tails(load, bound=short)
     if short:
         p99 = p99_upper_bound_ms(LatencyHistogram.decode(load.sla_histogram))
     if load.requests == 0:
@@ -211,8 +259,10 @@ def step_from_load(load: LoadResult, sla: SLA, *, min_requests: int = 0) -> Step
             offered_rps=load.offered_rps,
             achieved_rps=load.achieved_rps,
             sla=sla,
+            tokens=tails,
         )
-        trend = rising_trend(load.trend, load.duration_s, load.warmup_s, sla.p99_ms)
+        scale_ms = window_scale_ms(load, sla)
+        trend = rising_trend(load.trend, load.duration_s, load.warmup_s, scale_ms)
         if trend:
             passed, reason = False, "; ".join(r for r in (reason, trend) if r)
         if short and not passed and not trend:
@@ -223,13 +273,14 @@ def step_from_load(load: LoadResult, sla: SLA, *, min_requests: int = 0) -> Step
                 offered_rps=load.offered_rps,
                 achieved_rps=load.achieved_rps,
                 sla=sla,
+                tokens=token_tails(load),
             )[0]
         if bound_only:
             reason += (
                 f" (upper {P99_UCB_LEVEL:.0%} bound of p99 from {load.requests} requests, "
                 f"fewer than {min_requests})"
             )
-    passed, reason, valid = judge_client(load, sla, p99, passed, reason)
+    passed, reason, valid = judge_client(load, sla, p99, passed, reason, tails)
     return StepResult(
         offered_rps=load.offered_rps,
         achieved_rps=load.achieved_rps,
@@ -247,4 +298,26 @@ def step_from_load(load: LoadResult, sla: SLA, *, min_requests: int = 0) -> Step
         worker_clients=load.worker_clients,
         warmup_s=load.warmup_s,
         failed_on_bound_only=bound_only,
+        **stream_figures(load, tails),
     )
+
+
+class StreamFigures(TypedDict, total=False):
+    ttft_p99_ms: float | None
+    tpot_p99_ms: float | None
+    goodput_rps: float
+    output_tokens_per_s: float
+
+
+def stream_figures(load: LoadResult, tails: TokenTails | None) -> StreamFigures:
+    """A token-stream window's fields of its StepResult (none for another window): the
+    tails it was judged on, its goodput and its output tokens per second."""
+    stream = load.stream
+    if stream is None or tails is None:
+        return {}
+    return {
+        "ttft_p99_ms": tails.ttft_p99_ms,
+        "tpot_p99_ms": tails.tpot_p99_ms,
+        "goodput_rps": stream.goodput_rps,
+        "output_tokens_per_s": stream.output_tokens_per_s,
+    }

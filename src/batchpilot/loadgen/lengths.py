@@ -87,6 +87,16 @@ def draw_lengths(lengths: TokenLengths, n: int, seed: int) -> list[tuple[int, in
     return [(_draw(lengths.prompt, rng), _draw(lengths.output, rng)) for _ in range(n)]
 
 
+# Output lengths drawn to find a long answer (`long_output_tokens`).
+LONG_OUTPUT_DRAWS = 1000
+
+
+def long_output_tokens(lengths: TokenLengths) -> int:
+    """A long answer of these lengths: the 99th percentile of seeded draws."""
+    outputs = sorted(o for _, o in draw_lengths(lengths, LONG_OUTPUT_DRAWS, 0))
+    return outputs[int(0.99 * (len(outputs) - 1))]
+
+
 def _draw(dist: Fixed | Uniform | LogNormal, rng: random.Random) -> int:
     if isinstance(dist, Fixed):
         return dist.tokens

@@ -15,6 +15,7 @@ from batchpilot.loadgen.lengths import DEFAULT_LENGTHS, LENGTHS_SYNTAX, describe
 from batchpilot.loadgen.protocols import (
     REFERENCE,
     REFERENCE_PATH,
+    STREAM_PROTOCOLS,
     RequestProtocol,
     kserve_v2,
     openai,
@@ -24,8 +25,6 @@ from batchpilot.loadgen.protocols import (
 )
 from batchpilot.loadgen.tokens import TokenSla
 
-# the token-stream protocols (loadgen.streaming): TTFT, ITL, TPOT and goodput measured
-STREAM_PROTOCOLS = ("openai-stream", "openai-chat-stream")
 PROTOCOLS = ("reference", "v2", "openai", "openai-chat", *STREAM_PROTOCOLS, "template")
 # which protocols each protocol-specific option belongs to
 _APPLIES_TO = {
@@ -40,6 +39,117 @@ _APPLIES_TO = {
     "--tpot-p99-ms": STREAM_PROTOCOLS,
 }
 F = TypeVar("F", bound=Callable[..., Any])
+
+
+# how loadtest judges the TTFT and TPOT targets
+_REPORTED = (
+    "goodput counts the requests within it (and --tpot-p99-ms), the report says whether the p99 is"
+)
+
+
+def _stream_options(judged: str = _REPORTED) -> list[Callable[[F], F]]:
+    """The token-stream protocols' options: lengths and the TTFT and TPOT targets
+    (`judged`: what the command does with them)."""
+    return [
+        click.option(
+            "--prompt-tokens",
+            default=None,
+            metavar="DIST",
+            help="openai-stream, openai-chat-stream: each request's prompt length in tokens "
+            f"(about one word a token): {LENGTHS_SYNTAX}; a file gives both lengths "
+            f"[default {describe_dist(DEFAULT_LENGTHS.prompt)}].",
+        ),
+        click.option(
+            "--output-tokens",
+            default=None,
+            metavar="DIST",
+            help="openai-stream, openai-chat-stream: each request's output length, asked "
+            "with max_tokens = min_tokens and ignore_eos: same forms as --prompt-tokens "
+            f"[default {describe_dist(DEFAULT_LENGTHS.output)}].",
+        ),
+        click.option(
+            "--ttft-p99-ms",
+            type=click.FloatRange(0, None, min_open=True),
+            default=None,
+            help="openai-stream, openai-chat-stream: the time-to-first-token target, ms: "
+            f"{judged}.",
+        ),
+        click.option(
+            "--tpot-p99-ms",
+            type=click.FloatRange(0, None, min_open=True),
+            default=None,
+            help="openai-stream, openai-chat-stream: the time-per-output-token target, "
+            "judged like --ttft-p99-ms.",
+        ),
+    ]
+
+
+def _applying(options: Sequence[Callable[[F], F]]) -> Callable[[F], F]:
+    """A decorator applying `options` in order (the first is the first in --help)."""
+
+    def decorate(command: F) -> F:
+        for option in reversed(options):
+            command = option(command)
+        return command
+
+    return decorate
+
+
+def stream_protocol_options(judged: str, *, with_model: bool = True) -> Callable[[F], F]:
+    """--protocol (the token-stream ones), --model and the token-stream options, for a
+    command whose other requests are the reference server's or the runtime's; the
+    command receives protocol, model, prompt_tokens, output_tokens, ttft_p99_ms and
+    tpot_p99_ms and builds the protocol with `build_stream_protocol`. `judged`: how the
+    command judges the TTFT and TPOT targets, for their help; `with_model` False: the
+    command has its own --model."""
+    model = click.option("--model", default=None, help="--protocol: the request's model field.")
+    options = [
+        click.option(
+            "--protocol",
+            type=click.Choice(STREAM_PROTOCOLS, case_sensitive=False),
+            default=None,
+            help="Send streamed OpenAI completions (openai-stream) or chat completions "
+            "(openai-chat-stream): TTFT, TPOT, goodput and output tokens/s measured, "
+            "lengths from --prompt-tokens/--output-tokens [default: the reference "
+            "server's, or the runtime's own, requests].",
+        ),
+        *([model] if with_model else []),
+        *_stream_options(judged),
+    ]
+
+    return _applying(options)
+
+
+def build_stream_protocol(
+    *,
+    protocol: str | None,
+    model: str | None,
+    prompt_tokens: str | None,
+    output_tokens: str | None,
+    ttft_p99_ms: float | None,
+    tpot_p99_ms: float | None,
+    headers: Sequence[str] = (),
+) -> RequestProtocol | None:
+    """The token-stream protocol `stream_protocol_options` describe, None for the reference
+    server's requests (no --protocol). ValueError names the option that is wrong and what
+    is allowed."""
+    if protocol is None and model is not None:
+        raise ValueError(f"--model applies to --protocol {' or '.join(STREAM_PROTOCOLS)}")
+    request = build_protocol(
+        protocol=protocol,
+        model=model,
+        max_tokens=None,
+        input_name=None,
+        features=None,
+        body_template=None,
+        headers=headers,
+        path=None,
+        prompt_tokens=prompt_tokens,
+        output_tokens=output_tokens,
+        ttft_p99_ms=ttft_p99_ms,
+        tpot_p99_ms=tpot_p99_ms,
+    )
+    return None if protocol is None else request
 
 
 def protocol_options() -> Callable[[F], F]:
@@ -68,37 +178,7 @@ def protocol_options() -> Callable[[F], F]:
             default=None,
             help="openai, openai-chat: max_tokens of every request [default 16].",
         ),
-        click.option(
-            "--prompt-tokens",
-            default=None,
-            metavar="DIST",
-            help="openai-stream, openai-chat-stream: each request's prompt length in tokens "
-            f"(about one word a token): {LENGTHS_SYNTAX}; a file gives both lengths "
-            f"[default {describe_dist(DEFAULT_LENGTHS.prompt)}].",
-        ),
-        click.option(
-            "--output-tokens",
-            default=None,
-            metavar="DIST",
-            help="openai-stream, openai-chat-stream: each request's output length, asked "
-            "with max_tokens = min_tokens and ignore_eos: same forms as --prompt-tokens "
-            f"[default {describe_dist(DEFAULT_LENGTHS.output)}].",
-        ),
-        click.option(
-            "--ttft-p99-ms",
-            type=click.FloatRange(0, None, min_open=True),
-            default=None,
-            help="openai-stream, openai-chat-stream: the time-to-first-token target: "
-            "goodput counts the requests within it (and --tpot-p99-ms), the report says "
-            "whether the p99 is.",
-        ),
-        click.option(
-            "--tpot-p99-ms",
-            type=click.FloatRange(0, None, min_open=True),
-            default=None,
-            help="openai-stream, openai-chat-stream: the time-per-output-token target, "
-            "judged like --ttft-p99-ms.",
-        ),
+        *_stream_options(),
         click.option(
             "--input-name",
             default=None,
@@ -137,12 +217,7 @@ def protocol_options() -> Callable[[F], F]:
         ),
     ]
 
-    def decorate(command: F) -> F:
-        for option in reversed(options):
-            command = option(command)
-        return command
-
-    return decorate
+    return _applying(options)
 
 
 def build_protocol(

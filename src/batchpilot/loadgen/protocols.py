@@ -223,6 +223,10 @@ def openai(
     )
 
 
+# the token-stream protocols (loadgen.streaming): TTFT, ITL, TPOT and goodput measured
+STREAM_PROTOCOLS = ("openai-stream", "openai-chat-stream")
+
+
 def openai_stream(
     model: str,
     *,

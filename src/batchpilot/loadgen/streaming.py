@@ -17,12 +17,14 @@ server's prefix cache cannot answer one request's prefill from another's."""
 from __future__ import annotations
 
 import functools
+import itertools
 import json
+from collections.abc import Callable
 from typing import Annotated
 
 from pydantic import Field
 
-from batchpilot.loadgen.lengths import TokenLengths
+from batchpilot.loadgen.lengths import TokenLengths, draw_lengths
 from batchpilot.loadgen.tokens import TokenSla
 from batchpilot.models import Frozen
 
@@ -38,6 +40,23 @@ class OpenAIStream(Frozen):
     chat: bool = False
     lengths: TokenLengths
     sla: TokenSla = TokenSla()
+
+
+# A closed-loop warm-up's requests take their lengths from this many drawn in turn.
+WARMUP_LENGTHS = 4096
+
+
+def stream_bodies(spec: OpenAIStream, seed: int) -> Callable[[], bytes]:
+    """Bodies one after the other (a closed-loop warm-up's): each prompt its own, the
+    lengths drawn as a run's are."""
+    lengths = draw_lengths(spec.lengths, WARMUP_LENGTHS, seed)
+    positions = itertools.count()
+
+    def next_body() -> bytes:
+        k = next(positions)
+        return stream_body(spec, k, *lengths[k % len(lengths)])
+
+    return next_body
 
 
 def stream_prompt(position: int, prompt_tokens: int) -> str:

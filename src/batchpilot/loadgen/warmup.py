@@ -20,6 +20,7 @@ from batchpilot.loadgen.protocols import (
     in_force,
     synthetic_body,
 )
+from batchpilot.loadgen.streaming import stream_bodies
 from batchpilot.models import RequestMix
 
 
@@ -78,6 +79,13 @@ async def closed_loop_rate(
     server_name = client_server_name()
     targets = itertools.cycle([endpoint_url(base, path) for base in normalise_urls(urls)])
     sizes = mix.sampler(seed)
+
+    def sized_body() -> bytes:
+        return body_for_size(sizes.draw(1)[0])
+
+    next_body = sized_body
+    if protocol is not None and protocol.stream is not None:
+        next_body = stream_bodies(protocol.stream, seed)
     loop = asyncio.get_running_loop()
     deadline = loop.time() + duration_s
     ok = 0
@@ -100,7 +108,7 @@ async def closed_loop_rate(
             await paced()
             if loop.time() >= deadline:
                 break
-            body = body_for_size(sizes.draw(1)[0])
+            body = next_body()
             url = next(targets)
             try:
                 async with (

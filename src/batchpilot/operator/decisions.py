@@ -452,7 +452,9 @@ def trial_message(trial: TrialEntry, sla: SLA) -> str:
     `Trial 7: batch=8 wait=30ms → 620 req/s, p99 287 ms ≤ 300 ms`."""
     head = f"Trial {trial.number}: {describe_params(trial.params)}"
     if trial.state == "Complete" and trial.effective_rps is not None:
-        p99 = f", p99 {trial.p99_ms:.0f} ms ≤ {sla.p99_ms:g} ms" if trial.p99_ms is not None else ""
+        p99 = ""
+        if trial.p99_ms is not None and sla.p99_ms is not None:
+            p99 = f", p99 {trial.p99_ms:.0f} ms ≤ {sla.p99_ms:g} ms"
         if trial.client_bound:
             # the score is a lower bound: the event says so, and why the client stopped
             return f"{head} → ≥ {trial.effective_rps:.0f} req/s{p99}; {trial.reason}"
@@ -460,7 +462,7 @@ def trial_message(trial: TrialEntry, sla: SLA) -> str:
     if trial.state == "Pruned":
         return f"{head} → pruned: cannot beat the best so far ({trial.reason or 'stopped early'})"
     if trial.state == "Infeasible":
-        return f"{head} → no rate met the SLA ({trial.reason or f'p99 ≤ {sla.p99_ms:g} ms'})"
+        return f"{head} → no rate met the SLA ({trial.reason or sla.describe()})"
     if trial.state == "Failed":
         return f"{head} → failed: {trial.reason or 'unknown error'}"
     if trial.state == "Interrupted":
@@ -709,14 +711,15 @@ def pod_problem(pods: Sequence[Mapping[str, Any]]) -> PodProblem | None:
 
 
 def sla_breach(*, p99_ms: float, ok_rps: float, total_rps: float, sla: SLA) -> str | None:
-    """How production traffic over a window broke the SLA (p99 or error rate); None
-    when it kept it, or when there was no traffic to judge."""
+    """How production traffic over a window broke the SLA (p99 or error rate; token
+    targets are not read from Prometheus); None when it kept it, or when there was no
+    traffic to judge."""
     if not (math.isfinite(total_rps) and total_rps > 0):
         return None
     ok = ok_rps if math.isfinite(ok_rps) else 0.0
     error_rate = max(0.0, 1.0 - ok / total_rps)
     broken: list[str] = []
-    if math.isfinite(p99_ms) and p99_ms > sla.p99_ms:
+    if sla.p99_ms is not None and math.isfinite(p99_ms) and p99_ms > sla.p99_ms:
         broken.append(f"p99 {p99_ms:.0f} ms > {sla.p99_ms:g} ms")
     if error_rate > sla.max_error_rate:
         broken.append(f"error rate {error_rate:.2%} > {sla.max_error_rate:.2%}")

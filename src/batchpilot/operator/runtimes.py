@@ -8,7 +8,14 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Final, Literal
 
-from batchpilot.loadgen.protocols import REFERENCE, REFERENCE_PATH, RequestProtocol, openai
+from batchpilot.loadgen.protocols import (
+    REFERENCE,
+    REFERENCE_PATH,
+    RequestProtocol,
+    openai,
+    openai_stream,
+)
+from batchpilot.loadgen.tokens import TokenSla
 from batchpilot.operator import envknobs
 from batchpilot.operator.spec import InferenceServiceSpec, RuntimeKind, batching_config
 from batchpilot.operator.status import PersistAdvice
@@ -112,14 +119,24 @@ def control_for(runtime: Runtime, spec: InferenceServiceSpec, ip: str) -> Runtim
 
 
 def load_protocol(spec: InferenceServiceSpec) -> RequestProtocol | None:
-    """The requests a trial sends: the runtime's own protocol for its model, on
-    load.endpoint.path when that is set, verifying an https endpoint with its CA bundle
-    and server name. None keeps the reference server's requests on load.endpoint.path
-    (kinds Reference and Generic over plain http)."""
+    """The requests a trial sends: the runtime's own protocol for its model, or the token
+    streams load.protocol names (their goodput counted against the SLA's TTFT and TPOT
+    targets), on load.endpoint.path when that is set, verifying an https endpoint with
+    its CA bundle and server name. None keeps the reference server's requests on
+    load.endpoint.path (kinds Reference and Generic over plain http)."""
     kind, model = spec.runtime.kind, spec.runtime.model
     endpoint = spec.load.endpoint
     protocol: RequestProtocol
-    if kind == "VLLM":
+    if spec.load.protocol != "Runtime":
+        assert model is not None  # the spec's rule
+        sla = spec.sla
+        protocol = openai_stream(
+            model,
+            lengths=spec.load.token_lengths(),
+            chat=spec.load.protocol == "OpenAIChatStream",
+            sla=TokenSla(ttft_ms=sla.ttft_p99_ms, tpot_ms=sla.tpot_p99_ms),
+        )
+    elif kind == "VLLM":
         assert model is not None  # the spec's rule
         protocol = openai(model)
     elif kind in ("Reference", "Generic"):

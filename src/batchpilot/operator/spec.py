@@ -29,6 +29,7 @@ from batchpilot.loadgen.arrivals import (
     TraceError,
     trace_from_timestamps,
 )
+from batchpilot.loadgen.lengths import DEFAULT_LENGTHS, TokenLengths, describe_dist, parse_dist
 from batchpilot.models import (
     DEFAULT_MIN_REQUESTS,
     MAX_BATCH_SIZE_LIMIT,
@@ -173,19 +174,50 @@ class TargetRef(BaseModel):
         return self.kind in PARENT_KINDS
 
 
+_SLA_BOUND_MESSAGE = (
+    "sla needs p99LatencyMs, ttftP99Ms or tpotP99Ms (one of them or several; the token "
+    "targets with a token-stream load.protocol)"
+)
+# the SLA's token-stream targets, and the message when the load does not stream
+SLA_TOKEN_FIELDS = ("ttftP99Ms", "tpotP99Ms")
+STREAM_LOAD_PROTOCOLS = ("OpenAIStream", "OpenAIChatStream")
+_TOKEN_SLA_MESSAGE = (
+    "sla.ttftP99Ms and sla.tpotP99Ms are judged on token streams: they need load.protocol "
+    "OpenAIStream or OpenAIChatStream"
+)
+
+
 class SLASpec(BaseModel):
-    """What a sustained request rate must keep to count as effective throughput."""
+    """What a sustained request rate must keep to count as effective throughput: an
+    end-to-end p99 bound, token-stream targets (TTFT and TPOT p99), or several."""
 
     model_config = _model_config(
-        cel("self.p99LatencyMs > 0.0", "sla.p99LatencyMs must be a positive number of ms"),
+        cel(
+            "has(self.p99LatencyMs) || has(self.ttftP99Ms) || has(self.tpotP99Ms)",
+            _SLA_BOUND_MESSAGE,
+        ),
+        cel(
+            "!has(self.p99LatencyMs) || self.p99LatencyMs > 0.0",
+            "sla.p99LatencyMs must be a positive number of ms",
+        ),
+        cel(
+            "!has(self.ttftP99Ms) || self.ttftP99Ms > 0.0",
+            "sla.ttftP99Ms must be a positive number of ms",
+        ),
+        cel(
+            "!has(self.tpotP99Ms) || self.tpotP99Ms > 0.0",
+            "sla.tpotP99Ms must be a positive number of ms",
+        ),
         cel(
             "self.maxErrorRate >= 0.0 && self.maxErrorRate < 1.0",
             "sla.maxErrorRate is a fraction: at least 0 and below 1 (0.001 = 0.1%)",
         ),
     )
 
-    p99_latency_ms: float = Field(
-        description="Highest allowed 99th-percentile end-to-end latency, in milliseconds.",
+    p99_latency_ms: float | None = Field(
+        default=None,
+        description="Highest allowed 99th-percentile end-to-end latency, in milliseconds. "
+        "Required unless ttftP99Ms or tpotP99Ms is given.",
         gt=0.0,
         le=3_600_000.0,
     )
@@ -195,9 +227,37 @@ class SLASpec(BaseModel):
         ge=0.0,
         lt=1.0,
     )
+    ttft_p99_ms: float | None = Field(
+        default=None,
+        description="Token streams (load.protocol OpenAIStream, OpenAIChatStream): highest "
+        "allowed 99th-percentile time to first token, in milliseconds. A step whose TTFT "
+        "p99 is over it fails, and the effective throughput is the goodput: the requests "
+        "per second within it and tpotP99Ms.",
+        gt=0.0,
+        le=3_600_000.0,
+    )
+    tpot_p99_ms: float | None = Field(
+        default=None,
+        description="Token streams: highest allowed 99th-percentile time per output token "
+        "(the gap between the first and last token over the tokens after the first), in "
+        "milliseconds; judged as ttftP99Ms.",
+        gt=0.0,
+        le=3_600_000.0,
+    )
+
+    @model_validator(mode="after")
+    def _bounded(self) -> SLASpec:
+        if self.p99_latency_ms is None and self.ttft_p99_ms is None and self.tpot_p99_ms is None:
+            raise ValueError(_SLA_BOUND_MESSAGE)
+        return self
 
     def to_sla(self) -> SLA:
-        return SLA(p99_ms=self.p99_latency_ms, max_error_rate=self.max_error_rate)
+        return SLA(
+            p99_ms=self.p99_latency_ms,
+            max_error_rate=self.max_error_rate,
+            ttft_p99_ms=self.ttft_p99_ms,
+            tpot_p99_ms=self.tpot_p99_ms,
+        )
 
 
 def _ordered_message(what: str) -> str:
@@ -837,6 +897,17 @@ class WorkersSpec(BaseModel):
     )
 
 
+_LENGTHS_MESSAGE = (
+    "load.promptTokens and load.outputTokens apply to load.protocol OpenAIStream and "
+    "OpenAIChatStream"
+)
+_STREAM_MODEL_MESSAGE = (
+    "load.protocol OpenAIStream and OpenAIChatStream send runtime.model as the request's "
+    "model: they need a runtime.kind that names its model (e.g. VLLM)"
+)
+_LENGTH_FORMS = "fixed:N, uniform:LO-HI or lognormal:MEDIAN,SIGMA"
+
+
 class LoadSpec(BaseModel):
     """How a trial is measured."""
 
@@ -845,9 +916,36 @@ class LoadSpec(BaseModel):
             "self.source != 'prometheus' || has(self.prometheus)",
             "load.prometheus (url) is required when load.source is prometheus",
         ),
+        cel(
+            "(!has(self.promptTokens) && !has(self.outputTokens)) || (has(self.protocol) && "
+            f"self.protocol in {_cel_list(STREAM_LOAD_PROTOCOLS)})",
+            _LENGTHS_MESSAGE,
+        ),
     )
 
     endpoint: LoadEndpoint = Field(description="Inference endpoint the load is sent to.")
+    protocol: Literal["Runtime", "OpenAIStream", "OpenAIChatStream"] = Field(
+        default="Runtime",
+        description="Runtime: the runtime's own requests (sized by load.requests). "
+        "OpenAIStream, OpenAIChatStream: streamed OpenAI completions or chat completions "
+        "of runtime.model, their lengths from promptTokens and outputTokens: TTFT, TPOT, "
+        "goodput and output tokens/s are measured, and sla.ttftP99Ms and sla.tpotP99Ms "
+        "can be judged.",
+    )
+    prompt_tokens: str | None = Field(
+        default=None,
+        description="Token streams: each request's prompt length in tokens (about one word "
+        f"a token): {_LENGTH_FORMS} "
+        f"[{describe_dist(DEFAULT_LENGTHS.prompt)}].",
+        max_length=64,
+    )
+    output_tokens: str | None = Field(
+        default=None,
+        description="Token streams: each request's output length, asked with max_tokens = "
+        "min_tokens and ignore_eos: the same forms as promptTokens "
+        f"[{describe_dist(DEFAULT_LENGTHS.output)}].",
+        max_length=64,
+    )
     requests: list[RequestClassSpec] = Field(
         default_factory=lambda: [
             RequestClassSpec(weight=c.weight, size=c.size) for c in RequestMix.default().classes
@@ -945,6 +1043,35 @@ class LoadSpec(BaseModel):
         if self.source == "prometheus" and self.prometheus is None:
             raise ValueError("load.prometheus (url) is required when load.source is prometheus")
         return self
+
+    @model_validator(mode="after")
+    def _lengths_of_streams(self) -> LoadSpec:
+        given = self.prompt_tokens is not None or self.output_tokens is not None
+        if given and self.protocol not in STREAM_LOAD_PROTOCOLS:
+            raise ValueError(_LENGTHS_MESSAGE)
+        self.token_lengths()  # a distribution the CLI would refuse is refused here
+        return self
+
+    def token_lengths(self) -> TokenLengths:
+        """The prompt and output lengths of a token-stream load; ValueError naming the
+        field and the forms allowed."""
+        for field, text in (
+            ("load.promptTokens", self.prompt_tokens),
+            ("load.outputTokens", self.output_tokens),
+        ):
+            if text is not None and text.strip().startswith("file:"):
+                raise ValueError(
+                    f"{field}: a file of length pairs is read by the CLI only; the spec "
+                    f"takes {_LENGTH_FORMS}"
+                )
+        return TokenLengths(
+            prompt=DEFAULT_LENGTHS.prompt
+            if self.prompt_tokens is None
+            else parse_dist(self.prompt_tokens, "load.promptTokens"),
+            output=DEFAULT_LENGTHS.output
+            if self.output_tokens is None
+            else parse_dist(self.output_tokens, "load.outputTokens"),
+        )
 
     def mix(self) -> RequestMix:
         return RequestMix(
@@ -1348,6 +1475,18 @@ class InferenceServiceSpec(BaseModel):
             "(has(self.load.source) && self.load.source == 'prometheus')",
             _RETUNE_SOURCE_MESSAGE,
         ),
+        cel(
+            "!(has(self.sla.ttftP99Ms) || has(self.sla.tpotP99Ms)) || "
+            "(has(self.load.protocol) && "
+            f"self.load.protocol in {_cel_list(STREAM_LOAD_PROTOCOLS)})",
+            _TOKEN_SLA_MESSAGE,
+        ),
+        cel(
+            f"!has(self.load.protocol) || !(self.load.protocol in "
+            f"{_cel_list(STREAM_LOAD_PROTOCOLS)}) || "
+            "(has(self.runtime) && has(self.runtime.model))",
+            _STREAM_MODEL_MESSAGE,
+        ),
     )
 
     target: TargetRef = Field(description="The workload to tune.")
@@ -1381,6 +1520,15 @@ class InferenceServiceSpec(BaseModel):
     def _retune_needs_prometheus(self) -> InferenceServiceSpec:
         if self.tuning.retune == "OnSLABreach" and self.load.source != "prometheus":
             raise ValueError(_RETUNE_SOURCE_MESSAGE)
+        return self
+
+    @model_validator(mode="after")
+    def _token_targets_on_streams(self) -> InferenceServiceSpec:
+        streams = self.load.protocol in STREAM_LOAD_PROTOCOLS
+        if self.sla.to_sla().token_targets and not streams:
+            raise ValueError(_TOKEN_SLA_MESSAGE)
+        if streams and self.runtime.model is None:
+            raise ValueError(_STREAM_MODEL_MESSAGE)
         return self
 
     @model_validator(mode="after")

@@ -18,7 +18,8 @@ from batchpilot.extras import gp_sampler_missing, matplotlib_missing
 from batchpilot.loadgen.arrival_option import ARRIVAL_HELP
 from batchpilot.loadgen.arrivals import ARRIVAL_SYNTAX, ArrivalKind
 from batchpilot.loadgen.connections_option import max_connections_option
-from batchpilot.loadgen.protocols import RequestProtocol, template_protocol
+from batchpilot.loadgen.protocol_option import build_stream_protocol, stream_protocol_options
+from batchpilot.loadgen.protocols import STREAM_PROTOCOLS, RequestProtocol, template_protocol
 from batchpilot.models import DEFAULT_MIN_REQUESTS, MAX_LOAD_WORKERS, SLA, RequestMix
 from batchpilot.runtimes.registry import DEFAULT_RUNTIME, runtime_names
 from batchpilot.tuner.config import (
@@ -61,6 +62,8 @@ def build_config(
     sampler: str | None,
     mix: str | None,
     quick: bool,
+    ttft_p99_ms: float | None = None,
+    tpot_p99_ms: float | None = None,
     arrival: str | None = None,
     finalists: int | None = None,
     rounds: int | None = None,
@@ -127,8 +130,15 @@ def build_config(
         low, high = parse_range(wait_range_ms, "--wait-range-ms", integer=False)
         parameters = parameters.model_copy(update={"max_queue_time_ms": Bounds(min=low, max=high)})
     sla = base.sla
-    if sla_p99_ms is not None:
-        sla = SLA(p99_ms=sla_p99_ms, max_error_rate=sla.max_error_rate)
+    if sla_p99_ms is not None or ttft_p99_ms is not None or tpot_p99_ms is not None:
+        # token targets from the flags replace the default end-to-end bound, not the file's
+        keep_p99 = "sla" in base.model_fields_set or (ttft_p99_ms is None and tpot_p99_ms is None)
+        sla = SLA(
+            p99_ms=sla_p99_ms if sla_p99_ms is not None else sla.p99_ms if keep_p99 else None,
+            max_error_rate=sla.max_error_rate,
+            ttft_p99_ms=ttft_p99_ms if ttft_p99_ms is not None else sla.ttft_p99_ms,
+            tpot_p99_ms=tpot_p99_ms if tpot_p99_ms is not None else sla.tpot_p99_ms,
+        )
     return base.model_copy(
         update={
             "tuning": tuning,
@@ -220,7 +230,8 @@ def _storage(spec: str | None) -> str | BaseStorage | None:
 @click.option(
     "--model",
     default=None,
-    help="--url: the model to tune on that server [default: the runtime's bundled one].",
+    help="--url: the model to tune on that server [default: the runtime's bundled one]; "
+    "with --protocol also the requests' model field.",
 )
 @click.option(
     "--model-dir",
@@ -308,7 +319,13 @@ def _storage(spec: str | None) -> str | BaseStorage | None:
     "sla_p99_ms",
     type=click.FloatRange(0, 3_600_000, min_open=True),
     default=None,
-    help="p99 latency SLA in ms [default 100].",
+    help="p99 end-to-end latency SLA in ms [default 100; none when --ttft-p99-ms or "
+    "--tpot-p99-ms is given].",
+)
+@stream_protocol_options(
+    "SLA: a step fails when the TTFT p99 is over it, and each trial scores its goodput, the "
+    "requests per second within it and --tpot-p99-ms (--url)",
+    with_model=False,
 )
 @click.option(
     "--batch-range",
@@ -413,6 +430,11 @@ def tune(
     config_path: Path | None,
     trials: int | None,
     sla_p99_ms: float | None,
+    protocol: str | None,
+    prompt_tokens: str | None,
+    output_tokens: str | None,
+    ttft_p99_ms: float | None,
+    tpot_p99_ms: float | None,
     batch_range: str | None,
     wait_range_ms: str | None,
     storage: str | None,
@@ -460,6 +482,11 @@ def tune(
         )
     if simulated and runtime_name is not None:
         raise TuneError("--runtime applies to --local runs; a simulated service has no runtime")
+    if protocol is not None and attach_url is None:
+        raise TuneError(
+            f"--protocol {protocol} applies to --url runs: the runtimes --local starts and "
+            "the simulator serve whole requests, not token streams"
+        )
     url_only = [
         flag
         for flag, given in (
@@ -484,6 +511,24 @@ def tune(
         raise TuneError(
             "--body-template applies to --local and --url runs; a simulated run sends no load"
         )
+    if protocol is not None and body_template is not None:
+        raise TuneError("--body-template and --protocol exclude each other: give one of them")
+    if protocol is not None and mix is not None:
+        raise TuneError(
+            f"--mix applies to sized requests, not --protocol {protocol}: its lengths come "
+            "from --prompt-tokens and --output-tokens"
+        )
+    try:
+        streams = build_stream_protocol(
+            protocol=protocol,
+            model=model if protocol is not None else None,
+            prompt_tokens=prompt_tokens,
+            output_tokens=output_tokens,
+            ttft_p99_ms=ttft_p99_ms,
+            tpot_p99_ms=tpot_p99_ms,
+        )
+    except ValueError as exc:
+        raise TuneError(str(exc)) from None
     if not simulated:
         if replicas is not None:
             raise TuneError("--replicas applies to simulated runs (--simulator, --profile-url)")
@@ -509,6 +554,8 @@ def tune(
             sampler=sampler,
             mix=mix,
             quick=quick,
+            ttft_p99_ms=ttft_p99_ms,
+            tpot_p99_ms=tpot_p99_ms,
             arrival=arrival,
             finalists=finalists,
             rounds=rounds,
@@ -524,6 +571,12 @@ def tune(
         process = resolve_arrival(config)
     except (ConfigError, ValueError) as exc:
         raise TuneError(str(exc)) from None
+    if config.sla.token_targets and streams is None:
+        raise TuneError(
+            "the SLA's TTFT and TPOT targets (--ttft-p99-ms, --tpot-p99-ms, sla.ttft_p99_ms "
+            "and sla.tpot_p99_ms in --config) are judged on token streams: give --url with "
+            f"--protocol {' or '.join(STREAM_PROTOCOLS)}"
+        )
     runtime = (runtime_name or DEFAULT_RUNTIME).lower()
     if attach_url is not None and "model" in config.server.model_fields_set:
         raise TuneError(
@@ -588,7 +641,7 @@ def tune(
                 selector=prometheus_selector,
                 step_s=config.measurement.step_duration_s,
             )
-    requests = None
+    requests = streams
     if body_template is not None:
         served = get_runtime(runtime).user_model(model_dir) if model_dir is not None else model
         requests = _body_template(body_template, get_runtime(runtime), served)

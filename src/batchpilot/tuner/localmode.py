@@ -96,6 +96,9 @@ class SimulatorWarmStart:
     async def maybe(self) -> list[BatchingConfig]:
         if self.done or not any(r.state == "Complete" for r in self.tuner.records()):
             return []
+        requests = self.run.requests
+        if requests is not None and requests.stream is not None:
+            return self._skip("the simulator models whole requests, not token streams")
         if not isinstance(self.target, Profiled):
             return self._skip(f"the {self.run.runtime} runtime reports no batch-cost profile")
         try:
@@ -253,7 +256,7 @@ async def tune_local(run: LocalRun, console: Console) -> TuneSummary:
         warm = SimulatorWarmStart(tuner, target, run, rules)
         progress = TrialProgress(console, cfg.tuning.trials)
         console.print(
-            f"Server on {url}; SLA p99 <= {sla.p99_ms:g} ms, errors <= "
+            f"Server on {url}; SLA {sla.describe('<=')}, errors <= "
             f"{sla.max_error_rate:g}; space {run.space.describe()}; "
             f"{cfg.tuning.trials} trials ({cfg.tuning.sampler}, seed {cfg.tuning.seed})",
             highlight=False,

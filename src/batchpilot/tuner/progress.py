@@ -139,7 +139,7 @@ def verdict_table(verdict: Verdict) -> Table:
 
 def render_summary(console: Console, summary: TuneSummary) -> None:
     table = Table(
-        title=f"Study: effective throughput at p99 <= {summary.sla.p99_ms:g} ms "
+        title=f"Study: effective throughput at {summary.sla.describe('<=')} "
         f"(errors <= {summary.sla.max_error_rate:g})",
         caption="req/s: effective throughput in the study; best+: the study's best over the row",
     )

@@ -58,7 +58,7 @@ def plot_trials(summary: TuneSummary, path: Path) -> None:
             )
     ax.set_xlabel("trial")
     ax.set_ylabel("effective throughput (req/s)")
-    ax.set_title(f"Effective throughput per trial (p99 <= {summary.sla.p99_ms:g} ms)")
+    ax.set_title(f"Effective throughput per trial ({summary.sla.describe('<=')})")
     ax.set_ylim(bottom=0)
     ax.legend(fontsize="small")
     ax.grid(alpha=0.3)
@@ -98,7 +98,8 @@ def plot_latency(summary: TuneSummary, path: Path) -> None:
                 facecolors=face,
                 zorder=3,
             )
-    ax.axhline(summary.sla.p99_ms, color="tab:red", linestyle=":", label="SLA p99")
+    if summary.sla.p99_ms is not None:
+        ax.axhline(summary.sla.p99_ms, color="tab:red", linestyle=":", label="SLA p99")
     ax.set_yscale("log")
     ax.set_xlabel("offered rate (req/s)")
     ax.set_ylabel("p99 latency (ms)")

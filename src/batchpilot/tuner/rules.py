@@ -21,7 +21,7 @@ def _power_of_two_at_most(n: float) -> int:
 def _clamp(space: SearchSpace, batch: int, wait_ms: float, sla: SLA) -> BatchingConfig:
     b_lo, b_hi = space.batch_bounds
     q_lo, q_hi = space.queue_bounds
-    wait = min(wait_ms, sla.p99_ms * WAIT_SHARE_OF_SLA)
+    wait = min(wait_ms, sla.scale_ms() * WAIT_SHARE_OF_SLA)
     return BatchingConfig(
         max_batch_size=min(max(batch, b_lo), b_hi),
         max_queue_time_ms=round(min(max(wait, q_lo), q_hi), 2),

@@ -124,8 +124,8 @@ async def tune_simulated(run: SimulatedRun, console: Console) -> TuneSummary:
     target = SimulatedTarget(baseline)
     probe = SimulatedProbe(traffic, run)
     console.print(
-        f"Simulated service: {run.cost.label()}; {run.replicas} replica(s); SLA p99 <= "
-        f"{cfg.sla.p99_ms:g} ms, errors <= {cfg.sla.max_error_rate:g}; space "
+        f"Simulated service: {run.cost.label()}; {run.replicas} replica(s); SLA "
+        f"{cfg.sla.describe('<=')}, errors <= {cfg.sla.max_error_rate:g}; space "
         f"{run.space.describe()}; {cfg.tuning.trials} trials ({cfg.tuning.sampler}, seed "
         f"{cfg.tuning.seed})",
         highlight=False,

@@ -97,6 +97,10 @@ class TrialRecord(BaseModel):
     client_lag_p99_ms: float | None = None  # worst p99 send lag of the load generator
     client_cpu: float | None = None  # highest CPU share (cores) of the load generator
     client_bound: bool = False  # the score is a lower bound: the client was the limit
+    # a token-stream trial's tails and output tokens/s at its effective rate (its goodput)
+    ttft_p99_ms: float | None = None
+    tpot_p99_ms: float | None = None
+    output_tokens_per_s: float | None = None
 
     def config(self) -> BatchingConfig:
         return SearchSpace.config_of(self.params)
@@ -374,6 +378,9 @@ class Tuner:
                 "client_lag_p99_ms": lag,
                 "client_cpu": cpu,
                 "client_bound": result.client_bound,
+                "ttft_p99_ms": result.ttft_p99_ms,
+                "tpot_p99_ms": result.tpot_p99_ms,
+                "output_tokens_per_s": result.output_tokens_per_s,
             }
         )
         trial.set_user_attr(RECORD_ATTR, rec.model_dump(mode="json"))

@@ -5,7 +5,14 @@ every ITL_S, exactly `max_tokens` of them, a usage chunk and `data: [DONE]`.
 The model field picks a behaviour: `m` streams as above; `m-slow` answers the requests
 whose position (the prompt's first word) is a multiple of SLOW_FIRST_EVERY with a late
 first token (SLOW_TTFT_S) and those whose position is a multiple of SLOW_DECODE_EVERY
-with slow tokens (SLOW_ITL_S), the rest as `m`; `m-nousage` sends no usage chunk;
+with slow tokens (SLOW_ITL_S), the rest as `m`; `m-batch` serves like a continuous
+batcher whose every step grows with the streams it holds: the first token after
+BATCH_TTFT_S and each next one after BATCH_ITL_S, both plus BATCH_PER_STREAM_S for every
+stream in flight when it is due, so TTFT and TPOT rise with the offered rate and a
+TTFT/TPOT target caps it. At most `max_batch_size` streams are held; one more waits for
+a place, its wait added to its TTFT. The reference server's control endpoint
+(GET/PUT /admin/batching) reads and sets that cap, so `tune --url --runtime reference`
+can tune it; `m-nousage` sends no usage chunk;
 `m-pairs` sends two tokens per chunk; `m-nodone`, `m-error`, `m-malformed`, `m-empty`
 and `m-abort` (the connection dropped) break the stream; `m-400` and `m-500` answer
 with that status."""
@@ -16,7 +23,7 @@ import asyncio
 import contextlib
 import json
 import threading
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -28,6 +35,9 @@ SLOW_TTFT_S = 0.200
 SLOW_ITL_S = 0.030
 SLOW_FIRST_EVERY = 4
 SLOW_DECODE_EVERY = 5
+BATCH_TTFT_S = 0.020
+BATCH_ITL_S = 0.010
+BATCH_PER_STREAM_S = 0.004
 
 
 @dataclass
@@ -35,14 +45,53 @@ class TokenServer:
     """The application and what it was asked."""
 
     bodies: list[dict[str, Any]] = field(default_factory=list)
+    running: int = 0  # streams held, `m-batch`
+    batching: dict[str, Any] = field(
+        default_factory=lambda: {"max_batch_size": 64, "max_queue_time_ms": 0.0}
+    )
+    _freed: asyncio.Condition | None = None  # a place among the streams held came free
 
     def app(self) -> web.Application:
         app = web.Application()
         app.router.add_post("/v1/completions", self.handle)
         app.router.add_post("/v1/chat/completions", self.handle)
+        app.router.add_get("/admin/batching", self.get_batching)
+        app.router.add_put("/admin/batching", self.put_batching)
         return app
 
+    async def get_batching(self, request: web.Request) -> web.Response:
+        return web.json_response(self.batching)
+
+    async def put_batching(self, request: web.Request) -> web.Response:
+        self.batching = dict(await request.json())
+        if self._freed is not None:
+            async with self._freed:
+                self._freed.notify_all()  # a higher cap lets the waiting in
+        return web.json_response(self.batching)
+
     async def handle(self, request: web.Request) -> web.StreamResponse:
+        return await self._answer(request)
+
+    @contextlib.asynccontextmanager
+    async def _held(self) -> AsyncIterator[None]:
+        """A place among the streams held, waited for while they are at the cap."""
+        if self._freed is None:
+            self._freed = asyncio.Condition()
+        freed = self._freed
+        async with freed:
+            await freed.wait_for(lambda: self.running < int(self.batching["max_batch_size"]))
+            self.running += 1
+        try:
+            yield
+        finally:
+            async with freed:
+                self.running -= 1
+                freed.notify_all()
+
+    def _batch_s(self, base_s: float) -> float:
+        return base_s + BATCH_PER_STREAM_S * self.running
+
+    async def _answer(self, request: web.Request) -> web.StreamResponse:
         body = await request.json()
         self.bodies.append(body)
         model: str = body["model"]
@@ -51,18 +100,38 @@ class TokenServer:
         position = int(prompt.split()[0])
         if model in ("m-400", "m-500"):
             return web.json_response({"error": "no"}, status=int(model[2:]))
-        slow = model == "m-slow"
+        slow, batch = model == "m-slow", model == "m-batch"
         ttft = SLOW_TTFT_S if slow and position % SLOW_FIRST_EVERY == 0 else TTFT_S
         itl = SLOW_ITL_S if slow and position % SLOW_DECODE_EVERY == 0 else ITL_S
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await response.prepare(request)
+        if batch:
+            async with self._held():
+                return await self._stream(request, response, body, chat, 0.0, 0.0)
+        return await self._stream(request, response, body, chat, ttft, itl)
+
+    async def _stream(
+        self,
+        request: web.Request,
+        response: web.StreamResponse,
+        body: dict[str, Any],
+        chat: bool,
+        ttft: float,
+        itl: float,
+    ) -> web.StreamResponse:
+        """The answer's chunks; `m-batch` times them by the streams held."""
+        model: str = body["model"]
+        prompt: str = body["messages"][0]["content"] if chat else body["prompt"]
+        batch = model == "m-batch"
+        if batch:
+            ttft = self._batch_s(BATCH_TTFT_S)
         tokens = 0 if model == "m-empty" else int(body["max_tokens"])
         per_chunk = 2 if model == "m-pairs" else 1
         await asyncio.sleep(ttft)
         sent = 0
         while sent < tokens:
             if sent:
-                await asyncio.sleep(itl * per_chunk)
+                await asyncio.sleep(self._batch_s(BATCH_ITL_S) if batch else itl * per_chunk)
             if model == "m-error" and sent >= 2:
                 await response.write(b'data: {"error": {"message": "engine died"}}\n\n')
                 return await _end(response)
