@@ -23,20 +23,22 @@ from .support import require_runtime
 pytestmark = [pytest.mark.runtimes, pytest.mark.timeout(300)]
 
 MODEL = "summer"
+# a class, as most handlers are: TorchServe makes one and calls initialize, then handle
 HANDLER = """
 import json
 
 
-def handle(data, context):
-    if data is None:
-        return None
-    answers = []
-    for request in data:
-        body = request.get("body") or request.get("data")
-        if isinstance(body, (bytes, bytearray)):
-            body = json.loads(body)
-        answers.append(json.dumps({"sum": sum(body["values"])}))
-    return answers
+def _decoded(request):
+    body = request.get("body") or request.get("data")
+    return json.loads(body) if isinstance(body, (bytes, bytearray)) else body
+
+
+class Summer:
+    def initialize(self, context):
+        self.initialized = True
+
+    def handle(self, data, context):
+        return [json.dumps({"sum": sum(_decoded(r)["values"])}) for r in data]
 """
 
 
