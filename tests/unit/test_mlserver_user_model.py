@@ -158,8 +158,8 @@ def test_the_launcher_checks_the_folder_and_other_runtimes_refuse_one(tmp_path: 
     server = MLServerRuntime().launcher(start, model_dir=folder)
     assert server.native_start == {"max_batch_size": 4, "max_batch_time": 0.002}
     assert server.model == "scaler"
-    with pytest.raises(LaunchError, match="serves its bundled model"):
-        get_runtime("torchserve").launcher(start, model_dir=folder)
+    with pytest.raises(LaunchError, match="serves one bundled model"):
+        get_runtime("triton").launcher(start, model_dir=folder)
 
 
 def test_mlservers_index_and_counters_are_read_for_the_version() -> None:

@@ -265,8 +265,14 @@ class Runtime(ABC, Generic[ControlT, ServerT]):
     serves: ClassVar[str]
     workloads: ClassVar[tuple[str, ...]] = ()  # what `launcher`'s `workload` may pick
     # what a user's model folder (`tune --local --model-dir DIR`) holds for this runtime,
-    # for people; None: `launcher` starts only the bundled model
+    # or the file `user_model_flag` names, for people; None: `launcher` starts only the
+    # bundled model
     user_model_dir: ClassVar[str | None] = None
+    # the tune flag that gives the user's model: a folder, or a file (TorchServe's .mar)
+    user_model_flag: ClassVar[str] = "--model-dir"
+    # why a user's model takes only the requests of `tune --body-template` (BatchPilot
+    # cannot build them), for people; None: they are built, or the runtime's own
+    user_model_body: ClassVar[str | None] = None
 
     @abstractmethod
     def protocol(self, model: str | None = None) -> RequestProtocol:
@@ -305,8 +311,8 @@ class Runtime(ABC, Generic[ControlT, ServerT]):
         not yet started. `workload` picks among bundled models where a runtime has several
         (`workloads`; the reference server: mlp, encoder); others raise LaunchError for any
         value, as for a `start` the runtime cannot take. `model_dir`: serve the user's
-        model in that folder instead, starting at its own settings (`start` unused), where
-        the runtime takes one (`user_model_dir`)."""
+        model in that folder (or file: `user_model_flag`) instead, starting at its own
+        settings (`start` unused), where the runtime takes one (`user_model_dir`)."""
         if model_dir is not None:
             if workload is not None:
                 raise LaunchError("a workload picks a bundled model; --model-dir gives your own")
@@ -333,8 +339,8 @@ class Runtime(ABC, Generic[ControlT, ServerT]):
         known to be ones it takes."""
 
     def user_model(self, folder: Path) -> str:
-        """The name of the user's model in `folder`, once the folder is one this runtime
-        can serve. ValueError says what is wrong and what is expected."""
+        """The name of the user's model in `folder` (or file), once it is one this
+        runtime can serve. ValueError says what is wrong and what is expected."""
         raise ValueError(
             f"{self.server_name} serves {self.serves} only: --model-dir is for runtimes "
             "that serve a model folder of your own"

@@ -1,5 +1,6 @@
 """Verification bursts: concurrent single-row requests to a bundled model whose every
-answer reports the batch it ran in (MLServer, TorchServe, Ray Serve), and what they show."""
+answer reports the batch it ran in (MLServer, TorchServe, Ray Serve), and what they show;
+to a user's model, whose answers count only by their status (`send`)."""
 
 from __future__ import annotations
 
@@ -81,3 +82,31 @@ async def burst(
             return list(await asyncio.gather(*(one(session) for _ in range(n))))
     except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
         raise error(f"inference on {url} failed: {exc or type(exc).__name__}") from exc
+
+
+async def send(
+    url: str,
+    body: bytes,
+    headers: Mapping[str, str],
+    n: int,
+    *,
+    timeout_s: float,
+    refused: Callable[[int, str], TargetError],
+) -> None:
+    """`n` concurrent POSTs of `body` to `url` whose answers matter only by their status:
+    `refused(status, words)` is raised for the first that is not 2xx, TargetError when a
+    request fails. For a user's model, whose answers say nothing BatchPilot reads."""
+    timeout = aiohttp.ClientTimeout(total=timeout_s)
+
+    async def one(session: aiohttp.ClientSession) -> None:
+        async with session.post(url, data=body, headers=dict(headers)) as response:
+            if not 200 <= response.status < 300:
+                text = await text_capped(response, cap=MAX_CONTROL_BODY_BYTES, url=url)
+                raise refused(response.status, text)
+            # a 2xx answer is left unread: only its status counts, whatever its size
+
+    try:
+        async with aiohttp.ClientSession(timeout=timeout) as session:
+            await asyncio.gather(*(one(session) for _ in range(n)))
+    except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
+        raise TargetError(f"inference on {url} failed: {exc or type(exc).__name__}") from exc

@@ -244,6 +244,16 @@ def _storage(spec: str | None) -> str | BaseStorage | None:
     "file; the folder is copied, never changed).",
 )
 @click.option(
+    "--model-archive",
+    "model_archive",
+    type=click.Path(path_type=Path),
+    default=None,
+    help="--local --runtime torchserve: serve your own model archive (.mar, from "
+    "torch-model-archiver) instead of the bundled handler, starting at the batchSize and "
+    "maxBatchDelay of its model-config.yaml (else TorchServe's 1 and 100 ms); requests "
+    "from --body-template. The file is read, never changed.",
+)
+@click.option(
     "--prometheus",
     "prometheus_url",
     default=None,
@@ -419,6 +429,7 @@ def tune(
     runtime_name: str | None,
     model: str | None,
     model_dir: Path | None,
+    model_archive: Path | None,
     prometheus_url: str | None,
     prometheus_selector: str,
     control_url: str | None,
@@ -502,10 +513,15 @@ def tune(
             f"{url_only[0]} applies to --url runs: --local tunes the runtime's bundled "
             "model, measured by the client, and stops the server at the end"
         )
-    if model_dir is not None and not local:
+    if model_dir is not None and model_archive is not None:
+        raise TuneError("--model-dir and --model-archive exclude each other: give your model once")
+    user_flag, user_model = (
+        ("--model-dir", model_dir) if model_archive is None else ("--model-archive", model_archive)
+    )
+    if user_model is not None and not local:
         raise TuneError(
-            "--model-dir applies to --local runs: it is the model folder the runtime "
-            "started here serves (a server at --url serves its own; name it with --model)"
+            f"{user_flag} applies to --local runs: it is the model the runtime started here "
+            "serves (a server at --url serves its own; name it with --model)"
         )
     if simulated and body_template is not None:
         raise TuneError(
@@ -588,8 +604,8 @@ def tune(
             f"server.model picks the reference server's model; the {runtime} runtime serves "
             "its own bundled model (leave server.model out)"
         )
-    if model_dir is not None:
-        _check_model_dir(model_dir, runtime, config)
+    if user_model is not None:
+        _check_user_model(user_flag, user_model, runtime, config, body_template)
     if report_dir is not None and report_dir.exists() and not report_dir.is_dir():
         raise TuneError(f"--report {report_dir}: exists and is not a directory")
     # before any trial: a run whose report cannot be drawn would be wasted
@@ -643,10 +659,10 @@ def tune(
             )
     requests = streams
     if body_template is not None:
-        served = get_runtime(runtime).user_model(model_dir) if model_dir is not None else model
+        served = get_runtime(runtime).user_model(user_model) if user_model is not None else model
         requests = _body_template(body_template, get_runtime(runtime), served)
     run = LocalRun(
-        model_dir=model_dir,
+        model_dir=user_model,
         requests=requests,
         config=config,
         space=space,
@@ -727,29 +743,47 @@ def _tune_simulated(
         sys.stdout.write(summary.model_dump_json() + "\n")
 
 
-def _check_model_dir(folder: Path, runtime_name: str, config: TuneConfig) -> None:
-    """`tune --local --model-dir DIR`: a runtime that serves a user's model folder, a
-    folder it can serve, and no start values from elsewhere (the folder's own settings
-    are the baseline)."""
+def _check_user_model(
+    flag: str, path: Path, runtime_name: str, config: TuneConfig, body_template: Path | None
+) -> None:
+    """`tune --local --model-dir DIR` or `--model-archive FILE`: a runtime that serves a
+    user's model given by that flag, one it can serve, no start values from elsewhere
+    (the model's own settings are the baseline) and requests where it cannot build them."""
     from batchpilot.runtimes.registry import get_runtime
 
     runtime = get_runtime(runtime_name)
-    if runtime.user_model_dir is None:
-        takers = [n for n in runtime_names() if get_runtime(n).user_model_dir is not None]
+    if runtime.user_model_dir is None or runtime.user_model_flag != flag:
+        if runtime.user_model_dir is not None:
+            raise TuneError(
+                f"{flag}: the {runtime_name} runtime takes your own model as "
+                f"{runtime.user_model_flag}: {runtime.user_model_dir}"
+            )
+        takers = [
+            n
+            for n in runtime_names()
+            if get_runtime(n).user_model_dir is not None and get_runtime(n).user_model_flag == flag
+        ]
+        what = "a model folder" if flag == "--model-dir" else "a model archive"
         raise TuneError(
-            f"--model-dir: the {runtime_name} runtime serves its bundled model only; "
-            f"--runtime {' or '.join(takers)} serves a model folder of your own"
+            f"{flag}: the {runtime_name} runtime serves its bundled model only; "
+            f"--runtime {' or '.join(takers)} serves {what} of your own"
         )
     starts = {"max_batch_size", "max_queue_time_ms"} & config.server.model_fields_set
     if starts:
         raise TuneError(
-            f"server.{sorted(starts)[0]} sets the start of a bundled model; with --model-dir "
+            f"server.{sorted(starts)[0]} sets the start of a bundled model; with {flag} "
             "the baseline is what your model's own settings say (leave it out)"
         )
     try:
-        runtime.user_model(folder)
+        runtime.user_model(path)
     except ValueError as exc:
-        raise TuneError(f"--model-dir {folder}: {exc}") from None
+        raise TuneError(f"{flag} {path}: {exc}") from None
+    if runtime.user_model_body is not None and body_template is None:
+        raise TuneError(
+            f"{flag} {path}: {runtime.user_model_body}, so BatchPilot cannot build its "
+            "requests: pass --body-template FILE with one request body your model accepts "
+            "(a {size} in it becomes each request's size)"
+        )
 
 
 def _body_template(path: Path, runtime: Runtime, model: str | None) -> RequestProtocol:

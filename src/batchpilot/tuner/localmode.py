@@ -70,7 +70,8 @@ class LocalRun:
     source: StepSource | None = None
     # the user's own request body (`tune --body-template`) in place of the runtime's
     requests: RequestProtocol | None = None
-    # the user's own model folder the runtime serves (`tune --local --model-dir`)
+    # the user's own model the runtime serves: a folder (`tune --local --model-dir`) or
+    # TorchServe's archive (`--model-archive`)
     model_dir: Path | None = None
 
 

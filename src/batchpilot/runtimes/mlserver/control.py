@@ -443,24 +443,22 @@ class UserModelControl(MLServerControl):
         counts them under it; RequestShapeError on a 4xx (the requests are wrong for this
         model), TargetError on any other failure."""
         url = self.url + v2_path(self.model, version)
-        body = protocol.body(1)
 
-        async def one(session: aiohttp.ClientSession) -> None:
-            async with session.post(url, data=body, headers=dict(protocol.headers)) as response:
-                text = await response.text()
-                if 400 <= response.status < 500:
-                    raise RequestShapeError(
-                        refused_message(response.status, text, self.model, template=self._template)
-                    )
-                if not 200 <= response.status < 300:
-                    raise TargetError(f"POST {url} answered HTTP {response.status}: {text[:200]}")
+        def refused(status: int, text: str) -> TargetError:
+            if 400 <= status < 500:
+                return RequestShapeError(
+                    refused_message(status, text, self.model, template=self._template)
+                )
+            return TargetError(f"POST {url} answered HTTP {status}: {text[:200]}")
 
-        try:
-            timeout = aiohttp.ClientTimeout(total=self._timeout_s)
-            async with aiohttp.ClientSession(timeout=timeout) as session:
-                await asyncio.gather(*(one(session) for _ in range(n)))
-        except (aiohttp.ClientError, TimeoutError) as exc:
-            raise TargetError(f"inference on {url} failed: {exc or type(exc).__name__}") from exc
+        await burst.send(
+            url,
+            protocol.body(1),
+            protocol.headers,
+            n,
+            timeout_s=self._timeout_s,
+            refused=refused,
+        )
 
     async def _verify(
         self, config: BatchingConfig, native: base.NativeValues, version: str, started: float

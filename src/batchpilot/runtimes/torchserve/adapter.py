@@ -1,11 +1,13 @@
 """TorchServe 0.12 as a BatchPilot runtime: knobs `batch_size` (requests) and
 `max_batch_delay` (whole milliseconds), fixed at registration, so applied live by a new
 model version (register, set-default, delete the old) and verified by the management
-API's description of the new version (its values, every worker READY)."""
+API's description of the new version (its values, every worker READY); for a user's own
+archive (`--model-archive`), also by a burst of the user's requests to that version."""
 
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
 from batchpilot.capacity.promql import Metrics
@@ -20,8 +22,16 @@ from batchpilot.runtimes.base import (
     to_native,
 )
 from batchpilot.runtimes.torchserve.archive import models_entry
-from batchpilot.runtimes.torchserve.control import KNOBS, MODEL, TorchServeControl, request_body
+from batchpilot.runtimes.torchserve.control import (
+    KNOBS,
+    MODEL,
+    ArchiveStore,
+    TorchServeControl,
+    UserArchiveControl,
+    request_body,
+)
 from batchpilot.runtimes.torchserve.process import TorchServeProcess
+from batchpilot.runtimes.torchserve.user import USER_MODEL_ARCHIVE, load_user_archive
 
 # TorchServe's own defaults: inference on 8080, management on 8081
 _MANAGEMENT_PORT_OFFSET = 1
@@ -57,6 +67,9 @@ class TorchServeRuntime(Runtime[TorchServeControl, TorchServeProcess]):
     )
     server_name = "TorchServe"
     serves = f"its bundled model {MODEL}"
+    user_model_dir = USER_MODEL_ARCHIVE
+    user_model_flag = "--model-archive"
+    user_model_body = "TorchServe hands each request's body to the handler as it is"
 
     def protocol(self, model: str | None = None) -> RequestProtocol:
         return RequestProtocol(
@@ -66,6 +79,13 @@ class TorchServeRuntime(Runtime[TorchServeControl, TorchServeProcess]):
     def _control(
         self, url: str, model: str | None, server: LocalServer | None, control_url: str | None
     ) -> TorchServeControl:
+        if isinstance(server, TorchServeProcess) and isinstance(server.store, ArchiveStore):
+            return UserArchiveControl(
+                url,
+                management=control_url or server.management_url,
+                store=server.store,
+                handler_log=server.handler_error,
+            )
         if isinstance(server, TorchServeProcess):
             return TorchServeControl(
                 url,
@@ -82,22 +102,38 @@ class TorchServeRuntime(Runtime[TorchServeControl, TorchServeProcess]):
     ) -> TorchServeProcess:
         return TorchServeProcess(start, threads=threads)
 
+    def user_model(self, folder: Path) -> str:
+        return load_user_archive(folder).name
+
+    def _launch_user(self, folder: Path, threads: int | None) -> TorchServeProcess:
+        archive = load_user_archive(folder)
+        start = self.canonical(archive.baseline)
+        return TorchServeProcess(start, threads=threads, archive=archive)
+
     def unchangeable_from_elsewhere(self, model: str | None = None) -> str:
-        # Checked on TorchServe 0.12: registering the archive it serves again answers
-        # 409, and unregistering then registering it failed 40 of 443 requests sent by 16
-        # clients during the change and the 2 s after it (404)
+        # Checked on TorchServe 0.12 (frontend ModelManager, ManagementRequestHandler,
+        # RegisterModelRequest): the version comes from the archive's manifest and
+        # registration has no parameter for it, so registering the archive served again
+        # answers 409; PUT /models/M?batch_size= scales workers and leaves the values;
+        # unregistering then registering failed 40 of 443 requests sent by 16 clients
+        # during the change and the 2 s after it (404)
         name = model or MODEL
         return (
             f"{self.title} fixes batch_size and max_batch_delay when a model version is "
-            "registered, and an archive (.mar) names its version: the archive the server "
-            'serves cannot be registered again (HTTP 409 "Model version ... is already '
-            'registered"), and unregistering it to register it again fails the requests '
-            "that arrive in between. A change needs a new version of the archive in the "
-            "server's model store, which is not on this machine, so a server BatchPilot "
-            "did not start cannot be changed from here. Tune the bundled model with "
-            "--local --runtime torchserve, tune the Deployment through the operator "
-            "(apply.method: Env), or set the values yourself: put a new version of the "
-            f"archive (e.g. {name}-v2.mar) into the model store, POST /models?url="
+            "registered, and takes the version from the archive's MAR-INF/MANIFEST.json "
+            "(registration has no version parameter): registering the archive the server "
+            'serves again answers HTTP 409 ("Model version ... is already registered"), '
+            f"PUT /models/{name}?batch_size=... only scales its workers (the values stay) "
+            "and unregistering it to register it again fails the requests that arrive in "
+            "between. A change needs an archive of a new version where the server reads it "
+            "(its model store, or a URL its allowed_urls admit) and the register and delete "
+            "calls, which TorchServe 0.12 refuses unless started with --enable-model-api; "
+            "BatchPilot has neither for a server it did not start, so it cannot be changed "
+            "from here. Tune your archive on this machine with --local --runtime torchserve "
+            "--model-archive FILE.mar --body-template BODY.json, tune the Deployment "
+            "through the operator (apply.method: Env), or set the values yourself: put a "
+            f"new version of the archive (e.g. {name}-v2.mar, another --version of "
+            "torch-model-archiver) into the model store, POST /models?url="
             f"{name}-v2.mar&model_name={name}&batch_size=<requests>&max_batch_delay=<ms>"
             f"&initial_workers=1&synchronous=true, PUT /models/{name}/<new version>/"
             "set-default, and DELETE the old version once its queue is empty"

@@ -15,19 +15,22 @@ from __future__ import annotations
 
 import asyncio
 import json
+import shutil
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlencode
 
-from batchpilot.errors import TargetError
-from batchpilot.loadgen.protocols import JSON_HEADERS
+from batchpilot.errors import RequestShapeError, TargetError
+from batchpilot.loadgen.protocols import JSON_HEADERS, RequestProtocol
+from batchpilot.loadgen.v2model import BODY_FLAG
 from batchpilot.models import BatchingConfig
 from batchpilot.runtimes import burst
 from batchpilot.runtimes.base import (
     Knob,
     NativeValues,
+    Persistence,
     Verification,
     batch_knob,
     from_native,
@@ -36,6 +39,12 @@ from batchpilot.runtimes.base import (
 )
 from batchpilot.runtimes.http import ControlClient
 from batchpilot.runtimes.torchserve.archive import archive_name, handler_source, model_archive
+from batchpilot.runtimes.torchserve.user import (
+    MANIFEST,
+    UserArchive,
+    link_tree,
+    version_manifest,
+)
 
 MODEL = "batchpilot-mlp"
 # How long an old version may take to finish what it was given before it is deleted anyway
@@ -43,6 +52,7 @@ _DRAIN_TIMEOUT_S = 10.0
 _DRAIN_POLL_S = 0.05
 _DRAIN_MARGIN_S = 0.25
 _VERIFY_POLL_S = 0.5
+_LOG_SETTLE_S = 0.5
 
 KNOBS: tuple[Knob, Knob] = (
     batch_knob("batch_size"),
@@ -61,30 +71,64 @@ class ModelStore:
     registered version of the model (`<model>-v<N>.mar`) with `handler` (the source of a
     TorchServe handler module; default the bundled one)."""
 
+    suffix = ".mar"
+
     def __init__(self, root: Path, model: str = MODEL, handler: bytes | None = None) -> None:
         self.root = root
         self.model = model
         self._handler = handler_source() if handler is None else handler
 
+    def entry(self, version: int) -> str:
+        """What `url=` names to register `version`: its archive's file name."""
+        return archive_name(self.model, version)
+
     def versions(self) -> list[int]:
-        prefix, suffix = f"{self.model}-v", ".mar"
+        prefix = f"{self.model}-v"
         found = (
-            p.name[len(prefix) : -len(suffix)]
-            for p in self.root.glob(f"{self.model}-v*.mar")
-            if p.name.startswith(prefix)
+            p.name.removeprefix(prefix).removesuffix(self.suffix)
+            for p in self.root.glob(f"{prefix}*{self.suffix}")
         )
         return sorted(int(v) for v in found if v.isdigit())
 
     def add(self) -> tuple[int, str]:
-        """Write the next version's archive; (version, archive file name)."""
+        """Write the next version; (version, what `url=` names to register it)."""
         old = self.versions()
         version = (old[-1] + 1) if old else 1
-        name = archive_name(self.model, version)
-        (self.root / name).write_bytes(model_archive(self.model, version, self._handler))
+        name = self.entry(version)
+        self._write(version, self.root / name)
         return version, name
 
+    def _write(self, version: int, path: Path) -> None:
+        path.write_bytes(model_archive(self.model, version, self._handler))
+
     def remove(self, version: int) -> None:
-        (self.root / archive_name(self.model, version)).unlink(missing_ok=True)
+        (self.root / self.entry(version)).unlink(missing_ok=True)
+
+
+class ArchiveStore(ModelStore):
+    """The model store of a TorchServe serving a user's archive: one folder per version
+    (`<model>-v<N>`, which TorchServe registers from the store as it does a .mar), the
+    archive's files (unpacked once into `source`) linked into it with the manifest's
+    modelVersion set to N. The user's archive is only read."""
+
+    suffix = ""
+
+    def __init__(self, root: Path, archive: UserArchive, source: Path) -> None:
+        super().__init__(root, archive.name, handler=b"")  # the archive brings its own
+        self.archive = archive
+        self.source = source
+
+    def entry(self, version: int) -> str:
+        return f"{self.model}-v{version}"
+
+    def _write(self, version: int, path: Path) -> None:
+        link_tree(self.source, path)
+        manifest = path / MANIFEST
+        manifest.unlink()  # a link: the source's manifest stays as the user's
+        manifest.write_text(json.dumps(version_manifest(self.archive, version), indent=4))
+
+    def remove(self, version: int) -> None:
+        shutil.rmtree(self.root / self.entry(version), ignore_errors=True)
 
 
 def default_version(described: Sequence[Mapping[str, Any]]) -> Mapping[str, Any]:
@@ -290,3 +334,140 @@ class TorchServeControl:
                     change_s=time.monotonic() - started,
                 )
         raise TargetError(f"TorchServe did not take {config.label()}: {'; '.join(problems)}")
+
+
+class Refused(TargetError):
+    """An answer that was not 2xx, with TorchServe's status and words."""
+
+    def __init__(self, status: int, text: str) -> None:
+        super().__init__(f"HTTP {status}: {text[:200]}")
+        self.status = status
+        self.text = text
+
+
+def refused_message(status: int, text: str, model: str, *, handler_said: str = "") -> str:
+    """What to tell the user when TorchServe answers the --body-template requests for
+    `model` with `status`: its words, the exception the handler raised where its log has
+    one (TorchServe answers any with 503 "Prediction failed") and what to set."""
+    try:
+        data = json.loads(text)
+    except ValueError:
+        data = None
+    said = data["message"] if isinstance(data, dict) and "message" in data else text[:200]
+    message = (
+        f"TorchServe answered HTTP {status} to the {BODY_FLAG} requests for model "
+        f"{model!r} ({said})"
+    )
+    if handler_said:
+        message += f"; the handler raised {handler_said}"
+    return message + f"; give a request body your handler accepts with {BODY_FLAG}"
+
+
+def needs_template_message(model: str) -> str:
+    return (
+        "TorchServe hands each request's body to the handler as it is, so BatchPilot "
+        f"cannot build the requests of model {model!r}: pass {BODY_FLAG} FILE with one "
+        "request body your handler accepts (a {size} in it becomes each request's size)"
+    )
+
+
+class UserArchiveControl(TorchServeControl):
+    """The tuner's Target for a user's own archive served by a TorchServe this machine
+    started: each change a new version from the store (`ArchiveStore`), verified by
+    TorchServe itself, as for the bundled handler (the management API's description of
+    the new version: the default, its batchSize and maxBatchDelay, every worker READY),
+    and by a burst of the user's requests to that version answered 2xx. Nothing is read
+    from the answers. The requests are the user's --body-template: a handler's input is
+    its own. `handler_log` gives the exception the handler last raised, for refusals."""
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        management: str,
+        store: ArchiveStore,
+        handler_log: Callable[[], str] | None = None,
+        timeout_s: float = 60.0,
+        verify_attempts: int = 20,
+    ) -> None:
+        super().__init__(
+            url,
+            management=management,
+            model=store.model,
+            store=store,
+            timeout_s=timeout_s,
+            verify_attempts=verify_attempts,
+        )
+        self.archive = store.archive
+        self.protocol: RequestProtocol | None = None
+        self._handler_log = handler_log
+        self._answered = False  # a burst was answered: later refusals are the server's
+
+    async def request_protocol(self, override: RequestProtocol | None = None) -> RequestProtocol:
+        """The user's --body-template (`override`); RequestShapeError without one."""
+        if override is not None:
+            self.protocol = override
+        if self.protocol is None:
+            raise RequestShapeError(needs_template_message(self.model))
+        return self.protocol
+
+    async def persistence(self, config: BatchingConfig) -> Persistence:
+        """The archive's model-config.yaml lines, or its registration with the values."""
+        try:
+            native = to_native(KNOBS, config)
+        except ValueError as exc:
+            raise TargetError(str(exc)) from None
+        mar = self.archive.path.name
+        size, delay = int(native["batch_size"]), int(native["max_batch_delay"])
+        return Persistence(
+            kind="recommend",
+            where=(
+                f"the model-config.yaml of {mar} (torch-model-archiver --config-file), "
+                "read when the archive is registered without values, or the values given "
+                "at registration, which win over it"
+            ),
+            snippet=(
+                f"batchSize: {size}\nmaxBatchDelay: {delay}\n"
+                f"# or at run time: POST /models?url={mar}&batch_size={size}"
+                f"&max_batch_delay={delay}&initial_workers=1"
+            ),
+        )
+
+    async def _verify(
+        self, config: BatchingConfig, native: NativeValues, version: str, started: float
+    ) -> Verification:
+        verification = await super()._verify(config, native, version, started)
+        protocol = await self.request_protocol()
+        n = burst.burst_size(int(native["batch_size"]))
+        first = not self._answered
+        try:
+            await burst.send(
+                f"{self.url}/predictions/{self.model}/{version}",
+                protocol.body(1),
+                protocol.headers,
+                n,
+                timeout_s=self._timeout_s,
+                refused=Refused,
+            )
+        except Refused as exc:
+            said = await self._handler_said()
+            message = refused_message(exc.status, exc.text, self.model, handler_said=said)
+            # never answered yet: the requests are the suspect, whatever the status
+            if first or exc.status < 500:
+                raise RequestShapeError(message) from None
+            raise TargetError(message) from None
+        self._answered = True
+        return verification.model_copy(
+            update={
+                "verified_by": f"{verification.verified_by}; {n} requests to that version "
+                "answered 2xx",
+                "change_s": time.monotonic() - started,
+            }
+        )
+
+    async def _handler_said(self) -> str:
+        if self._handler_log is None:
+            return ""
+        # the front end copies the worker's log lines a moment after it answers
+        await asyncio.sleep(_LOG_SETTLE_S)
+        return self._handler_log()

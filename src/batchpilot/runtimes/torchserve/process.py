@@ -8,6 +8,7 @@ import asyncio
 import contextlib
 import functools
 import os
+import re
 import shutil
 import signal
 import time
@@ -24,10 +25,12 @@ from batchpilot.runtimes.torchserve.archive import config_properties, models_ent
 from batchpilot.runtimes.torchserve.control import (
     KNOBS,
     MODEL,
+    ArchiveStore,
     ModelStore,
     default_version,
     ready_workers,
 )
+from batchpilot.runtimes.torchserve.user import UserArchive, extract_archive
 from batchpilot.runtimes.venvs import venv_executable
 
 VENV = "torchserve-0.12.0"
@@ -39,17 +42,40 @@ _ACCESS_LOG = "ACCESS_LOG - "
 # each line a model's Python worker writes to stderr (a failed import, a handler's
 # traceback), as the front end copies it into logs/model_log.log
 _WORKER_STDERR = "-stderr MODEL_LOG - "
+# any line a model's Python worker wrote, stdout (its logging) or stderr
+_WORKER_LOG = re.compile(r"-std(out|err) MODEL_LOG - ")
+_TRACEBACK = "Traceback (most recent call last):"
+
+
+def worker_stderr(model_log: str) -> list[str]:
+    """The lines a model's Python worker wrote to stderr, from logs/model_log.log."""
+    return [
+        line.split(_WORKER_STDERR, 1)[1]
+        for line in model_log.splitlines()
+        if _WORKER_STDERR in line
+    ]
+
+
+def handler_exception(model_log: str) -> str:
+    """The exception line that ends the last traceback a model's worker logged ("" when
+    none): TorchServe answers a handler's exception with 503 "Prediction failed" and
+    logs the traceback (through the worker's stdout) into logs/model_log.log."""
+    lines = [
+        line.split(" MODEL_LOG - ", 1)[1]
+        for line in model_log.splitlines()
+        if _WORKER_LOG.search(line)
+    ]
+    starts = [i for i, line in enumerate(lines) if line.startswith(_TRACEBACK)]
+    if not starts:
+        return ""
+    return next((line.strip() for line in lines[starts[-1] + 1 :] if line[:1].strip()), "")
 
 
 def launch_log(launcher_output: str, model_log: str, limit: int = _LAUNCH_LOG_TAIL) -> str:
     """What explains a start that failed: the tail of the model worker's stderr (where a
     broken environment or handler says why) when it wrote any, and the tail of the
     launcher's output, both without the access-log lines of our readiness polling."""
-    worker = [
-        line.split(_WORKER_STDERR, 1)[1]
-        for line in model_log.splitlines()
-        if _WORKER_STDERR in line
-    ]
+    worker = worker_stderr(model_log)
     output = [line for line in launcher_output.splitlines() if _ACCESS_LOG not in line]
     parts = []
     if worker:
@@ -60,9 +86,10 @@ def launch_log(launcher_output: str, model_log: str, limit: int = _LAUNCH_LOG_TA
 
 class TorchServeProcess(RuntimeProcess):
     """TorchServe 0.12 from its own environment serving the bundled handler (or a
-    user's: `handler`, the source of a handler module, served as `model`), started at
-    `start`. Its own process group: a stop waits until the launcher, the Java front end
-    and every worker have gone."""
+    user's: `handler`, the source of a handler module, served as `model`; or a user's
+    archive, `archive`, at the values it registers with), started at `start`. Its own
+    process group: a stop waits until the launcher, the Java front end and every worker
+    have gone."""
 
     what = "TorchServe"
     port_names = ("inference", "management", "metrics", "grpc_inference", "grpc_management")
@@ -78,14 +105,16 @@ class TorchServeProcess(RuntimeProcess):
         stop_timeout_s: float = 15.0,
         model: str = MODEL,
         handler: bytes | None = None,
+        archive: UserArchive | None = None,
     ) -> None:
         super().__init__(
             threads=threads, ready_timeout_s=ready_timeout_s, stop_timeout_s=stop_timeout_s
         )
         self.start_config = start
-        self.native_start = to_native(KNOBS, start)
-        self.model = model
+        self.native_start = to_native(KNOBS, start) if archive is None else dict(archive.baseline)
+        self.model = model if archive is None else archive.name
         self._handler = handler
+        self.archive = archive
         self.store: ModelStore | None = None
 
     @property
@@ -98,7 +127,12 @@ class TorchServeProcess(RuntimeProcess):
         if self.root is None or self.store is None:
             root = await self._new_root("batchpilot-torchserve-")
             (root / "store").mkdir()
-            self.store = ModelStore(root / "store", self.model, self._handler)
+            if self.archive is not None:
+                # unpacked once, out of the store: each version links its files
+                extract_archive(self.archive, root / "archive")
+                self.store = ArchiveStore(root / "store", self.archive, root / "archive")
+            else:
+                self.store = ModelStore(root / "store", self.model, self._handler)
             self._choose_ports()
         assert self.root is not None
         stale = self.store.versions()
@@ -156,6 +190,10 @@ class TorchServeProcess(RuntimeProcess):
         except BaseException:
             await self.stop()
             raise
+
+    def handler_error(self) -> str:
+        """The exception of the last traceback the model's worker logged ("" when none)."""
+        return handler_exception(self._model_log())
 
     def _model_log(self) -> str:
         """logs/model_log.log of this instance ("" when it has none yet)."""
