@@ -28,6 +28,17 @@ def require_runtime(venv: str, program: str) -> None:
     pytest.skip(message)
 
 
+def require_engine(python: Path) -> None:
+    """Skip (or under CI fail) unless the generative engine whose interpreter is `python`
+    is installed (`scripts/engines`)."""
+    if python.is_file():
+        return
+    message = f"{python} is missing: run scripts/engines"
+    if os.environ.get("CI"):
+        pytest.fail(f"{message} (CI is set, so the runtimes tier must run)")
+    pytest.skip(message)
+
+
 def group_pids(pgid: int) -> list[int]:
     pids = []
     for entry in Path("/proc").iterdir():
