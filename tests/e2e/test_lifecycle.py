@@ -39,16 +39,20 @@ def _gone(cluster: Cluster, namespace: str, kind: str, name: str) -> bool:
     return result.returncode != 0 and "NotFound" in result.stderr
 
 
-def test_delete_mid_study_restores_in_place_target(
-    cluster: Cluster, namespace: str, operator: OperatorProcess
-) -> None:
+def _in_place_study_mid_trial(cluster: Cluster, namespace: str, operator: OperatorProcess) -> None:
+    """An InPlace study whose trial 1 has rolled its configuration onto the target."""
     deploy_server(cluster, namespace)
     cluster.kubectl.apply(dump(inference_service("inplace", "server")), "-n", namespace)
     wait_running_trial(cluster, namespace, "inplace", operator, at_least=1)
-    # Trial 1 rolls a new configuration onto the target itself.
     assert procs.wait_until(
         lambda: _env(cluster, namespace, "server") != {"PORT": "8080", **ORIGINAL}, timeout_s=60
     ), diagnostics(cluster, operator)
+
+
+def test_delete_mid_study_restores_in_place_target(
+    cluster: Cluster, namespace: str, operator: OperatorProcess
+) -> None:
+    _in_place_study_mid_trial(cluster, namespace, operator)
 
     deleted = cluster.kubectl.run(
         "delete", "inferenceservice", "inplace", "-n", namespace, "--timeout=120s", check=False
@@ -141,12 +145,7 @@ def test_write_back_then_another_manager_applies_original(
 def test_uninstall_in_the_documented_order_restores_and_leaves_nothing_terminating(
     cluster: Cluster, namespace: str, operator: OperatorProcess
 ) -> None:
-    deploy_server(cluster, namespace)
-    cluster.kubectl.apply(dump(inference_service("inplace", "server")), "-n", namespace)
-    wait_running_trial(cluster, namespace, "inplace", operator, at_least=1)
-    assert procs.wait_until(
-        lambda: _env(cluster, namespace, "server") != {"PORT": "8080", **ORIGINAL}, timeout_s=60
-    ), diagnostics(cluster, operator)
+    _in_place_study_mid_trial(cluster, namespace, operator)
     try:
         # 1. every InferenceService, while the operator runs
         deleted = cluster.kubectl.run(

@@ -160,6 +160,8 @@ async def configure(
 
 @kopf.on.cleanup()
 async def close(memo: kopf.Memo, **_: Any) -> None:
+    # a study daemon that has not stopped yet meets a closed session from here on
+    memo["closing"] = True
     deposed = memo.get("deposed_task")
     if isinstance(deposed, asyncio.Task):
         deposed.cancel()
@@ -439,6 +441,11 @@ async def study(
             except NotLeader:
                 continue  # the loop's first check hands the study over
             except Exception as error:  # expected or not, the daemon must never crash-loop
+                if stopped or memo.get("closing"):
+                    # the operator is stopping and may have closed its API session: an
+                    # error now says nothing about the study, and must not count toward
+                    # failing it
+                    return
                 delay = decisions.backoff_delay(
                     attempt, base=2.0, cap=float(memo["backoff_cap_s"]), rng=rng
                 )

@@ -247,20 +247,38 @@ class MLServerControl:
             observed = await self.burst(n)
             problems = check_observed(observed, native, version)
             if not problems:
-                on = batching_on(native)
-                return base.Verification(
-                    requested=config,
-                    live=base.from_native(KNOBS, native),
-                    native=native,
+                return taken(
+                    config,
+                    native,
+                    started,
+                    f"model read-back (version {version}), adaptive batching "
+                    f"{_on_off(native)}, batch sizes of {n} concurrent requests within the cap",
                     batch_sizes=observed.batch_sizes(),
-                    verified_by=(
-                        f"model read-back (version {version}), adaptive batching "
-                        + ("on" if on else "off")
-                        + f", batch sizes of {n} concurrent requests within the cap"
-                    ),
-                    change_s=time.monotonic() - started,
                 )
         raise TargetError(f"MLServer did not take {config.label()}: {'; '.join(problems)}")
+
+
+def taken(
+    config: BatchingConfig,
+    native: base.NativeValues,
+    started: float,
+    verified_by: str,
+    *,
+    batch_sizes: dict[int, int] | None = None,
+) -> base.Verification:
+    """`config` verified as served with `native`, by what `verified_by` says."""
+    return base.Verification(
+        requested=config,
+        live=base.from_native(KNOBS, native),
+        native=native,
+        batch_sizes=batch_sizes,
+        verified_by=verified_by,
+        change_s=time.monotonic() - started,
+    )
+
+
+def _on_off(native: base.NativeValues) -> str:
+    return "on" if batching_on(native) else "off"
 
 
 # --- a user's own model: verified by MLServer itself, never by the model's answers ---
@@ -487,20 +505,15 @@ class UserModelControl(MLServerControl):
                     )
                 counted = f"; {n} requests to that version answered ({SUCCESS_METRIC})"
             if not problems:
-                on = batching_on(native)
-                return base.Verification(
-                    requested=config,
-                    live=base.from_native(KNOBS, native),
-                    native=native,
-                    verified_by=(
-                        f"repository index: version {version} alone and READY, its "
-                        f"{SETTINGS_FILE} read back (max_batch_size "
-                        f"{int(native['max_batch_size'])}, max_batch_time "
-                        f"{float(native['max_batch_time']):g} s: adaptive batching "
-                        + ("on" if on else "off")
-                        + f"){counted}"
-                    ),
-                    change_s=time.monotonic() - started,
+                return taken(
+                    config,
+                    native,
+                    started,
+                    f"repository index: version {version} alone and READY, its "
+                    f"{SETTINGS_FILE} read back (max_batch_size "
+                    f"{int(native['max_batch_size'])}, max_batch_time "
+                    f"{float(native['max_batch_time']):g} s: adaptive batching "
+                    f"{_on_off(native)}){counted}",
                 )
             await asyncio.sleep(0.2)
         raise TargetError(f"MLServer did not take {config.label()}: {'; '.join(problems)}")
