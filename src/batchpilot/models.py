@@ -316,6 +316,10 @@ class CapacityResult(Frozen):
     # load budget, the rate cap): the answer is a lower bound of that coarseness. Empty
     # when the bracket closed, or the configuration was pruned or client-bound.
     short_of_precision: str = ""
+    # Why the search stopped ramping down before any step passed: below its lowest step
+    # no window could hold enough requests to bound a p99, so none could pass. Empty
+    # when it did not stop for that.
+    unjudged: str = ""
 
     def capacity_label(self) -> str:
         if self.client_bound:

@@ -74,6 +74,25 @@ async def test_nothing_passing_is_infeasible() -> None:
     assert target.rates == [64.0, 32.0, 16.0, 8.0]
 
 
+async def test_the_ramp_down_stops_where_no_step_could_pass_and_says_why() -> None:
+    target = KneeAt(0.001)
+
+    def unjudged(rate: float) -> str:
+        return "too few requests" if rate < 10.0 else ""
+
+    result = await search_capacity(target, sla=SLA_100, start_rps=64.0, unjudged=unjudged)
+    assert target.rates == [64.0, 32.0, 16.0]  # 8 req/s could not have passed
+    assert not result.feasible
+    assert result.unjudged == "too few requests"
+
+
+async def test_a_rate_that_can_be_judged_is_measured_and_the_result_says_nothing() -> None:
+    target = KneeAt(20.0)
+    result = await search_capacity(target, sla=SLA_100, start_rps=64.0, unjudged=lambda rate: "")
+    assert result.feasible
+    assert result.unjudged == ""
+
+
 async def test_pruned_when_a_step_fails_below_the_rate_to_beat() -> None:
     target = KneeAt(100.0)
     result = await search_capacity(target, sla=SLA_100, start_rps=10.0, must_beat=200.0)

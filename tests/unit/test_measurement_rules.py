@@ -10,9 +10,10 @@ import random
 import pytest
 from clienthealth import healthy_client
 
-from batchpilot.capacity.http import MAX_STRETCH, step_warmup_s, step_window_s
+from batchpilot.capacity.http import MAX_STRETCH, step_warmup_s, step_window_s, unjudged_reason
 from batchpilot.capacity.search import search_capacity, summarise_steps
 from batchpilot.capacity.steps import (
+    bounded_p99_min_requests,
     p99_upper_bound_ms,
     quantile_upper_rank,
     rising_trend,
@@ -674,6 +675,37 @@ def test_a_stretched_step_holds_min_requests_after_its_warm_up(rate: float) -> N
     window = step_window_s(rate, 5.0, 2000)
     if window < MAX_STRETCH * 5.0:
         assert (window - step_warmup_s(window)) * rate >= 2000 - 1e-6
+
+
+def test_the_fewest_requests_that_bound_a_p99_is_where_the_bound_turns_finite() -> None:
+    n = bounded_p99_min_requests()
+    assert n == 299
+    assert quantile_upper_rank(n) <= n
+    assert quantile_upper_rank(n - 1) > n - 1
+
+
+@pytest.mark.parametrize(
+    ("rate", "step_s", "min_requests", "judged"),
+    [
+        (17.0, 1.0, 2000, False),  # 6 s at most: about 92 requests, a bound needs 299
+        (60.0, 1.0, 2000, True),  # about 324 requests: the bound is finite
+        (17.0, 5.0, 2000, True),  # 30 s: about 459
+        (10.0, 1.0, 40, True),  # 40 asked: judged on its own p99 once it holds them
+        (5.0, 1.0, 40, False),
+        (0.01, 1.0, 0, True),  # no minimum asked: every step is judged on its p99
+    ],
+)
+def test_a_step_too_short_to_bound_its_p99_is_named_with_what_to_change(
+    rate: float, step_s: float, min_requests: int, judged: bool
+) -> None:
+    why = unjudged_reason(rate, step_s, min_requests)
+    assert (why == "") is judged
+    window = step_window_s(rate, step_s, min_requests)
+    held = rate * (window - step_warmup_s(window))
+    assert judged is (held >= min(min_requests, 299))
+    if not judged:
+        assert "too few to bound its p99" in why
+        assert "lengthen the step or lower the minimum" in why
 
 
 def test_requests_scheduled_in_the_warm_up_are_left_out_of_the_figures() -> None:

@@ -133,6 +133,16 @@ def test_ask_returns_the_config_and_all_parameters_including_extras() -> None:
     assert config == SearchSpace.config_of(params)
 
 
+def test_an_infeasible_trial_whose_lower_rates_could_not_be_judged_says_so() -> None:
+    tuner = make(warm_start=[])
+    number, _, _ = tuner.ask()
+    result = infeasible().model_copy(update={"unjudged": "below 8.50 req/s too few"})
+    rec = tuner.tell(number, result)
+    assert rec.state == "Infeasible"
+    assert rec.reason.startswith("no rate shown to meet the SLA (at the lowest rate measured: ")
+    assert rec.reason.endswith("; below 8.50 req/s too few")
+
+
 def test_infeasible_trials_are_constrained_and_never_best() -> None:
     tuner = make(warm_start=[])
     number, _, _ = tuner.ask()

@@ -13,7 +13,7 @@ from typing import Protocol
 
 from batchpilot.capacity.lightload import LightLoad
 from batchpilot.capacity.search import search_capacity
-from batchpilot.capacity.steps import step_from_load
+from batchpilot.capacity.steps import bounded_p99_min_requests, step_from_load
 from batchpilot.loadgen.arrivals import ArrivalKind, as_arrival
 from batchpilot.loadgen.endpoints import check_reachable, normalise_urls
 from batchpilot.loadgen.generator import run_load
@@ -88,6 +88,23 @@ def step_window_s(rate: float, step_duration_s: float, min_requests: int) -> flo
     if min_requests == 0:
         needed = 0.0
     return max(step_duration_s, min(needed, MAX_STRETCH * step_duration_s))
+
+
+def unjudged_reason(rate: float, step_duration_s: float, min_requests: int) -> str:
+    """Why a step at `rate` could not pass whatever the server did (empty when it could):
+    even stretched, its window holds fewer requests than it asks for and fewer than the
+    smallest count that bounds a p99, so it is judged on an infinite bound. The count
+    only falls as the rate falls, so no lower rate could pass either."""
+    needed = min(min_requests, bounded_p99_min_requests())
+    window_s = step_window_s(rate, step_duration_s, min_requests)
+    expected = rate * (window_s - step_warmup_s(window_s))
+    if expected >= needed:
+        return ""
+    return (
+        f"below {rate:.2f} req/s a step holds about {expected:.0f} measured requests, too "
+        f"few to bound its p99 (it takes {needed}): lengthen the step or lower the minimum "
+        "of requests per step to measure lower rates"
+    )
 
 
 # Caps a step at 6 x its duration (30 s at the default 5 s): 2,000 measured requests then
@@ -362,4 +379,5 @@ async def measure_capacity(
             confirm_failures=confirm_failures,
             may_measure=lambda rate: overload.fits(window(rate)),
             light_load=light_load,
+            unjudged=lambda rate: unjudged_reason(rate, step_duration_s, min_requests),
         )

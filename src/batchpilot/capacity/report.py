@@ -153,5 +153,7 @@ def render_capacity(data: dict[str, Any], console: Console) -> None:
             f"[red]No offered rate met the SLA[/] ({sla.describe()}, errors ≤ "
             f"{sla.max_error_rate:g}): effective throughput 0"
         )
+        if result.unjudged:
+            console.print(f"[yellow]The search stopped ramping down[/]: {result.unjudged}")
     if data.get("plot"):
         console.print(f"Plot written to {data['plot']}")

@@ -15,6 +15,8 @@ MeasureStep = Callable[[float], Awaitable[StepResult]]
 # Whether a step at this rate may still be measured (a load budget); False ends the search
 # as the step limit does, with the answer so far.
 MayMeasure = Callable[[float], bool]
+# Why a step at this rate could not pass whatever the server did (empty when it could).
+Unjudged = Callable[[float], str]
 
 
 async def search_capacity(
@@ -31,6 +33,7 @@ async def search_capacity(
     confirm_failures: bool = False,
     may_measure: MayMeasure | None = None,
     light_load: LightLoad | None = None,
+    unjudged: Unjudged | None = None,
 ) -> CapacityResult:
     """The capacity by `search_above` and, with `light_load`, the low rates below it
     measured by the same steps (`lightload.probe_light_load`): a rate there that breaks
@@ -49,6 +52,7 @@ async def search_capacity(
         max_ramp_down=max_ramp_down,
         confirm_failures=confirm_failures,
         may_measure=may_measure,
+        unjudged=unjudged,
     )
     if light_load is None:
         return found
@@ -70,6 +74,7 @@ async def search_above(
     max_ramp_down: int = 6,
     confirm_failures: bool = False,
     may_measure: MayMeasure | None = None,
+    unjudged: Unjudged | None = None,
 ) -> CapacityResult:
     """Ramp the offered rate geometrically from `start_rps` until a step fails, then
     bisect between the last pass and the first fail until (hi - lo) / lo ≤ precision.
@@ -95,6 +100,10 @@ async def search_above(
     `max_steps` does (a load budget spent), with the highest pass so far. Either, or a
     pass at `max_rps`, ends it short of its precision, which the result says
     (`short_of_precision`).
+
+    With `unjudged`, the ramp down stops at a rate no step could pass whatever the
+    server did (too few requests in it to bound a p99), rather than measuring windows
+    that cannot tell; the result says why (`CapacityResult.unjudged`).
 
     An invalid step (the client could not keep its schedule) is neither: the search
     stops ramping there and the result is `client_bound`, a lower bound on capacity.
@@ -166,6 +175,9 @@ async def search_above(
             return result(0.0, pruned=True)
         for _ in range(max_ramp_down):
             rate /= growth
+            why = unjudged(rate) if unjudged is not None else ""
+            if why:
+                return result(0.0).model_copy(update={"unjudged": why})
             if spent(rate):
                 return result(0.0)
             verdict = await measure(rate, decisive=cannot_win(rate))

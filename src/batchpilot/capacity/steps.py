@@ -45,6 +45,16 @@ def quantile_upper_rank(n: int, q: float = 0.99, level: float = P99_UCB_LEVEL) -
     return n + 1
 
 
+def bounded_p99_min_requests(q: float = 0.99, level: float = P99_UCB_LEVEL) -> int:
+    """The fewest samples whose largest bounds the true q-quantile at `level`: with
+    fewer, a short step's p99 bound is infinite and the step cannot pass (299 for the
+    p99 at 95 %)."""
+    if not (0 < q < 1) or not (0 < level < 1):
+        raise ValueError(f"need 0 < q < 1, 0 < level < 1; got {q:g}, {level:g}")
+    # the largest of n samples bounds it when P(all n below the quantile) = q**n ≤ 1 - level
+    return math.ceil(math.log1p(-level) / math.log(q))
+
+
 def p99_upper_bound_ms(histogram: LatencyHistogram, level: float = P99_UCB_LEVEL) -> float:
     """The upper confidence bound of the p99 at `level` from a histogram's samples; the
     histogram's top when there are too few samples to bound it."""

@@ -400,6 +400,9 @@ class Tuner:
         why = min(failing, key=lambda s: s.offered_rps).reason if failing else ""
         if state == "Pruned":
             return "stopped early: cannot beat the best so far" + (f" ({why})" if why else "")
+        if result.unjudged:
+            lowest = f" (at the lowest rate measured: {why})" if why else ""
+            return f"no rate shown to meet the SLA{lowest}; {result.unjudged}"
         return "breaks the SLA at the lowest rate" + (f": {why}" if why else "")
 
     def tell_failed(self, number: int, reason: str) -> TrialRecord:
