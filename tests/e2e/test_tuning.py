@@ -117,6 +117,8 @@ def test_sample_study_converges_and_kubectl_shows_it(
     cells = table_cells(wide[0], wide[1])
     assert [cells[c] for c in ("RATE-SCOPE", "PODS", "READY")] == ["per-pod", "1", "True"]
     assert cells["MAX-RPS/POD"] in ("", "<none>")  # the sample sets no load budget
+    # a p99 SLA: the token-stream bounds are empty
+    assert {cells["SLA-TTFT-MS"], cells["SLA-TPOT-MS"]} <= {"", "<none>"}
     ready = {c["type"]: c for c in status["conditions"]}
     assert ready["Ready"]["status"] == "True"
     assert ready["Reconciling"]["status"] == ready["Stalled"]["status"] == "False"

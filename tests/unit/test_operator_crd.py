@@ -73,11 +73,14 @@ def test_names_status_and_columns() -> None:
         "Age": ".metadata.creationTimestamp",
         "Rate-scope": ".status.rateScope",
         "Pods": ".status.measuredPods",
+        "SLA-TTFT-ms": ".spec.sla.ttftP99Ms",
+        "SLA-TPOT-ms": ".spec.sla.tpotP99Ms",
         "Max-rps/pod": ".spec.load.maxRps",
         "Ready": '.status.conditions[?(@.type=="Ready")].status',
     }
     wide = {c["name"] for c in version["additionalPrinterColumns"] if c.get("priority")}
-    assert wide == {"Rate-scope", "Pods", "Max-rps/pod", "Ready"}  # kubectl get -o wide
+    # kubectl get -o wide
+    assert wide == {"Rate-scope", "Pods", "SLA-TTFT-ms", "SLA-TPOT-ms", "Max-rps/pod", "Ready"}
 
 
 def test_spec_has_cel_rules_defaults_and_enums() -> None:

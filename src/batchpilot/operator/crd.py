@@ -95,6 +95,20 @@ PRINTER_COLUMNS: list[dict[str, Any]] = [
         "priority": 1,
     },
     {
+        "name": "SLA-TTFT-ms",
+        "type": "number",
+        "jsonPath": ".spec.sla.ttftP99Ms",
+        "description": "time-to-first-token p99 SLA, ms (a token-stream SLA)",
+        "priority": 1,
+    },
+    {
+        "name": "SLA-TPOT-ms",
+        "type": "number",
+        "jsonPath": ".spec.sla.tpotP99Ms",
+        "description": "time-per-output-token p99 SLA, ms (a token-stream SLA)",
+        "priority": 1,
+    },
+    {
         "name": "Max-rps/pod",
         "type": "number",
         "jsonPath": ".spec.load.maxRps",
