@@ -19,6 +19,7 @@ from typing import (
     ClassVar,
     Generic,
     Literal,
+    NamedTuple,
     Protocol,
     Self,
     TypedDict,
@@ -39,6 +40,17 @@ _PER_MS: Mapping[str, float] = {"s": 1e-3, "ms": 1.0, "us": 1e3}
 HowApplied = Literal["live", "reload", "rollout"]
 PersistKind = Literal["env", "args", "configmap", "serve-config", "recommend"]
 NativeValues = dict[str, int | float]
+
+
+class Launch(NamedTuple):
+    """What a runtime's own server starts with: the configuration, the same in the
+    runtime's terms, the CPU threads it may use (None: its default) and the bundled
+    workload asked for (None: the first)."""
+
+    start: BatchingConfig
+    native: NativeValues
+    threads: int | None
+    workload: str | None
 
 
 class Knob(Frozen):
@@ -329,14 +341,12 @@ class Runtime(ABC, Generic[ControlT, ServerT]):
             raise LaunchError(
                 f"cannot start {self.server_name} at {start.label()}: {exc}"
             ) from None
-        return self._launch(start, native, threads, workload)
+        return self._launch(Launch(start, native, threads, workload))
 
     @abstractmethod
-    def _launch(
-        self, start: BatchingConfig, native: NativeValues, threads: int | None, workload: str | None
-    ) -> ServerT:
-        """`launcher` once `workload` and `start` (`native` in the runtime's terms) are
-        known to be ones it takes."""
+    def _launch(self, launch: Launch) -> ServerT:
+        """`launcher` once the launch's workload and start (`native` in the runtime's
+        terms) are known to be ones it takes."""
 
     def user_model(self, folder: Path) -> str:
         """The name of the user's model in `folder` (or file), once it is one this

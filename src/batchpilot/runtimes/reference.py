@@ -97,23 +97,17 @@ class ReferenceRuntime(base.Runtime[ReferenceControl, base.LocalServer]):
     ) -> ReferenceControl:
         return ReferenceControl(control_url or url)
 
-    def _launch(
-        self,
-        start: BatchingConfig,
-        native: base.NativeValues,
-        threads: int | None,
-        workload: str | None,
-    ) -> base.LocalServer:
+    def _launch(self, launch: base.Launch) -> base.LocalServer:
         from batchpilot.server.process import ServerProcess
 
         missing = torch_missing("the reference server")
         if missing is not None:
             raise base.LaunchError(missing)
         return ServerProcess(
-            model=workload or WORKLOADS[0],
-            max_batch_size=start.max_batch_size,
-            max_queue_time_ms=start.max_queue_time_ms,
-            threads=threads,
+            model=launch.workload or WORKLOADS[0],
+            max_batch_size=launch.start.max_batch_size,
+            max_queue_time_ms=launch.start.max_queue_time_ms,
+            threads=launch.threads,
         )
 
     def persistence(self, config: BatchingConfig, *, model: str | None = None) -> base.Persistence:

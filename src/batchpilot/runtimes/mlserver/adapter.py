@@ -66,14 +66,8 @@ class MLServerRuntime(base.Runtime[MLServerControl, MLServerProcess]):
             url, model=model or MODEL, repository=repository, control_url=control_url
         )
 
-    def _launch(
-        self,
-        start: BatchingConfig,
-        native: base.NativeValues,
-        threads: int | None,
-        workload: str | None,
-    ) -> MLServerProcess:
-        return MLServerProcess(start, threads=threads)
+    def _launch(self, launch: base.Launch) -> MLServerProcess:
+        return MLServerProcess(launch.start, threads=launch.threads)
 
     def user_model(self, folder: Path) -> str:
         return load_user_model(folder).name

@@ -18,9 +18,9 @@ from batchpilot.runtimes.base import (
     ControlEndpoint,
     ControlOptions,
     Knob,
+    Launch,
     LaunchError,
     LocalServer,
-    NativeValues,
     Persistence,
     Runtime,
     batch_knob,
@@ -132,10 +132,8 @@ class RayServeRuntime(Runtime[RayServeControl, RayServeProcess]):
             protocol=self.protocol(name),
         )
 
-    def _launch(
-        self, start: BatchingConfig, native: NativeValues, threads: int | None, workload: str | None
-    ) -> RayServeProcess:
-        return RayServeProcess(native, threads=threads)
+    def _launch(self, launch: Launch) -> RayServeProcess:
+        return RayServeProcess(launch.native, threads=launch.threads)
 
     def persistence(self, config: BatchingConfig, *, model: str | None = None) -> Persistence:
         app, deployment = split_model(model or f"{APP_NAME}/{DEPLOYMENT}")

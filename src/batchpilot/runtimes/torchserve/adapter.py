@@ -15,8 +15,8 @@ from batchpilot.loadgen.protocols import JSON_HEADERS, RequestProtocol
 from batchpilot.models import BatchingConfig
 from batchpilot.runtimes.base import (
     ControlEndpoint,
+    Launch,
     LocalServer,
-    NativeValues,
     Persistence,
     Runtime,
     to_native,
@@ -97,10 +97,8 @@ class TorchServeRuntime(Runtime[TorchServeControl, TorchServeProcess]):
             url, management=control_url or management_url(url), model=model or MODEL
         )
 
-    def _launch(
-        self, start: BatchingConfig, native: NativeValues, threads: int | None, workload: str | None
-    ) -> TorchServeProcess:
-        return TorchServeProcess(start, threads=threads)
+    def _launch(self, launch: Launch) -> TorchServeProcess:
+        return TorchServeProcess(launch.start, threads=launch.threads)
 
     def user_model(self, folder: Path) -> str:
         return load_user_archive(folder).name

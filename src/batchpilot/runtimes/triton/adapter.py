@@ -27,6 +27,7 @@ from batchpilot.models import BatchingConfig
 from batchpilot.runtimes.base import (
     ControlEndpoint,
     ControlOptions,
+    Launch,
     LocalServer,
     NativeValues,
     Persistence,
@@ -359,10 +360,8 @@ class TritonRuntime(Runtime[TritonRuntimeControl, TritonProcess]):
             metrics_url = f"http://{host}:{DEFAULT_METRICS_PORT}/metrics"
         return TritonRuntimeControl(url, model=model or MODEL_NAME, metrics_url=metrics_url)
 
-    def _launch(
-        self, start: BatchingConfig, native: NativeValues, threads: int | None, workload: str | None
-    ) -> TritonProcess:
-        return TritonProcess(to_batching(native), threads=threads)
+    def _launch(self, launch: Launch) -> TritonProcess:
+        return TritonProcess(to_batching(launch.native), threads=launch.threads)
 
     def persistence(self, config: BatchingConfig, *, model: str | None = None) -> Persistence:
         """Without the model's original configuration at hand, the preferred batch size
