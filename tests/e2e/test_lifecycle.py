@@ -1,5 +1,6 @@
 """Scenarios f and g: deleting an InferenceService mid-study undoes it (InPlace target
-restored, canary removed) with no finalizer left behind; `writeBack: Apply` owns the
+restored, canary removed) with no finalizer left behind; suspending one mid-trial
+restores the target within seconds and resuming finishes the study; `writeBack: Apply` owns the
 tuned fields under the field manager `batchpilot/<name>`, and what another manager's
 `kubectl apply` of the original manifest then does. The uninstall order the docs give
 (docs/getting-started/install.md, "Uninstall") leaves nothing Terminating."""
@@ -62,6 +63,44 @@ def test_delete_mid_study_restores_in_place_target(
     env = _env(cluster, namespace, "server")
     assert {k: env[k] for k in ORIGINAL} == ORIGINAL
     cluster.kubectl("rollout", "status", "deployment/server", "-n", namespace, "--timeout=90s")
+
+
+def test_suspend_mid_trial_restores_in_place_target_and_resume_finishes(
+    cluster: Cluster, namespace: str, operator: OperatorProcess
+) -> None:
+    _in_place_study_mid_trial(cluster, namespace, operator)
+
+    cluster.kubectl(
+        "patch", "inferenceservice", "inplace", "-n", namespace, "--type=merge",
+        "-p", '{"spec": {"suspend": true}}',
+    )  # fmt: skip
+    # the brake: the trial in flight is stopped and the original is back within 10 s,
+    # not after the trial's own end
+    restored = procs.wait_until(
+        lambda: {k: _env(cluster, namespace, "server").get(k) for k in ORIGINAL} == ORIGINAL,
+        timeout_s=10,
+    )
+    assert restored, diagnostics(cluster, operator)
+    status = wait_for(
+        cluster.kubectl,
+        namespace,
+        "inplace",
+        lambda s: s.get("suspended") is True,
+        what="the suspension in status",
+        timeout_s=30,
+        diagnostics=lambda: diagnostics(cluster, operator),
+    )
+    assert "stopped mid-measurement" in status["message"], status["message"]
+    assert "the original configuration restored" in status["message"]
+    assert "Suspended" in describe(cluster, namespace, "inplace", "suspended")
+
+    cluster.kubectl(
+        "patch", "inferenceservice", "inplace", "-n", namespace, "--type=merge",
+        "-p", '{"spec": {"suspend": false}}',
+    )  # fmt: skip
+    status = wait_converged(cluster, namespace, "inplace", operator)
+    assert status["phase"] == "Converged", diagnostics(cluster, operator)
+    assert status["suspended"] is False
 
 
 def test_delete_mid_study_removes_canary(

@@ -20,6 +20,7 @@ import batchpilot.operator.handlers  # noqa: F401  (registers the handlers)
 from batchpilot.models import SLA, BatchingConfig, CapacityResult, ClientHealth, StepResult
 from batchpilot.operator.canary import canary_name
 from batchpilot.operator.crd import GROUP, PLURAL, VERSION
+from batchpilot.operator.decisions import ProductionVerdict
 from batchpilot.operator.kube import KubeError
 from batchpilot.operator.platform import policy_from_flags
 from batchpilot.operator.slots import Slots
@@ -104,7 +105,7 @@ class FakeTarget:
                 "CrashLoopBackOff", "pod resnet-2 container server: CrashLoopBackOff: exit 1"
             )
 
-    async def production_breach(self, window_s: float) -> str | None:
+    async def production_verdict(self, window_s: float) -> ProductionVerdict | None:
         return None  # no Prometheus verdict
 
 

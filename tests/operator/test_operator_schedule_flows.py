@@ -30,6 +30,7 @@ from opsupport import (
 )
 
 from batchpilot.operator import handlers
+from batchpilot.operator.decisions import ProductionVerdict
 from batchpilot.operator.spec import InferenceServiceSpec
 from batchpilot.operator.world import ProblemSink
 
@@ -71,9 +72,11 @@ class BreachTarget(FakeTarget):
         super().__init__(spec, cluster)
         self.probe = probe
 
-    async def production_breach(self, window_s: float) -> str | None:
+    async def production_verdict(self, window_s: float) -> ProductionVerdict | None:
         self.probe.windows.append(window_s)
-        return self.probe.breach
+        if not self.probe.readable:
+            return None  # Prometheus did not answer
+        return ProductionVerdict(self.probe.breach)
 
 
 class BreachWorld(FakeWorld):
@@ -85,6 +88,7 @@ class BreachWorld(FakeWorld):
 class Probe:
     def __init__(self, cluster: FakeCluster) -> None:
         self.breach: str | None = None
+        self.readable = True
         self.windows: list[float] = []
         self.cluster = cluster
 
@@ -134,39 +138,41 @@ async def test_outside_the_window_no_trial_starts_until_it_opens(
     assert "WindowOpen" in reasons_of(kmock)
 
 
-async def test_suspend_restores_an_in_place_target_and_resume_goes_on(
+async def test_suspend_stops_the_trial_in_flight_restores_and_resume_goes_on(
     kmock: kmock.KubernetesEmulator, operator: Operator, cluster: FakeCluster, clock: Clock
 ) -> None:
     tuning = {"strategy": "InPlace", "maxTrials": 4, "finalists": 0}
     kmock.objects[ISVC, NAMESPACE, "resnet"] = isvc(tuning=tuning)
-    cluster.hold_after = 1  # trial 1 waits in apply, on the target
+    cluster.hold_after = 1  # trial 1 holds on the target, its values live, until the gate
     async with operator():
         await eventually(lambda: len(cluster.applied) == 2, what="trial 1 applied")
+        assert cluster.target == cluster.applied[1]
         await edit(kmock, 2, {"suspend": True})
-        # the trial in flight finishes: the pause comes between trials
-        cluster.hold_after = None
-        cluster.gate.set()
+        # the brake: the trial in flight is stopped, not waited for (the gate stays shut)
         await eventually(lambda: status_of(kmock).get("suspended") is True, what="suspension")
+        assert not cluster.gate.is_set()
         assert cluster.target == ORIGINAL
         assert cluster.restored == 1
-        # the edit may reach the daemon after the held trial ended and the next began:
-        # either way the pause comes between trials, and none starts while suspended
-        applied = len(cluster.applied)
-        assert applied in (2, 3)
-        await asyncio.sleep(0.5)  # ten polls of the daemon
-        assert len(cluster.applied) == applied
+        assert cluster.measures == 1  # trial 1 never got to measure
+        status = status_of(kmock)
+        assert "trial 1 stopped mid-measurement" in status["message"], status["message"]
+        assert "the original configuration restored" in status["message"]
+        cluster.hold_after = None
+        cluster.gate.set()
+        await asyncio.sleep(0.5)  # ten polls of the daemon: none starts a trial
+        assert len(cluster.applied) == 2
         found = conditions(kmock)
         assert (found["Ready"]["status"], found["Ready"]["reason"]) == ("False", "Suspended")
         assert (found["Stalled"]["status"], found["Reconciling"]["status"]) == ("False", "False")
         assert found["Suspended"]["status"] == "True"
         assert "Suspended" in reasons_of(kmock)
-        assert len(status_of(kmock)["trials"]) == applied
         await edit(kmock, 3, {"suspend": False})
         await eventually(lambda: phase_is(kmock, "Converged", None), what="the resumed study")
     status = status_of(kmock)
-    # the same study went on: 4 trials in all, the first two kept, no new study started
-    assert [t["number"] for t in status["trials"]] == [0, 1, 2, 3]
-    assert len(cluster.applied) == 4
+    # the same study went on: trial 1 ran again on resume, 4 trials in all, the cut one
+    # left out of the budget
+    assert [t["state"] for t in status["trials"]].count("Complete") == 4, status["trials"]
+    assert cluster.applied[2] == cluster.applied[1]  # the stopped trial's values, again
     assert status["suspended"] is False
     assert "Resumed" in reasons_of(kmock)
     assert reasons_of(kmock).count("StudyStarted") == 1
@@ -241,6 +247,68 @@ async def test_a_breached_sla_starts_a_new_study_from_the_written_back_configura
     assert status["trials"][0]["params"] == written
     assert "Retune" in reasons_of(kmock)
     assert reasons_of(kmock).count("StudyStarted") == 1
+
+
+async def test_a_breach_holds_an_in_place_retune_until_production_keeps_the_sla(
+    kmock: kmock.KubernetesEmulator, operator: Operator, cluster: FakeCluster, clock: Clock
+) -> None:
+    probe = Probe(cluster)
+    probe.install()
+    kmock.objects[ISVC, NAMESPACE, "resnet"] = isvc(
+        load=PROMETHEUS_LOAD,
+        tuning={
+            "strategy": "InPlace",
+            "maxTrials": 3,
+            "finalists": 0,
+            "retune": "OnSLABreach",
+            "retuneWindow": "10m",
+            "verifySeconds": 0,
+        },
+    )
+    async with operator():
+        await eventually(
+            lambda: (
+                phase_is(kmock, "Converged", None) and bool(status_of(kmock).get("nextRetuneAt"))
+            ),
+            what="the first study and its first check scheduled",
+        )
+        trials = len(cluster.applied)
+        # production breaks the SLA: an InPlace re-tune would add load to it, so it waits
+        probe.breach = "p99 450 ms > 300 ms at 800 req/s"
+        clock.now += timedelta(minutes=10)
+        await eventually(lambda: "RetuneHeld" in reasons_of(kmock), what="the held re-tune")
+        status = status_of(kmock)
+        assert (
+            status["retuneHeld"]
+            == "SLA breached over the last 10m: p99 450 ms > 300 ms at 800 req/s"
+        )
+        assert "waits until production keeps the SLA" in status["message"]
+        assert status["nextRetuneAt"].startswith("2026-12-01T12:20:00")
+        # still breaching, then Prometheus silent: neither is a recovery
+        for readable in (True, False):
+            probe.readable = readable
+            checks = len(probe.windows) + 1
+            clock.now += timedelta(minutes=10)
+            await eventually(lambda: len(probe.windows) == checks, what="a check")  # noqa: B023
+            await asyncio.sleep(0.3)  # six polls of the daemon
+            assert len(cluster.applied) == trials
+            assert status_of(kmock).get("retunes", 0) == 0
+            assert phase_is(kmock, "Converged", None)
+        assert reasons_of(kmock).count("RetuneHeld") == 1  # one event for the episode
+        # production keeps the SLA over a whole window: the re-tune starts
+        probe.readable, probe.breach = True, None
+        clock.now += timedelta(minutes=10)
+        await eventually(
+            lambda: status_of(kmock).get("retunes") == 1 and phase_is(kmock, "Converged", None),
+            what="the re-tune's study",
+        )
+    status = status_of(kmock)
+    assert status["lastRetuneReason"] == (
+        "SLA breached over the last 10m: p99 450 ms > 300 ms at 800 req/s; "
+        "production kept the SLA again over the last 10m"
+    )
+    assert status.get("retuneHeld", "") == ""
+    assert len(cluster.applied) > trials
 
 
 async def test_an_in_place_target_is_restored_while_the_window_is_shut(

@@ -15,7 +15,12 @@ a place, its wait added to its TTFT. The reference server's control endpoint
 can tune it; `m-nousage` sends no usage chunk;
 `m-pairs` sends two tokens per chunk; `m-nodone`, `m-error`, `m-malformed`, `m-empty`
 and `m-abort` (the connection dropped) break the stream; `m-400` and `m-500` answer
-with that status."""
+with that status.
+
+GET /metrics exports what the server itself timed, in vLLM's metric names and labels
+(model_name SERVED_MODEL whatever the behaviour asked for): time to first token, time per
+output token per request and end-to-end latency histograms in seconds, on buckets of
+FINE_BUCKETS_S, and finished requests by finished_reason."""
 
 from __future__ import annotations
 
@@ -27,6 +32,7 @@ from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+import prometheus_client
 from aiohttp import web
 
 TTFT_S = 0.040
@@ -38,6 +44,42 @@ SLOW_DECODE_EVERY = 5
 BATCH_TTFT_S = 0.020
 BATCH_ITL_S = 0.010
 BATCH_PER_STREAM_S = 0.004
+SERVED_MODEL = "tiny"
+# fine enough that histogram_quantile lands within 5 ms of a tail under 0.5 s
+FINE_BUCKETS_S = (*(i / 200 for i in range(1, 101)), 1.0, 2.5, 5.0)
+
+
+class VllmSeries:
+    """The server's own timings in vLLM's metric names, in a registry of their own."""
+
+    def __init__(self) -> None:
+        self.registry = prometheus_client.CollectorRegistry()
+        labels = ["model_name"]
+
+        def histogram(name: str) -> prometheus_client.Histogram:
+            return prometheus_client.Histogram(
+                name, name, labels, buckets=FINE_BUCKETS_S, registry=self.registry
+            )
+
+        self.ttft = histogram("vllm:time_to_first_token_seconds")
+        self.tpot = histogram("vllm:request_time_per_output_token_seconds")
+        self.e2e = histogram("vllm:e2e_request_latency_seconds")
+        self.finished = prometheus_client.Counter(
+            "vllm:request_success", "finished requests", [*labels, "finished_reason"],
+            registry=self.registry,
+        )  # fmt: skip
+
+    def record(
+        self, reason: str, start: float, first: float | None, end: float, tokens: int
+    ) -> None:
+        self.finished.labels(SERVED_MODEL, reason).inc()
+        if reason not in ("stop", "length"):
+            return
+        self.e2e.labels(SERVED_MODEL).observe(end - start)
+        if first is not None:
+            self.ttft.labels(SERVED_MODEL).observe(first - start)
+            if tokens > 1:
+                self.tpot.labels(SERVED_MODEL).observe((end - first) / (tokens - 1))
 
 
 @dataclass
@@ -50,6 +92,7 @@ class TokenServer:
         default_factory=lambda: {"max_batch_size": 64, "max_queue_time_ms": 0.0}
     )
     _freed: asyncio.Condition | None = None  # a place among the streams held came free
+    series: VllmSeries = field(default_factory=VllmSeries)
 
     def app(self) -> web.Application:
         app = web.Application()
@@ -57,7 +100,12 @@ class TokenServer:
         app.router.add_post("/v1/chat/completions", self.handle)
         app.router.add_get("/admin/batching", self.get_batching)
         app.router.add_put("/admin/batching", self.put_batching)
+        app.router.add_get("/metrics", self.get_metrics)
         return app
+
+    async def get_metrics(self, request: web.Request) -> web.Response:
+        text = prometheus_client.generate_latest(self.series.registry)
+        return web.Response(body=text, content_type="text/plain", charset="utf-8")
 
     async def get_batching(self, request: web.Request) -> web.Response:
         return web.json_response(self.batching)
@@ -92,6 +140,7 @@ class TokenServer:
         return base_s + BATCH_PER_STREAM_S * self.running
 
     async def _answer(self, request: web.Request) -> web.StreamResponse:
+        started = asyncio.get_running_loop().time()
         body = await request.json()
         self.bodies.append(body)
         model: str = body["model"]
@@ -107,8 +156,8 @@ class TokenServer:
         await response.prepare(request)
         if batch:
             async with self._held():
-                return await self._stream(request, response, body, chat, 0.0, 0.0)
-        return await self._stream(request, response, body, chat, ttft, itl)
+                return await self._stream(request, response, body, chat, 0.0, 0.0, started)
+        return await self._stream(request, response, body, chat, ttft, itl, started)
 
     async def _stream(
         self,
@@ -118,6 +167,7 @@ class TokenServer:
         chat: bool,
         ttft: float,
         itl: float,
+        started: float,
     ) -> web.StreamResponse:
         """The answer's chunks; `m-batch` times them by the streams held."""
         model: str = body["model"]
@@ -127,6 +177,8 @@ class TokenServer:
             ttft = self._batch_s(BATCH_TTFT_S)
         tokens = 0 if model == "m-empty" else int(body["max_tokens"])
         per_chunk = 2 if model == "m-pairs" else 1
+        loop = asyncio.get_running_loop()
+        first: float | None = None
         await asyncio.sleep(ttft)
         sent = 0
         while sent < tokens:
@@ -134,17 +186,21 @@ class TokenServer:
                 await asyncio.sleep(self._batch_s(BATCH_ITL_S) if batch else itl * per_chunk)
             if model == "m-error" and sent >= 2:
                 await response.write(b'data: {"error": {"message": "engine died"}}\n\n')
+                self.series.record("error", started, first, loop.time(), sent)
                 return await _end(response)
             if model == "m-abort" and sent >= 2:
                 assert request.transport is not None
                 request.transport.abort()  # the connection drops mid-stream
+                self.series.record("abort", started, first, loop.time(), sent)
                 return response
             if model == "m-malformed" and sent >= 2:
                 await response.write(b"data: {not json\n\n")
                 return await _end(response)
             count = min(per_chunk, tokens - sent)
             await response.write(_event(_chunk(" hello" * count, chat)))
+            first = loop.time() if first is None else first
             sent += count
+        self.series.record("length", started, first, loop.time(), sent)
         if model != "m-nousage":
             usage = {"prompt_tokens": len(prompt.split()), "completion_tokens": sent}
             await response.write(_event({"choices": [], "usage": usage}))

@@ -75,13 +75,11 @@ def test_ray_serve_is_read_in_milliseconds_for_the_models_application() -> None:
     assert source.metrics.export_delay_s == 10.0
 
 
-@pytest.mark.parametrize("kind", [None, "Reference", "Generic", "VLLM"])
+@pytest.mark.parametrize("kind", [None, "Reference", "Generic"])
 def test_targets_without_a_runtime_adapter_keep_the_reference_servers_names(
     kind: str | None,
 ) -> None:
     runtime = None if kind is None else {"kind": kind}
-    if kind == "VLLM":
-        runtime = {"kind": "VLLM", "model": "m"}
     p99, total, unit = p99_and_total(spec(runtime))
     assert "rate(batchpilot_request_latency_seconds_bucket{" in p99
     assert total == 'sum(rate(batchpilot_requests_total{namespace="prod"}[10000ms]))'

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import math
 import time
+from collections.abc import Mapping
 from typing import Any, Protocol
 
 from batchpilot.capacity.prometheus_http import AddressGuard, PrometheusHTTP, PrometheusQueryError
@@ -25,7 +26,7 @@ from batchpilot.capacity.steps import (
     token_tails,
 )
 from batchpilot.loadgen.result import LoadResult
-from batchpilot.models import SLA, StepResult, step_passes
+from batchpilot.models import SLA, StepResult, TokenTails, step_passes
 
 __all__ = ["PrometheusQueryError", "PrometheusStepSource"]
 
@@ -45,9 +46,13 @@ class NoLatencyHistogram(ValueError):
     """The runtime exports no latency histogram, so no p99 can come from Prometheus."""
 
 
+DEFAULT_LATENCY_METRIC = "batchpilot_request_latency_seconds"
+DEFAULT_REQUESTS_METRIC = "batchpilot_requests_total"
+
+
 def reference_metrics(
-    latency_metric: str = "batchpilot_request_latency_seconds",
-    requests_metric: str = "batchpilot_requests_total",
+    latency_metric: str = DEFAULT_LATENCY_METRIC,
+    requests_metric: str = DEFAULT_REQUESTS_METRIC,
     ok_outcome: str = "ok",
 ) -> Metrics:
     """The reference server's metrics (or ones named like them: a histogram in seconds,
@@ -80,8 +85,8 @@ class PrometheusStepSource:
         self,
         url: str,
         *,
-        latency_metric: str = "batchpilot_request_latency_seconds",
-        requests_metric: str = "batchpilot_requests_total",
+        latency_metric: str = DEFAULT_LATENCY_METRIC,
+        requests_metric: str = DEFAULT_REQUESTS_METRIC,
         ok_outcome: str = "ok",
         selector: str = "",
         metrics: Metrics | None = None,
@@ -140,10 +145,13 @@ class PrometheusStepSource:
         ca_pem: str | None = None,
         ca_file: str | None = None,
         address_guard: AddressGuard | None = None,
+        tokens: Mapping[str, str] | None = None,
     ) -> PrometheusStepSource:
         """A source reading `runtime`'s own metrics (`runtime.metrics`) for `model`
-        (default: its bundled one). NoLatencyHistogram when the runtime exports none."""
-        metrics = runtime.metrics_for(model)
+        (default: its bundled one), with `tokens` replacing its `ttft_histogram` or
+        `tpot_histogram`. NoLatencyHistogram when the runtime exports no latency
+        histogram."""
+        metrics = runtime.metrics_for(model).model_copy(update=dict(tokens or {}))
         if metrics.latency_histogram is None:
             summary = (
                 f"; its summary {metrics.latency_summary} holds quantiles over its own "
@@ -170,25 +178,41 @@ class PrometheusStepSource:
 
     def queries(self, window_s: float, sla_quantile: float | None = None) -> dict[str, str]:
         """The PromQL for a window, by what it measures (p50/p99 in the histogram's
-        unit, rates in requests per second); with `sla_quantile`, also the answered
-        requests' latency at that quantile ("sla": see sla_quantile)."""
+        unit, rates in requests per second; "ttft_p99" and "tpot_p99" where the server
+        has those histograms); with `sla_quantile`, also the answered requests'
+        latency at that quantile ("sla": see sla_quantile, and "ttft_sla", "tpot_sla")."""
         window = f"{max(1, round(window_s * 1000))}ms"
-        buckets = with_matchers(
-            f"{self._latency}_bucket", self._selector, self.metrics.latency_matchers
-        )
+
+        def quantile(q: float, histogram: str) -> str:
+            buckets = with_matchers(
+                f"{histogram}_bucket", self._selector, self.metrics.latency_matchers
+            )
+            return f"histogram_quantile({q:.6g}, sum by (le) (rate({buckets}[{window}])))"
+
         ok = with_matchers(self.metrics.ok_requests, self._selector)
         total = with_matchers(self.metrics.total_requests, self._selector)
         queries = {
-            "p50": f"histogram_quantile(0.5, sum by (le) (rate({buckets}[{window}])))",
-            "p99": f"histogram_quantile(0.99, sum by (le) (rate({buckets}[{window}])))",
+            "p50": quantile(0.5, self._latency),
+            "p99": quantile(0.99, self._latency),
             "ok_rps": f"sum(rate({ok}[{window}]))",
             "total_rps": f"sum(rate({total}[{window}]))",
         }
+        tokens = (("ttft", self.metrics.ttft_histogram), ("tpot", self.metrics.tpot_histogram))
+        for name, histogram in tokens:
+            if histogram is not None:
+                queries[f"{name}_p99"] = quantile(0.99, histogram)
         if sla_quantile is not None:
-            queries["sla"] = (
-                f"histogram_quantile({sla_quantile:.6g}, sum by (le) (rate({buckets}[{window}])))"
-            )
+            queries["sla"] = quantile(sla_quantile, self._latency)
+            for name, histogram in tokens:
+                if histogram is not None:
+                    queries[f"{name}_sla"] = quantile(sla_quantile, histogram)
         return queries
+
+    @property
+    def reads_token_tails(self) -> bool:
+        """Whether the server's own TTFT or TPOT histogram is read (else the client's
+        tails decide a token-stream step)."""
+        return self.metrics.ttft_histogram is not None or self.metrics.tpot_histogram is not None
 
     async def live_ok_rps(self, window_s: float) -> float:
         """The successful requests per second the series served over the `window_s`
@@ -278,17 +302,27 @@ class PrometheusStepSource:
         requests = round(total * window_s) if math.isfinite(total) else 0
         p99_ms = math.inf
         bound_note = ""
-        # the TTFT and TPOT tails are the client's: the server's histograms are not read
+        # the client's TTFT and TPOT tails, unless the server's own histograms are read
         tails = token_tails(load, bound=0 < load.requests < min_requests)
         if not math.isfinite(ok_p99_ms) or requests <= 0:
             passed, reason = False, "Prometheus holds no requests for this window"
         else:
             quantile = sla_quantile(requests, error_rate, min_requests)
+            at_sla = values
             if quantile is not None:
                 p99_ms = ok_p99_ms
                 if not math.isclose(quantile, 0.99):
-                    sla_query = self.queries(window_s, quantile)["sla"]
-                    p99_ms = await self.query_scalar(sla_query, at_unix=at_unix) * to_ms
+                    extra = self.queries(window_s, quantile)
+                    at_sla = {
+                        name.replace("_sla", "_p99"): await self.query_scalar(q, at_unix=at_unix)
+                        for name, q in extra.items()
+                        if name.endswith("sla")
+                    }
+                    p99_ms = at_sla.pop("sla") * to_ms
+            if tails is not None and self.reads_token_tails:
+                tails = server_token_tails(
+                    at_sla if quantile is not None else {}, tails, self.metrics
+                )
             if 0 < requests < min_requests:
                 bound_note = (
                     f" (upper {P99_UCB_LEVEL:.0%} bound of p99 from {requests} requests, "
@@ -344,6 +378,30 @@ class PrometheusStepSource:
         """Raise PrometheusQueryError unless the API answers a trivial query: the URL,
         TLS and the path are checked before any load is sent."""
         await self.query_scalar("vector(1)", at_unix=time.time())
+
+
+def server_token_tails(
+    values: dict[str, float], client: TokenTails, metrics: Metrics
+) -> TokenTails:
+    """A window's TTFT and TPOT tails from the server's histograms (`values`: "ttft_p99"
+    and "tpot_p99" in the histograms' unit), the client's where the server has no such
+    histogram. A histogram the server has but that holds nothing in the window gives
+    an infinite TTFT (no stream answered, or too few to judge) and no TPOT (no answer
+    of two tokens or more, which meets any target)."""
+    to_ms = MS_PER_UNIT[metrics.latency_unit]
+
+    def tail(
+        name: str, histogram: str | None, mine: float | None, empty: float | None
+    ) -> float | None:
+        if histogram is None:
+            return mine
+        value = values.get(f"{name}_p99", math.nan)
+        return value * to_ms if math.isfinite(value) else empty
+
+    return TokenTails(
+        tail("ttft", metrics.ttft_histogram, client.ttft_p99_ms, math.inf),
+        tail("tpot", metrics.tpot_histogram, client.tpot_p99_ms, None),
+    )
 
 
 def sla_quantile(requests: int, non_ok_share: float, min_requests: int = 0) -> float | None:

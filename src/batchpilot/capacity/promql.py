@@ -1,4 +1,5 @@
-"""PromQL text for the step source: where a runtime's p99 and request rates come from
+"""PromQL text for the step source: where a runtime's p99 (and a token-stream server's
+TTFT and TPOT p99) and request rates come from
 (`Metrics`, which each runtime adapter fills in), label matchers added to its counter
 selectors, and the latency units runtimes export. Pure functions and one value type, no
 Prometheus."""
@@ -25,9 +26,13 @@ class Metrics(Frozen):
 
     port_note: str  # where they are served, e.g. ":8002/metrics"
     latency_histogram: str | None  # the histogram's name without _bucket; None: none
-    latency_unit: Literal["s", "ms", "us"] = "s"
-    # label matchers that keep the histogram to inference requests, e.g. 'path="/infer"'
+    latency_unit: Literal["s", "ms", "us"] = "s"  # of every histogram here
+    # label matchers that keep the histograms to inference requests, e.g. 'path="/infer"'
     latency_matchers: str = ""
+    # a token-stream server's own time-to-first-token and time-per-output-token (one
+    # value per request: (last - first) / (tokens - 1)) histograms, where it has them
+    ttft_histogram: str | None = None
+    tpot_histogram: str | None = None
     ok_requests: str
     total_requests: str
     batch_size: str | None = None  # PromQL for the mean batch size, where there is one

@@ -710,17 +710,39 @@ def pod_problem(pods: Sequence[Mapping[str, Any]]) -> PodProblem | None:
     return None
 
 
-def sla_breach(*, p99_ms: float, ok_rps: float, total_rps: float, sla: SLA) -> str | None:
-    """How production traffic over a window broke the SLA (p99 or error rate; token
-    targets are not read from Prometheus); None when it kept it, or when there was no
-    traffic to judge."""
+@dataclass(frozen=True)
+class ProductionVerdict:
+    """What Prometheus showed of production's traffic over a window: `breach` says how
+    it broke the SLA, None that it kept it."""
+
+    breach: str | None
+
+
+def sla_breach(
+    *,
+    p99_ms: float,
+    ok_rps: float,
+    total_rps: float,
+    sla: SLA,
+    ttft_p99_ms: float = math.nan,
+    tpot_p99_ms: float = math.nan,
+) -> str | None:
+    """How production traffic over a window broke the SLA: p99, error rate, and the
+    TTFT and TPOT p99 where the server's histograms gave them (NaN: not read); None
+    when it kept it, or when there was no traffic to judge."""
     if not (math.isfinite(total_rps) and total_rps > 0):
         return None
     ok = ok_rps if math.isfinite(ok_rps) else 0.0
     error_rate = max(0.0, 1.0 - ok / total_rps)
     broken: list[str] = []
-    if sla.p99_ms is not None and math.isfinite(p99_ms) and p99_ms > sla.p99_ms:
-        broken.append(f"p99 {p99_ms:.0f} ms > {sla.p99_ms:g} ms")
+    tails = (
+        ("p99", p99_ms, sla.p99_ms),
+        ("TTFT p99", ttft_p99_ms, sla.ttft_p99_ms),
+        ("TPOT p99", tpot_p99_ms, sla.tpot_p99_ms),
+    )
+    for what, value, bound in tails:
+        if bound is not None and math.isfinite(value) and value > bound:
+            broken.append(f"{what} {value:.0f} ms > {bound:g} ms")
     if error_rate > sla.max_error_rate:
         broken.append(f"error rate {error_rate:.2%} > {sla.max_error_rate:.2%}")
     if not broken:

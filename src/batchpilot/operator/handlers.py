@@ -65,6 +65,9 @@ GONE = frozenset({"TargetNotFound", "ContainerNotFound"})
 # with the error, and gives back what it holds (canary, InPlace values, the slot).
 # API errors and target problems are retried with backoff for as long as they last.
 MAX_UNEXPECTED_ERRORS = 5
+# How often a step in flight looks for an edit that must stop it (a restarting spec, the
+# suspend brake): a parse of the body, nothing sent to the API server.
+EDIT_CHECK_S = 1.0
 
 
 def kube_world(
@@ -426,17 +429,22 @@ async def study(
             task = asyncio.ensure_future(runner.step(generation))
 
             def changed(seen: int = generation, running: StudyRunner = runner) -> bool:
-                """A new generation that the step in flight must not finish under."""
+                """A new generation that the step in flight must not finish under: one
+                that restarts the study, or suspends it while load is being sent (the
+                emergency brake: the pause that follows restores the target)."""
                 if int(body.metadata.get("generation") or 1) == seen:
                     return False
                 try:
-                    return specdiff.restarts_study(running.spec, parse_spec(body.get("spec")))
+                    new = parse_spec(body.get("spec"))
                 except ValidationError:
                     return True
+                if new.suspend and not running.spec.suspend and running.brakes_on_suspend:
+                    return True
+                return specdiff.restarts_study(running.spec, new)
 
             try:
                 busy = await _until_stopped(
-                    task, stopped, changed, float(memo["poll_s"]), leadership
+                    task, stopped, changed, min(EDIT_CHECK_S, float(memo["poll_s"])), leadership
                 )
             except NotLeader:
                 continue  # the loop's first check hands the study over

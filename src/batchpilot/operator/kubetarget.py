@@ -109,14 +109,14 @@ class KubeTarget:
             if now - started >= seconds:
                 break
             await asyncio.sleep(min(self._poll_s, max(0.0, started + seconds - now)))
-        breach = await self._prometheus.production_breach(seconds)
-        if breach is not None:
+        verdict = await self._prometheus.production_verdict(seconds)
+        if verdict is not None and verdict.breach is not None:
             raise TargetProblem(
                 "SLABreached",
-                f"production traffic over {seconds:g} s after the write-back: {breach}",
+                f"production traffic over {seconds:g} s after the write-back: {verdict.breach}",
             )
 
-    async def production_breach(self, window_s: float) -> str | None:
-        """How the target's traffic over the last `window_s` broke the SLA (re-tune
-        OnSLABreach); None when it kept it or there is no Prometheus verdict."""
-        return await self._prometheus.production_breach(window_s)
+    async def production_verdict(self, window_s: float) -> decisions.ProductionVerdict | None:
+        """Whether the target's traffic over the last `window_s` kept the SLA (re-tune
+        OnSLABreach); None when nothing could be judged."""
+        return await self._prometheus.production_verdict(window_s)

@@ -21,7 +21,13 @@ class Pause:
         state = self._state
         if state.status.suspended:
             return
-        undone = await self._undo()
+        # a trial the suspend stopped mid-measurement is run again on resume
+        cut = [
+            f"trial {t.number} stopped mid-measurement (run again on resume)"
+            for t in state.status.trials
+            if t.state == "Running"
+        ]
+        undone = ", ".join(part for part in (*cut, await self._undo()) if part)
         message = "suspended (spec.suspend)" + (f": {undone}" if undone else "")
         state.condition("Suspended", "True", "Suspended", message)
         await state.save(suspended=True, message=message)

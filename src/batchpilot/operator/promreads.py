@@ -6,6 +6,7 @@ window (the watch after a write-back, re-tune OnSLABreach)."""
 from __future__ import annotations
 
 import logging
+import math
 import time
 from typing import TYPE_CHECKING
 
@@ -71,10 +72,11 @@ class PrometheusReads:
             raise TargetProblem("PrometheusScope", f"load.prometheus: {exc}") from None
         return prometheus_source(self._spec, selector=selector, address_guard=self._guard)
 
-    async def production_breach(self, window_s: float) -> str | None:
-        """The SLA breach Prometheus saw over the window, with load.source prometheus.
-        A query that fails judges nothing: a monitoring outage is no reason to undo a
-        configuration that runs."""
+    async def production_verdict(self, window_s: float) -> decisions.ProductionVerdict | None:
+        """Whether production kept the SLA over the window, with load.source prometheus;
+        None when nothing could be judged: a query that fails or a window without
+        traffic is no reason to undo a configuration that runs, nor proof that it
+        keeps the SLA."""
         from batchpilot.capacity.prometheus import NoLatencyHistogram, PrometheusQueryError
         from batchpilot.capacity.promql import MS_PER_UNIT
 
@@ -94,15 +96,24 @@ class PrometheusReads:
         end = time.time()
         try:
             values = {
-                name: await source.query_scalar(queries[name], at_unix=end)
-                for name in ("p99", "ok_rps", "total_rps")
+                name: await source.query_scalar(query, at_unix=end)
+                for name, query in queries.items()
+                if name in ("p99", "ok_rps", "total_rps", "ttft_p99", "tpot_p99")
             }
         except PrometheusQueryError as exc:
             log.warning("verify: no SLA verdict from Prometheus: %s", exc)
             return None
-        return decisions.sla_breach(
-            p99_ms=values["p99"] * MS_PER_UNIT[source.metrics.latency_unit],
-            ok_rps=values["ok_rps"],
-            total_rps=values["total_rps"],
-            sla=self._spec.sla.to_sla(),
+        total_rps = values["total_rps"]
+        if not (math.isfinite(total_rps) and total_rps > 0):
+            return None  # no traffic over the window: nothing to judge
+        to_ms = MS_PER_UNIT[source.metrics.latency_unit]
+        return decisions.ProductionVerdict(
+            decisions.sla_breach(
+                p99_ms=values["p99"] * to_ms,
+                ok_rps=values["ok_rps"],
+                total_rps=total_rps,
+                sla=self._spec.sla.to_sla(),
+                ttft_p99_ms=values.get("ttft_p99", math.nan) * to_ms,
+                tpot_p99_ms=values.get("tpot_p99", math.nan) * to_ms,
+            )
         )

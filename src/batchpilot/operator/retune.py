@@ -35,24 +35,45 @@ class Retune:
         why = step.why
         if step.action == "check":
             window = state.spec.tuning.retune_window
-            breach = await self._production_breach(float(duration_seconds(window)))
-            if breach is None:
+            verdict = await self._production_verdict(float(duration_seconds(window)))
+            held = state.status.retune_held
+            if verdict is not None and verdict.breach is not None:
+                why = f"SLA breached over the last {window}: {verdict.breach}"
+                if state.spec.tuning.strategy == "InPlace":
+                    await self._hold(why, step.at)
+                    return False
+            elif held and verdict is not None:
+                why = f"{held}; production kept the SLA again over the last {window}"
+            else:
+                # kept, or nothing could be read (a monitoring outage is no reason to
+                # re-tune, nor proof of a recovery): the next check is one window later
                 await state.save(next_retune_at=step.at)
                 return False
-            why = f"SLA breached over the last {window}: {breach}"
         await self._retune(why, now)
         return True
 
-    async def _production_breach(self, window_s: float) -> str | None:
-        """The SLA breach Prometheus saw on the target over the window; None when it
-        kept the SLA or nothing could be read (a monitoring outage is no reason to
-        re-tune: the next check is one window later)."""
+    async def _production_verdict(self, window_s: float) -> decisions.ProductionVerdict | None:
+        """Whether the target kept the SLA over the window; None when nothing could be
+        read."""
         state = self._state
         try:
-            return await state.world.target.production_breach(window_s)
+            return await state.world.target.production_verdict(window_s)
         except (OSError, TimeoutError, KubeError, TargetProblem) as exc:
             log.warning("%s/%s: re-tune check read nothing: %s", state.namespace, state.name, exc)
             return None
+
+    async def _hold(self, why: str, next_check: datetime | None) -> None:
+        """An InPlace re-tune waits for production to keep the SLA again: its trials
+        would add load to the very pods whose users the breach already hurts."""
+        state = self._state
+        first = not state.status.retune_held
+        message = (
+            f"{why}; the InPlace re-tune waits until production keeps the SLA over a whole "
+            "window: its trials would add load to the target that breaches"
+        )
+        await state.save(next_retune_at=next_check, retune_held=why, message=message)
+        if first:
+            state.event("Warning", "RetuneHeld", message)
 
     async def _retune(self, why: str, now: datetime) -> None:
         """A new study for the same generation; the old one's best and the count of

@@ -656,8 +656,25 @@ class PrometheusSpec(BaseModel):
     latency_metric: str | None = Field(
         default=None,
         description="Latency histogram (seconds) to read p99 from; unset: the runtime's own "
-        "(runtime.kind Triton, RayServe, TorchServe, MLServer: its names and units), else the "
-        "reference server's. Naming it or requestsMetric reads both the reference server's way.",
+        "(runtime.kind Triton, RayServe, TorchServe, MLServer, VLLM: its names and units), "
+        "else the reference server's. Naming it or requestsMetric reads both the reference "
+        "server's way.",
+        max_length=256,
+    )
+    ttft_metric: str | None = Field(
+        default=None,
+        description="A token-stream server's time-to-first-token histogram (in "
+        "latencyMetric's unit), read for sla.ttftP99Ms: a step's TTFT p99 and production's "
+        "over the verify and re-tune windows. Unset: vLLM's "
+        "vllm:time_to_first_token_seconds for runtime.kind VLLM, else none (steps are "
+        "judged on the client's TTFT, production's is not read).",
+        max_length=256,
+    )
+    tpot_metric: str | None = Field(
+        default=None,
+        description="A token-stream server's time-per-output-token histogram, one value per "
+        "request, read for sla.tpotP99Ms as ttftMetric is. Unset: vLLM's "
+        "vllm:request_time_per_output_token_seconds for runtime.kind VLLM, else none.",
         max_length=256,
     )
     requests_metric: str | None = Field(
@@ -1174,6 +1191,12 @@ _RETUNE_SOURCE_MESSAGE = (
     "tuning.retune OnSLABreach needs load.source prometheus: the target's p99 over "
     "tuning.retuneWindow is read from Prometheus"
 )
+_RETUNE_TOKENS_MESSAGE = (
+    "tuning.retune OnSLABreach with sla.ttftP99Ms or sla.tpotP99Ms reads production's TTFT "
+    "and TPOT from the server's own histograms: runtime.kind VLLM has them (with "
+    "load.prometheus.latencyMetric and requestsMetric unset); another server names them in "
+    "load.prometheus.ttftMetric and tpotMetric"
+)
 
 
 # Adaptive confirmation's cap: 3 rounds, then up to this many while undecided.
@@ -1482,6 +1505,16 @@ class InferenceServiceSpec(BaseModel):
             _TOKEN_SLA_MESSAGE,
         ),
         cel(
+            "!has(self.tuning) || !has(self.tuning.retune) || "
+            "self.tuning.retune != 'OnSLABreach' || !has(self.load.prometheus) || "
+            "(has(self.runtime) && has(self.runtime.kind) && self.runtime.kind == 'VLLM' && "
+            "!has(self.load.prometheus.latencyMetric) && "
+            "!has(self.load.prometheus.requestsMetric)) || "
+            "((!has(self.sla.ttftP99Ms) || has(self.load.prometheus.ttftMetric)) && "
+            "(!has(self.sla.tpotP99Ms) || has(self.load.prometheus.tpotMetric)))",
+            _RETUNE_TOKENS_MESSAGE,
+        ),
+        cel(
             f"!has(self.load.protocol) || !(self.load.protocol in "
             f"{_cel_list(STREAM_LOAD_PROTOCOLS)}) || "
             "(has(self.runtime) && has(self.runtime.model))",
@@ -1518,8 +1551,21 @@ class InferenceServiceSpec(BaseModel):
 
     @model_validator(mode="after")
     def _retune_needs_prometheus(self) -> InferenceServiceSpec:
-        if self.tuning.retune == "OnSLABreach" and self.load.source != "prometheus":
+        if self.tuning.retune != "OnSLABreach":
+            return self
+        if self.load.source != "prometheus":
             raise ValueError(_RETUNE_SOURCE_MESSAGE)
+        prometheus = self.load.prometheus
+        if prometheus is None:
+            return self  # refused by load's own rule
+        vllm = self.runtime.kind == "VLLM" and not (
+            prometheus.latency_metric or prometheus.requests_metric
+        )
+        unread = (self.sla.ttft_p99_ms is not None and not prometheus.ttft_metric) or (
+            self.sla.tpot_p99_ms is not None and not prometheus.tpot_metric
+        )
+        if unread and not vllm:
+            raise ValueError(_RETUNE_TOKENS_MESSAGE)
         return self
 
     @model_validator(mode="after")

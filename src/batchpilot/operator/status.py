@@ -332,6 +332,12 @@ class InferenceServiceStatus(_Status):
     retune_key: str | None = Field(
         default=None, description="The tuning.retune setting nextRetuneAt was computed for."
     )
+    retune_held: Message = Field(
+        default="",
+        description="OnSLABreach with strategy InPlace: the SLA breach that calls for a "
+        "re-tune, held until production keeps the SLA over a whole retuneWindow (an InPlace "
+        "trial adds load to the target itself, never to one that breaches).",
+    )
     previous_best: Result | None = Field(
         default=None, description="The best of the study the latest re-tune replaced."
     )

@@ -70,6 +70,15 @@ class StudyRunner:
         self._finish = finish
         self._pause = Pause(state, slot, cleanup)
         self._retune = Retune(state, slot)
+        self._in_flight: str | None = None  # the plan's kind while a step runs
+
+    @property
+    def brakes_on_suspend(self) -> bool:
+        """Whether spec.suspend stops the step in flight at once: a trial or a
+        confirmation round (load on the target or its canary), cut short and run again
+        on resume. A write-back finishes: its verification and rollback are the way
+        back, and it adds no load."""
+        return self._in_flight in ("trial", "confirm")
 
     @property
     def spec(self) -> InferenceServiceSpec:
@@ -87,6 +96,7 @@ class StudyRunner:
             held = await self._held(plan)
             if held is not None:
                 return held
+            self._in_flight = plan.kind
             if plan.kind == "idle":
                 return False
             if plan.kind == "new-study":
@@ -110,12 +120,15 @@ class StudyRunner:
             message = f"Kubernetes API: {exc}"
             state.event("Warning", "APIError", message)
             raise RecoverableError("APIError", message) from exc
+        finally:
+            self._in_flight = None
         return True
 
     async def _held(self, plan: decisions.Plan) -> bool | None:
         """What spec.suspend, tuning.window and tuning.retune make of the plan: None to
-        go on with it, else the step's result. Checked between steps only, so a trial
-        in flight finishes (or meets its deadline) before a pause takes effect."""
+        go on with it, else the step's result. A window that shuts is checked between
+        steps, so a trial in flight finishes (or meets its deadline) first; a suspend
+        has already cut a trial or confirmation round short (`brakes_on_suspend`)."""
         status = self._state.status
         if plan.kind in ("new-study", "adopt-spec"):
             return None

@@ -65,9 +65,10 @@ class TargetWorld(Protocol):
         traffic over the window broke the SLA."""
         ...
 
-    async def production_breach(self, window_s: float) -> str | None:
-        """How the target's traffic over the last `window_s` broke the SLA (re-tune
-        OnSLABreach); None when it kept it or there is no Prometheus verdict."""
+    async def production_verdict(self, window_s: float) -> decisions.ProductionVerdict | None:
+        """Whether the target's traffic over the last `window_s` kept the SLA (re-tune
+        OnSLABreach); None when nothing could be judged (no Prometheus source, no
+        traffic, or Prometheus did not answer)."""
         ...
 
 
