@@ -6,6 +6,7 @@ between Kopf and the API server is real: watches, finalizers, status patches, ev
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import math
 from typing import Any
@@ -555,6 +556,35 @@ async def test_a_rollback_whose_restore_fails_is_finished_on_the_next_step(
     degraded = condition(status_of(kmock), "Degraded")
     assert degraded["reason"] == "RolledBack"
     assert "CrashLoopBackOff" in degraded["message"]
+
+
+async def test_deletion_mid_rollback_of_a_canary_study_finishes_the_rollback(
+    kmock: kmock.KubernetesEmulator, operator: Operator, cluster: FakeCluster
+) -> None:
+    # the write-back lands on the target itself, whatever the strategy the trials used
+    cluster.crashes = lambda params: params != ORIGINAL
+    cluster.restore_hangs = True  # the rollback's restore is still rolling out
+    kmock.objects[ISVC, NAMESPACE, "resnet"] = isvc(
+        tuning={"strategy": "Canary", "maxTrials": 3, "writeBack": "Apply", "verifySeconds": 5}
+    )
+
+    def rolling_back() -> bool:
+        return any(
+            c["type"] == "Degraded" and c["reason"] == "RollingBack"
+            for c in status_of(kmock).get("conditions", [])
+        )
+
+    async with operator():
+        await eventually(rolling_back, what="the rollback started")
+        await asyncio.sleep(0.5)  # its restore is called, and hangs
+        assert cluster.target != ORIGINAL  # the values that crash-loop
+        assert cluster.restored == 0
+        cluster.restore_hangs = False
+        response = await kmock.delete(f"{ISVC_URL}/resnet")
+        assert response.status == 200
+        await eventually(lambda: obj_of(kmock) == {}, what="finalizer released")
+    assert cluster.target == ORIGINAL
+    assert cluster.restored == 1
 
 
 async def test_live_runtime_write_back_leaves_the_snippet_to_commit_in_status(

@@ -311,6 +311,45 @@ async def test_a_breach_holds_an_in_place_retune_until_production_keeps_the_sla(
     assert len(cluster.applied) > trials
 
 
+async def test_recommend_turned_to_apply_waits_for_the_window_and_suspend_then_verifies(
+    kmock: kmock.KubernetesEmulator, operator: Operator, cluster: FakeCluster, clock: Clock
+) -> None:
+    clock.now = datetime(2026, 12, 2, 2, 0, tzinfo=UTC)
+    window = {"start": "0 2 * * *", "durationMinutes": 120}
+    tuning = {
+        "maxTrials": 3, "finalists": 0, "writeBack": "Recommend", "window": window,
+        "verifySeconds": 45,
+    }  # fmt: skip
+    kmock.objects[ISVC, NAMESPACE, "resnet"] = isvc(tuning=tuning)
+    async with operator():
+        await eventually(lambda: phase_is(kmock, "Converged", None), what="the study")
+        best = status_of(kmock)["best"]["params"]
+        assert (cluster.written_back, cluster.verified) == ([], [])
+        # Apply, asked outside the window: nothing is written until it opens
+        clock.now = datetime(2026, 12, 2, 5, 0, tzinfo=UTC)
+        await edit(kmock, 2, {"tuning": {**tuning, "writeBack": "Apply"}})
+        await eventually(lambda: "SpecAdopted" in reasons_of(kmock), what="the edit adopted")
+        await eventually(
+            lambda: conditions(kmock).get("InWindow", {}).get("reason") == "OutsideWindow",
+            what="the write-back held for the window",
+        )
+        # and suspended when the window opens: still nothing
+        await edit(kmock, 3, {"suspend": True})
+        await eventually(lambda: status_of(kmock).get("suspended") is True, what="suspension")
+        clock.now = datetime(2026, 12, 3, 2, 5, tzinfo=UTC)
+        await asyncio.sleep(0.5)  # ten polls of the daemon
+        assert cluster.written_back == []
+        # resumed inside the window: written, then watched like a study's own write-back
+        await edit(kmock, 4, {"suspend": False})
+        await eventually(lambda: cluster.written_back == [best], what="the write-back")
+        await eventually(lambda: status_of(kmock).get("applied") is True, what="applied")
+        await eventually(lambda: "Applied" in reasons_of(kmock), what="the event")
+    assert cluster.verified == [45.0]
+    status = status_of(kmock)
+    assert status["phase"] == "Converged"
+    assert "writeBack Apply: wrote" in status["message"]
+
+
 async def test_an_in_place_target_is_restored_while_the_window_is_shut(
     kmock: kmock.KubernetesEmulator, operator: Operator, cluster: FakeCluster, clock: Clock
 ) -> None:

@@ -14,6 +14,7 @@ from batchpilot.operator import decisions
 from batchpilot.operator.spec import InferenceServiceSpec, explain_validation_error, parse_spec
 from batchpilot.operator.status import (
     TRIALS_KEPT,
+    Condition,
     Confirmation,
     InferenceServiceStatus,
     OriginalConfig,
@@ -208,6 +209,21 @@ def test_needs_cleanup() -> None:
         False,
         False,
     )
+
+
+@pytest.mark.parametrize("strategy", ["Canary", "InPlace"])
+def test_a_rollback_under_way_is_finished_by_a_cleanup_whatever_the_strategy(
+    strategy: str,
+) -> None:
+    broke = Condition(type="Degraded", status="True", reason="RollingBack", message="x")
+    midway = status(phase="Confirming", applied=True, conditions=[broke])
+    assert decisions.rolling_back(midway)
+    assert decisions.needs_cleanup(midway, strategy) == (False, True)
+    left = decisions.cleanup_left(midway, spec())
+    assert "still runs the written-back configuration that broke it" in left
+    done = midway.model_copy(update={"phase": "RolledBack"})
+    assert not decisions.rolling_back(done)
+    assert decisions.needs_cleanup(done, strategy) == (False, False)
 
 
 # --- the observed world -----------------------------------------------------------

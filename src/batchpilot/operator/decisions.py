@@ -52,7 +52,15 @@ from batchpilot.tuner.verdict import (
 )
 
 PlanKind = Literal[
-    "idle", "new-study", "adopt-spec", "record-original", "trial", "confirm", "finish", "fail"
+    "idle",
+    "new-study",
+    "adopt-spec",
+    "record-original",
+    "trial",
+    "confirm",
+    "finish",
+    "write-back",
+    "fail",
 ]
 FINISHED_STATES = frozenset({"Complete", "Pruned", "Infeasible"})
 ACTIVE_PHASES = frozenset({"Pending", "Baseline", "Tuning", "Confirming"})
@@ -272,16 +280,26 @@ def new_study(previous: InferenceServiceStatus, generation: int) -> InferenceSer
     )
 
 
+def rolling_back(status: InferenceServiceStatus) -> bool:
+    """A rollback of a write-back that broke the target has started and not finished."""
+    return status.phase != "RolledBack" and any(
+        c.type == "Degraded" and c.reason == "RollingBack" for c in status.conditions
+    )
+
+
 def needs_cleanup(status: InferenceServiceStatus, strategy: str) -> tuple[bool, bool]:
     """(delete the canary, restore the original) for a study that stops before its end:
-    deletion of the resource, a spec change, or a failure."""
+    deletion of the resource, a spec change, or a failure. A rollback under way is
+    finished whatever the strategy: the target runs the values that broke it."""
     delete_canary = status.canary is not None
-    restore = (
-        strategy == "InPlace"
-        and status.original is not None
-        and not status.restored
-        and not status.applied
-        and status.phase in ACTIVE_PHASES
+    restore = status.original is not None and (
+        rolling_back(status)
+        or (
+            strategy == "InPlace"
+            and not status.restored
+            and not status.applied
+            and status.phase in ACTIVE_PHASES
+        )
     )
     return delete_canary, restore
 
@@ -294,9 +312,13 @@ def cleanup_left(status: InferenceServiceStatus, spec: InferenceServiceSpec) -> 
         left.append(f"canary Deployment {status.canary} (garbage-collected with its owner)")
     if restore and status.original is not None:
         shown = status.original.env or status.original.params
+        running = (
+            "the written-back configuration that broke it"
+            if rolling_back(status)
+            else "the trial's configuration"
+        )
         left.append(
-            f"{spec.target.kind} {spec.target.name} still runs the trial's configuration; "
-            f"its original was {shown}"
+            f"{spec.target.kind} {spec.target.name} still runs {running}; its original was {shown}"
         )
     return "; ".join(left) or "nothing"
 

@@ -5,7 +5,7 @@ searched space named in events."""
 
 from __future__ import annotations
 
-from batchpilot.operator import decisions
+from batchpilot.operator import adopt, decisions
 from batchpilot.operator import runtimes as operator_runtimes
 from batchpilot.operator.cleanup import Cleanup
 from batchpilot.operator.spec import batching_config
@@ -58,6 +58,21 @@ class Finish:
         persist = operator_runtimes.persist_advice(spec, best.params)
         await state.save(phase="Converged", message=message, persist=persist)
         state.event("Normal", "Converged", message)
+
+    async def write_adopted(self) -> None:
+        """writeBack turned to Apply on a converged study: its result is written and
+        verified (rolled back when it breaks the target), as at a study's own end."""
+        state = self._state
+        chosen = adopt.chosen_params(state.spec, state.status)
+        if chosen is None:
+            return
+        if not await self._write_back.write(chosen):
+            return
+        message = (
+            f"writeBack Apply: wrote {decisions.describe_params(chosen)} to "
+            f"{state.spec.target.name}, watched for {state.spec.tuning.verify_seconds} s"
+        )
+        await state.save(restored=False, message=message)
 
     def _report_edges(self) -> None:
         """An event per knob of the study's best at an end of its searched range: the

@@ -16,7 +16,7 @@ import contextlib
 import functools
 import logging
 import random
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 import kopf
@@ -141,6 +141,9 @@ async def configure(
     # Kopf gives every resource a shallow copy of the memo: objects created later are
     # shared through this dict, not through new memo keys
     memo.setdefault("clients", {})
+    # set once the operator shuts down (its API session closes): an object, so that the
+    # resources' copies of the memo see it
+    memo.setdefault("shutting_down", asyncio.Event())
     if "leadership" not in memo:
         election = memo.get("election")
         if isinstance(election, ElectionSettings):
@@ -164,7 +167,7 @@ async def configure(
 @kopf.on.cleanup()
 async def close(memo: kopf.Memo, **_: Any) -> None:
     # a study daemon that has not stopped yet meets a closed session from here on
-    memo["closing"] = True
+    memo["shutting_down"].set()
     deposed = memo.get("deposed_task")
     if isinstance(deposed, asyncio.Task):
         deposed.cancel()
@@ -337,8 +340,18 @@ async def _report_invalid(
     )
 
 
+async def _caught(step: Awaitable[bool]) -> bool | Exception:
+    """The step's result, or the error it raised held as its result: the daemon raises it
+    again in its own frame. A task that ends in an exception while Kopf shuts down would
+    be re-raised by Kopf as the operator's own failure."""
+    try:
+        return await step
+    except Exception as error:
+        return error
+
+
 async def _until_stopped(
-    task: asyncio.Task[bool],
+    task: asyncio.Task[bool | Exception],
     stopped: kopf.DaemonStopped,
     changed: Callable[[], bool],
     poll_s: float,
@@ -356,7 +369,10 @@ async def _until_stopped(
                 {task, waiter, lost}, timeout=poll_s, return_when=asyncio.FIRST_COMPLETED
             )
             if task in done:
-                return task.result()
+                result = task.result()
+                if isinstance(result, Exception):
+                    raise result
+                return result
             if waiter in done or lost in done or changed():
                 break
     finally:
@@ -426,7 +442,7 @@ async def study(
             runner_generation = generation
         assert runner is not None  # set above once the spec parsed
         async with _lock(memo, key):
-            task = asyncio.ensure_future(runner.step(generation))
+            task = asyncio.ensure_future(_caught(runner.step(generation)))
 
             def changed(seen: int = generation, running: StudyRunner = runner) -> bool:
                 """A new generation that the step in flight must not finish under: one
@@ -449,7 +465,7 @@ async def study(
             except NotLeader:
                 continue  # the loop's first check hands the study over
             except Exception as error:  # expected or not, the daemon must never crash-loop
-                if stopped or memo.get("closing"):
+                if stopped or memo["shutting_down"].is_set():
                     # the operator is stopping and may have closed its API session: an
                     # error now says nothing about the study, and must not count toward
                     # failing it

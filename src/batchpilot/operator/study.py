@@ -12,7 +12,7 @@ status is the study's only persistent state: `operator.status`).
 
 from __future__ import annotations
 
-from batchpilot.operator import decisions
+from batchpilot.operator import adopt, decisions
 from batchpilot.operator.cleanup import Cleanup, WorldFor
 from batchpilot.operator.confirmation import ConfirmationRounds
 from batchpilot.operator.finish import Finish
@@ -92,6 +92,10 @@ class StudyRunner:
         """Do the next step; False when the study of this generation is over."""
         state = self._state
         plan = decisions.plan(state.spec, state.status, generation)
+        if plan.kind == "idle" and adopt.write_back_action(state.spec, state.status) == "apply":
+            # writeBack turned to Apply on a converged study: its result goes through the
+            # same gates as a study's own end (suspend, window, verification, rollback)
+            plan = decisions.Plan("write-back", "writeBack Apply on a converged study")
         try:
             held = await self._held(plan)
             if held is not None:
@@ -111,6 +115,8 @@ class StudyRunner:
                 await self._confirmation.step(plan.reason)
             elif plan.kind == "finish":
                 await self._finish.run(plan.reason)
+            elif plan.kind == "write-back":
+                await self._finish.write_adopted()
             else:
                 await self._cleanup.fail(plan.reason)
         except TargetProblem as exc:
@@ -143,7 +149,10 @@ class StudyRunner:
             return True
         if plan.kind == "idle":
             return await self._retune.step()
-        if plan.kind in ("trial", "confirm"):
+        writes = plan.kind == "write-back" or (
+            plan.kind == "finish" and self._state.spec.tuning.write_back == "Apply"
+        )
+        if plan.kind in ("trial", "confirm") or writes:
             return await self._pause.window_gate()
         return None
 

@@ -52,13 +52,8 @@ class StudyStart:
             return
         action = adopt.write_back_action(spec, state.status)
         if action == "apply":
-            chosen = adopt.chosen_params(spec, state.status)
-            assert chosen is not None  # write_back_action checked it
-            await state.timed(state.world.target.write_back(chosen), "write-back")
-            shown = decisions.describe_params(chosen)
-            await state.save(applied=True, restored=False)
-            state.event("Normal", "Applied", f"wrote {shown} to {spec.target.name}")
-            note += f"; writeBack Apply: wrote {shown}"
+            # written by the next step, through the study's own gates
+            note += "; writeBack Apply: the result is written back and verified next"
         elif action == "withhold" and state.status.original is not None:
             await state.timed(state.world.target.restore(state.status.original), "restore")
             await state.save(applied=False, restored=True)
