@@ -52,7 +52,9 @@ def test_quick_tune_recommends_a_feasible_config_no_worse_than_the_baseline(
     out = json.loads(done.stdout)
     _check_recommendation(out)
     trials = out["trials"]
-    assert len(trials) == 3
+    # the quick run's 75 s budget may end the study after the second trial when the
+    # machine is loaded (the suite's other lane runs beside it)
+    assert len(trials) in (2, 3), trials
     assert trials[0]["label"] == "baseline"
     # the server's own starting configuration is the baseline
     assert (out["baseline"]["max_batch_size"], out["baseline"]["max_queue_time_ms"]) == (8, 5.0)

@@ -134,3 +134,12 @@ def finished_trials(status: dict[str, Any]) -> list[dict[str, Any]]:
 def gap_free(status: dict[str, Any]) -> bool:
     numbers = [int(t["number"]) for t in status.get("trials") or []]
     return sorted(numbers) == list(range(len(numbers)))
+
+
+def table_cells(header: str, row: str) -> dict[str, str]:
+    """kubectl's aligned table row by column name: a blank cell stays a blank string,
+    where splitting on spaces would drop it and shift the cells after it."""
+    starts = [i for i, ch in enumerate(header) if ch != " " and (i == 0 or header[i - 1] == " ")]
+    names = header.split()
+    bounds = [*starts[1:], len(row) + 1]
+    return {n: row[a:b].strip() for n, a, b in zip(names, starts, bounds, strict=True)}

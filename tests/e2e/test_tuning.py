@@ -21,21 +21,13 @@ from .scenario import (
     gap_free,
     live_config,
     pods,
+    table_cells,
     wait_converged,
 )
 from .study import events
 from .workloads import container_env, dump, inference_service
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(420)]
-
-
-def table_cells(header: str, row: str) -> dict[str, str]:
-    """kubectl's aligned table row by column name: a blank cell stays a blank string,
-    where splitting on spaces would drop it and shift the cells after it."""
-    starts = [i for i, ch in enumerate(header) if ch != " " and (i == 0 or header[i - 1] == " ")]
-    names = header.split()
-    bounds = [*starts[1:], len(row) + 1]
-    return {n: row[a:b].strip() for n, a, b in zip(names, starts, bounds, strict=True)}
 
 
 # The sample is the user's starting point; the test keeps it and only makes the study

@@ -32,6 +32,9 @@ def test_tune_local_runtime_ray_gives_the_knobs_in_ray_serves_terms(tmp_path: Pa
             sys.executable,
             *("-m", "batchpilot", "tune", "--local", "--runtime", "ray", "--quick"),
             *("--trials", "1", "--p99-ms", "500", "--config", str(config), "--json"),
+            # Ray serves a few dozen requests per second here: a quick step stretched to
+            # its limit would hold fewer than the 299 requests that bound a p99
+            *("--min-requests", "100"),
         ],
         capture_output=True,
         text=True,

@@ -76,6 +76,9 @@ async def test_a_users_app_that_does_not_report_its_batching_tunes(
         *("--model", APP.model, "--control-url", ray.dashboard_url),
         # the flow is under test, not the app's speed on a shared machine
         *("--quick", "--trials", "2", "--p99-ms", "500", "--config", str(config), "--json"),
+        # a few dozen requests per second: quick steps judged on 100 requests, not on a
+        # p99 bound that fewer than 299 leave infinite
+        *("--min-requests", "100"),
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE,
     )

@@ -86,6 +86,25 @@ async def test_the_ramp_down_stops_where_no_step_could_pass_and_says_why() -> No
     assert result.unjudged == "too few requests"
 
 
+async def test_a_start_too_low_to_be_judged_goes_up_to_the_first_rate_that_can_be() -> None:
+    target = KneeAt(100.0)
+
+    def unjudged(rate: float) -> str:
+        return "too few requests" if rate < 10.0 else ""
+
+    result = await search_capacity(
+        target, sla=SLA_100, start_rps=3.0, precision=0.2, unjudged=unjudged
+    )
+    assert target.rates[:4] == [12.0, 24.0, 48.0, 96.0]  # never 3 or 6 req/s
+    assert result.feasible
+    # a knee below the lowest rate that can be judged: one step, and the reason
+    low = KneeAt(5.0)
+    result = await search_capacity(low, sla=SLA_100, start_rps=3.0, unjudged=unjudged)
+    assert low.rates == [12.0]
+    assert not result.feasible
+    assert result.unjudged == "too few requests"
+
+
 async def test_a_rate_that_can_be_judged_is_measured_and_the_result_says_nothing() -> None:
     target = KneeAt(20.0)
     result = await search_capacity(target, sla=SLA_100, start_rps=64.0, unjudged=lambda rate: "")

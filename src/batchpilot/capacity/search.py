@@ -101,9 +101,10 @@ async def search_above(
     pass at `max_rps`, ends it short of its precision, which the result says
     (`short_of_precision`).
 
-    With `unjudged`, the ramp down stops at a rate no step could pass whatever the
-    server did (too few requests in it to bound a p99), rather than measuring windows
-    that cannot tell; the result says why (`CapacityResult.unjudged`).
+    With `unjudged`, no step is measured at a rate no step could pass whatever the
+    server did (too few requests in it to bound a p99): a start that low ramps up to the
+    first rate that can be judged, and the ramp down stops there, the result saying why
+    (`CapacityResult.unjudged`).
 
     An invalid step (the client could not keep its schedule) is neither: the search
     stops ramping there and the result is `client_bound`, a lower bound on capacity.
@@ -160,6 +161,11 @@ async def search_above(
         return await once(rate) is True
 
     rate = min(start_rps, max_rps)
+    if unjudged is not None:
+        # a start too low for its step to tell anything: the first step is the lowest
+        # rate of the ramp that can be judged
+        while unjudged(rate) and rate * growth <= max_rps:
+            rate *= growth
     lo = 0.0
     hi = math.inf
     if spent(rate):
