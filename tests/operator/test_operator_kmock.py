@@ -528,6 +528,13 @@ async def test_deletion_whose_restore_cannot_finish_gives_up_with_an_event(
     assert cluster.restored == 0
 
 
+def rolling_back(k: kmock.KubernetesEmulator) -> bool:
+    return any(
+        c["type"] == "Degraded" and c["reason"] == "RollingBack"
+        for c in status_of(k).get("conditions", [])
+    )
+
+
 async def test_a_rollback_whose_restore_fails_is_finished_on_the_next_step(
     kmock: kmock.KubernetesEmulator, operator: Operator, cluster: FakeCluster
 ) -> None:
@@ -537,14 +544,8 @@ async def test_a_rollback_whose_restore_fails_is_finished_on_the_next_step(
     )
     kmock.objects[ISVC, NAMESPACE, "resnet"] = isvc()
 
-    def rolling_back() -> bool:
-        return any(
-            c["type"] == "Degraded" and c["reason"] == "RollingBack"
-            for c in status_of(kmock).get("conditions", [])
-        )
-
     async with operator():
-        await eventually(rolling_back, what="the rollback started")
+        await eventually(lambda: rolling_back(kmock), what="the rollback started")
         written = len(cluster.written_back)
         cluster.restore_problem = None
         await eventually(lambda: phase_is(kmock, "RolledBack"), what="rolled back")
@@ -568,14 +569,8 @@ async def test_deletion_mid_rollback_of_a_canary_study_finishes_the_rollback(
         tuning={"strategy": "Canary", "maxTrials": 3, "writeBack": "Apply", "verifySeconds": 5}
     )
 
-    def rolling_back() -> bool:
-        return any(
-            c["type"] == "Degraded" and c["reason"] == "RollingBack"
-            for c in status_of(kmock).get("conditions", [])
-        )
-
     async with operator():
-        await eventually(rolling_back, what="the rollback started")
+        await eventually(lambda: rolling_back(kmock), what="the rollback started")
         await asyncio.sleep(0.5)  # its restore is called, and hangs
         assert cluster.target != ORIGINAL  # the values that crash-loop
         assert cluster.restored == 0

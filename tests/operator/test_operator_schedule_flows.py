@@ -48,6 +48,32 @@ PROMETHEUS_LOAD = {
 }
 
 
+RETUNE_ON_BREACH = {
+    "maxTrials": 3,
+    "finalists": 0,
+    "retune": "OnSLABreach",
+    "retuneWindow": "10m",
+    "verifySeconds": 0,
+}
+
+
+def retuning_on_breach(k: kmock.KubernetesEmulator, cluster: FakeCluster, **tuning: Any) -> Probe:
+    """A study that re-tunes on a breach its Probe reports."""
+    probe = Probe(cluster)
+    probe.install()
+    k.objects[ISVC, NAMESPACE, "resnet"] = isvc(
+        load=PROMETHEUS_LOAD, tuning={**RETUNE_ON_BREACH, **tuning}
+    )
+    return probe
+
+
+async def converged_with_a_check(k: kmock.KubernetesEmulator) -> None:
+    await eventually(
+        lambda: phase_is(k, "Converged", None) and bool(status_of(k).get("nextRetuneAt")),
+        what="the first study and its first check scheduled",
+    )
+
+
 class Clock:
     """The operator's wall clock, moved by the test."""
 
@@ -200,25 +226,9 @@ async def test_suspend_deletes_the_canary(
 async def test_a_breached_sla_starts_a_new_study_from_the_written_back_configuration(
     kmock: kmock.KubernetesEmulator, operator: Operator, cluster: FakeCluster, clock: Clock
 ) -> None:
-    probe = Probe(cluster)
-    probe.install()
-    kmock.objects[ISVC, NAMESPACE, "resnet"] = isvc(
-        load=PROMETHEUS_LOAD,
-        tuning={
-            "maxTrials": 3,
-            "finalists": 0,
-            "retune": "OnSLABreach",
-            "retuneWindow": "10m",
-            "verifySeconds": 0,
-        },
-    )
+    probe = retuning_on_breach(kmock, cluster)
     async with operator():
-        await eventually(
-            lambda: (
-                phase_is(kmock, "Converged", None) and bool(status_of(kmock).get("nextRetuneAt"))
-            ),
-            what="the first study and its first check scheduled",
-        )
+        await converged_with_a_check(kmock)
         first = status_of(kmock)
         written = cluster.written_back[-1]
         assert first["nextRetuneAt"].startswith("2026-12-01T12:10:00")
@@ -252,26 +262,9 @@ async def test_a_breached_sla_starts_a_new_study_from_the_written_back_configura
 async def test_a_breach_holds_an_in_place_retune_until_production_keeps_the_sla(
     kmock: kmock.KubernetesEmulator, operator: Operator, cluster: FakeCluster, clock: Clock
 ) -> None:
-    probe = Probe(cluster)
-    probe.install()
-    kmock.objects[ISVC, NAMESPACE, "resnet"] = isvc(
-        load=PROMETHEUS_LOAD,
-        tuning={
-            "strategy": "InPlace",
-            "maxTrials": 3,
-            "finalists": 0,
-            "retune": "OnSLABreach",
-            "retuneWindow": "10m",
-            "verifySeconds": 0,
-        },
-    )
+    probe = retuning_on_breach(kmock, cluster, strategy="InPlace")
     async with operator():
-        await eventually(
-            lambda: (
-                phase_is(kmock, "Converged", None) and bool(status_of(kmock).get("nextRetuneAt"))
-            ),
-            what="the first study and its first check scheduled",
-        )
+        await converged_with_a_check(kmock)
         trials = len(cluster.applied)
         # production breaks the SLA: an InPlace re-tune would add load to it, so it waits
         probe.breach = "p99 450 ms > 300 ms at 800 req/s"
