@@ -347,6 +347,18 @@ CEL_CASES += [
         _set("tuning.retune", "OnSLABreach"),
         cel_key="OnSLABreach needs load.source prometheus",
     ),
+    Case(
+        "OnSLABreach on a TTFT target Prometheus cannot read",
+        _both(
+            VLLM_STREAMS,
+            _set("sla", {"ttftP99Ms": 200}),
+            _set("load.source", "prometheus"),
+            # vLLM's own names replaced by the reference server's way: no TTFT histogram
+            _set("load.prometheus", {"url": "http://prometheus:9090", "latencyMetric": "g"}),
+            _set("tuning.retune", "OnSLABreach"),
+        ),
+        cel_key="reads production's TTFT and TPOT from the server's own histograms",
+    ),
 ]
 
 ENUM_CASES = [
