@@ -215,32 +215,36 @@ def test_plan_adopts_a_steering_edit_and_restarts_on_the_rest() -> None:
 
 def test_write_back_follows_an_edited_write_back() -> None:
     recommend_done = converged(applied=False)
-    assert adopt.write_back_action(spec(tuning={"writeBack": "Apply"}), recommend_done) == "apply"
-    assert adopt.chosen_params(spec(), recommend_done) == {
+    assert (
+        decisions.write_back_action(spec(tuning={"writeBack": "Apply"}), recommend_done) == "apply"
+    )
+    assert decisions.chosen_params(spec(), recommend_done) == {
         "max_batch_size": 8,
         "max_queue_time_ms": 5.0,
     }
     applied = converged(applied=True)
-    assert adopt.write_back_action(spec(tuning={"writeBack": "Recommend"}), applied) == "withhold"
-    assert adopt.write_back_action(spec(tuning={"writeBack": "Apply"}), applied) is None
+    assert (
+        decisions.write_back_action(spec(tuning={"writeBack": "Recommend"}), applied) == "withhold"
+    )
+    assert decisions.write_back_action(spec(tuning={"writeBack": "Apply"}), applied) is None
     running = converged(phase="Tuning")
-    assert adopt.write_back_action(spec(), running) is None
+    assert decisions.write_back_action(spec(), running) is None
 
 
 def test_an_edited_write_back_never_writes_an_unbeaten_incumbent() -> None:
     # the study ended NoSignificantGain with no finalist: its best trial is the baseline
     unbeaten = converged(applied=False, trials=[trial(0, 150.0, batch=4), trial(1, 100.0, batch=8)])
     apply = spec(tuning={"writeBack": "Apply", "finalists": 1})
-    assert adopt.chosen_params(apply, unbeaten) is None
-    assert adopt.write_back_action(apply, unbeaten) is None
+    assert decisions.chosen_params(apply, unbeaten) is None
+    assert decisions.write_back_action(apply, unbeaten) is None
     # without a confirmation asked for, the gain gate holds on the study's figures: the
     # incumbent's own configuration gains 0 %, below minGainPercent 5
     no_confirmation = spec(tuning={"writeBack": "Apply", "finalists": 0})
-    assert adopt.chosen_params(no_confirmation, unbeaten) is None
-    assert adopt.write_back_action(no_confirmation, unbeaten) is None
+    assert decisions.chosen_params(no_confirmation, unbeaten) is None
+    assert decisions.write_back_action(no_confirmation, unbeaten) is None
     # with no gain asked for, the best trial is the study's answer
     any_gain = spec(tuning={"writeBack": "Apply", "finalists": 0, "minGainPercent": 0})
-    assert adopt.chosen_params(any_gain, unbeaten) == {
+    assert decisions.chosen_params(any_gain, unbeaten) == {
         "max_batch_size": 4,
         "max_queue_time_ms": 5.0,
     }

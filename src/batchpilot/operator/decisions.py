@@ -87,6 +87,10 @@ def plan(spec: InferenceServiceSpec, status: InferenceServiceStatus, generation:
             # retry it
             return Plan("adopt-spec", f"spec generation {generation} keeps the study")
         return Plan("new-study", f"spec generation {generation} has no study yet")
+    if write_back_action(spec, status) == "apply":
+        # writeBack turned to Apply on a converged study: its result goes through the
+        # same gates as a study's own end (suspend, window, verification, rollback)
+        return Plan("write-back", "writeBack Apply on a converged study")
     if status.phase in ("Converged", "Failed", "RolledBack"):
         return Plan("idle", f"study of generation {generation} is {status.phase}")
     if status.original is None:
@@ -278,6 +282,43 @@ def new_study(previous: InferenceServiceStatus, generation: int) -> InferenceSer
         message=f"new study for spec generation {generation}",
         conditions=previous.conditions,
     )
+
+
+WriteBackAction = Literal["apply", "withhold"]
+
+
+def chosen_params(spec: InferenceServiceSpec, status: InferenceServiceStatus) -> Params | None:
+    """The configuration the finished study would write back: the confirmed winner when
+    its gain was proven, the best trial when nothing was confirmed and it measured
+    minGainPercent above the incumbent, else None (also when that best trial is the
+    incumbent's own configuration: writing it would only take the target's fields over)."""
+    confirmation = status.confirmation
+    if confirmation is not None:
+        verdict = verdict_of(confirmation, spec)
+        return params_of(confirmation, verdict.chosen) if verdict.significant else None
+    best = best_trial(status.trials)
+    if (
+        best is None
+        or incumbent_unbeaten(spec, status.trials, best)
+        or study_gain_shortfall(spec, status.trials, best) is not None
+    ):
+        return None
+    return dict(best.params)
+
+
+def write_back_action(
+    spec: InferenceServiceSpec, status: InferenceServiceStatus
+) -> WriteBackAction | None:
+    """For a converged study under an edited writeBack: `apply` the chosen configuration
+    now (Recommend → Apply), `withhold` it by putting the original back (Apply →
+    Recommend after it was written), or nothing."""
+    if status.phase != "Converged":
+        return None
+    if spec.tuning.write_back == "Apply" and not status.applied:
+        return "apply" if chosen_params(spec, status) is not None else None
+    if spec.tuning.write_back == "Recommend" and status.applied:
+        return "withhold" if status.original is not None else None
+    return None
 
 
 def rolling_back(status: InferenceServiceStatus) -> bool:

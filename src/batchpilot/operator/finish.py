@@ -5,7 +5,7 @@ searched space named in events."""
 
 from __future__ import annotations
 
-from batchpilot.operator import adopt, decisions
+from batchpilot.operator import decisions
 from batchpilot.operator import runtimes as operator_runtimes
 from batchpilot.operator.cleanup import Cleanup
 from batchpilot.operator.spec import batching_config
@@ -63,7 +63,7 @@ class Finish:
         """writeBack turned to Apply on a converged study: its result is written and
         verified (rolled back when it breaks the target), as at a study's own end."""
         state = self._state
-        chosen = adopt.chosen_params(state.spec, state.status)
+        chosen = decisions.chosen_params(state.spec, state.status)
         if chosen is None:
             return
         if not await self._write_back.write(chosen):

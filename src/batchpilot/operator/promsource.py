@@ -15,7 +15,7 @@ from batchpilot.capacity.prometheus import (
 )
 from batchpilot.capacity.prometheus_http import AddressGuard
 from batchpilot.operator.runtimes import adapter
-from batchpilot.operator.spec import InferenceServiceSpec
+from batchpilot.operator.spec import InferenceServiceSpec, reads_vllm_metrics
 from batchpilot.runtimes.vllm.metrics import vllm_metrics
 
 
@@ -58,7 +58,7 @@ def prometheus_source(
         "ca_pem": prometheus.ca_bundle,
         "address_guard": address_guard,
     }
-    if spec.runtime.kind == "VLLM" and not named:
+    if reads_vllm_metrics(spec):
         metrics = vllm_metrics(spec.runtime.model)
         return PrometheusStepSource(
             prometheus.url, metrics=metrics.model_copy(update=tokens), **options

@@ -1558,13 +1558,10 @@ class InferenceServiceSpec(BaseModel):
         prometheus = self.load.prometheus
         if prometheus is None:
             return self  # refused by load's own rule
-        vllm = self.runtime.kind == "VLLM" and not (
-            prometheus.latency_metric or prometheus.requests_metric
-        )
         unread = (self.sla.ttft_p99_ms is not None and not prometheus.ttft_metric) or (
             self.sla.tpot_p99_ms is not None and not prometheus.tpot_metric
         )
-        if unread and not vllm:
+        if unread and not reads_vllm_metrics(self):
             raise ValueError(_RETUNE_TOKENS_MESSAGE)
         return self
 
@@ -1642,3 +1639,14 @@ def explain_validation_error(error: ValidationError) -> str:
 def parse_spec(raw: Any) -> InferenceServiceSpec:
     """Validate a spec as it came from the API server; raises ValidationError."""
     return InferenceServiceSpec.model_validate(raw if raw is not None else {})
+
+
+def reads_vllm_metrics(spec: InferenceServiceSpec) -> bool:
+    """Whether a Prometheus source reads vLLM's own series (its TTFT and TPOT histograms
+    among them): runtime.kind VLLM, with no latency or request metric of the spec's own."""
+    prometheus = spec.load.prometheus
+    return (
+        spec.runtime.kind == "VLLM"
+        and prometheus is not None
+        and not (prometheus.latency_metric or prometheus.requests_metric)
+    )

@@ -12,7 +12,7 @@ status is the study's only persistent state: `operator.status`).
 
 from __future__ import annotations
 
-from batchpilot.operator import adopt, decisions
+from batchpilot.operator import decisions
 from batchpilot.operator.cleanup import Cleanup, WorldFor
 from batchpilot.operator.confirmation import ConfirmationRounds
 from batchpilot.operator.finish import Finish
@@ -92,10 +92,6 @@ class StudyRunner:
         """Do the next step; False when the study of this generation is over."""
         state = self._state
         plan = decisions.plan(state.spec, state.status, generation)
-        if plan.kind == "idle" and adopt.write_back_action(state.spec, state.status) == "apply":
-            # writeBack turned to Apply on a converged study: its result goes through the
-            # same gates as a study's own end (suspend, window, verification, rollback)
-            plan = decisions.Plan("write-back", "writeBack Apply on a converged study")
         try:
             held = await self._held(plan)
             if held is not None:

@@ -50,7 +50,7 @@ class StudyStart:
             await state.save(message=note)
             state.event("Normal", "StudyResumed", note)
             return
-        action = adopt.write_back_action(spec, state.status)
+        action = decisions.write_back_action(spec, state.status)
         if action == "apply":
             # written by the next step, through the study's own gates
             note += "; writeBack Apply: the result is written back and verified next"
