@@ -275,6 +275,9 @@ class StepResult(Frozen):
     # False when the client could not keep its schedule: the step says nothing about the
     # server, so it is neither a pass nor a failure.
     valid: bool = True
+    # An invalid step that says nothing of the client either (a load worker died while
+    # it held a share): the search measures the same rate once more.
+    repeat: bool = False
     ok_p99_ms: float | None = None  # p99 of successful requests only
     client: ClientHealth | None = None  # all generator processes together
     worker_clients: list[ClientHealth] = []  # each process's own, when several sent

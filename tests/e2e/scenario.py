@@ -79,11 +79,37 @@ def live_config(pod: dict[str, Any]) -> dict[str, Any]:
     return config
 
 
+def study_lines(isvc: dict[str, Any]) -> list[str]:
+    """One InferenceService in a few lines: its phase and message, then each trial's
+    configuration, state, score and reason."""
+    meta, status = isvc["metadata"], isvc.get("status") or {}
+    lines = [
+        f"{meta.get('namespace', '')}/{meta['name']}: phase={status.get('phase')} "
+        f"message={status.get('message', '')!r}"
+    ]
+    for trial in status.get("trials") or []:
+        lines.append(
+            f"  trial {trial.get('number')} {trial.get('state')} {trial.get('params')} "
+            f"rps={trial.get('effectiveRps')} p99={trial.get('p99Ms')} "
+            f"errors={trial.get('errorRate')} reason={trial.get('reason', '')!r}"
+        )
+    return lines
+
+
 def diagnostics(cluster: Cluster, operator: OperatorProcess | None = None) -> str:
-    """What a failing scenario prints: every InferenceService with its trials, the
-    cluster's events, the control plane's and the operator's logs."""
+    """What a failing scenario prints: first each study in a few lines (a log that keeps
+    only the head of a failure still says what the trials did), then every
+    InferenceService whole, the cluster's events, the control plane's and the operator's
+    logs."""
     kubectl = cluster.kubectl
+    listed = kubectl.run("get", "inferenceservices", "-A", "-o", "json", check=False)
+    try:
+        studies = [line for i in json.loads(listed.stdout)["items"] for line in study_lines(i)]
+    except (ValueError, KeyError):
+        studies = [f"(not readable: {listed.stderr.strip()[:300]})"]
     parts = [
+        "--- studies ---",
+        *studies,
         "--- inferenceservices ---",
         kubectl.run("get", "inferenceservices", "-A", "-o", "yaml", check=False).stdout[-6000:],
         "--- events ---",

@@ -359,3 +359,67 @@ async def test_summarise_steps_keeps_the_answer_monotone() -> None:
     ]
     # the latest window at a rate is its verdict: the one that settled a disputed failure
     assert summarise_steps(overruled, sla=SLA_100, precision=0.05).effective_rps == 60.0
+
+
+class WorkerDiesAt:
+    """KneeAt, except that a load worker dies in the first `deaths` windows at `rate`."""
+
+    def __init__(self, capacity: float, rate: float, deaths: int) -> None:
+        self.knee = KneeAt(capacity)
+        self.rate = rate
+        self.deaths = deaths
+
+    async def __call__(self, rate: float) -> StepResult:
+        if rate == self.rate and self.deaths > 0:
+            self.deaths -= 1
+            self.knee.rates.append(rate)
+            return StepResult(
+                offered_rps=rate,
+                achieved_rps=0.0,
+                p50_ms=0.0,
+                p99_ms=0.0,
+                error_rate=0.0,
+                requests=0,
+                passed=False,
+                reason="invalid, load worker failed: load worker 1: connection reset",
+                duration_s=5.0,
+                valid=False,
+                repeat=True,
+            )
+        return await self.knee(rate)
+
+
+async def test_a_step_a_load_worker_spoiled_is_measured_again_and_the_search_goes_on() -> None:
+    target = WorkerDiesAt(100.0, rate=10.0, deaths=1)
+    result = await search_capacity(target, sla=SLA_100, start_rps=10.0, precision=0.05)
+    # the first rate twice, then the ramp as if nothing happened
+    assert target.knee.rates[:4] == [10.0, 10.0, 20.0, 40.0]
+    assert result.feasible
+    assert not result.client_bound
+    assert 95.0 <= result.effective_rps <= 100.0
+    assert [s.valid for s in result.steps[:2]] == [False, True]
+
+
+async def test_a_second_spoiled_window_counts_as_an_invalid_step() -> None:
+    target = WorkerDiesAt(100.0, rate=40.0, deaths=2)
+    result = await search_capacity(target, sla=SLA_100, start_rps=10.0, precision=0.05)
+    assert target.knee.rates == [10.0, 20.0, 40.0, 40.0]
+    # as a client-bound step: the ramp stops there, the score is a lower bound
+    assert result.client_bound
+    assert result.effective_rps == 20.0
+
+
+async def test_no_repeat_when_the_step_limit_is_spent() -> None:
+    target = WorkerDiesAt(100.0, rate=10.0, deaths=1)
+    result = await search_capacity(target, sla=SLA_100, start_rps=10.0, precision=0.05, max_steps=1)
+    assert target.knee.rates == [10.0]
+    assert not result.feasible
+
+
+async def test_a_fleet_that_fails_twice_at_the_first_rate_ends_the_search() -> None:
+    target = WorkerDiesAt(100.0, rate=40.0, deaths=2)
+    result = await search_capacity(target, sla=SLA_100, start_rps=40.0, precision=0.05)
+    # no ramp down: lower rates cannot mend the fleet
+    assert target.knee.rates == [40.0, 40.0]
+    assert not result.feasible
+    assert result.client_bound

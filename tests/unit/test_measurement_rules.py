@@ -30,7 +30,12 @@ from batchpilot.loadgen.result import (
 )
 from batchpilot.loadgen.trend import mann_kendall_p, queue_growth_s, theil_sen
 from batchpilot.models import SLA, CapacityResult, StepResult
-from batchpilot.tuner.outcome import CLIENT_BOUND, client_bound_reason, client_figures
+from batchpilot.tuner.outcome import (
+    CLIENT_BOUND,
+    client_bound_reason,
+    client_figures,
+    repeated_step_reason,
+)
 
 SLA_100 = SLA(p99_ms=100.0, max_error_rate=0.05)
 
@@ -749,3 +754,30 @@ def test_a_warm_up_outside_the_run_is_refused() -> None:
             window_s=1.0, offsets=[0.0], outcomes=[OK], latencies_ms=[1.0], lags_ms=[0.0],
             done_at=[0.1], elapsed_s=1.0, interrupted=False, warmup_s=-1.0,
         )  # fmt: skip
+
+
+def test_a_complete_trial_with_a_repeated_step_says_so_in_its_reason() -> None:
+    def step(rate: float, *, valid: bool) -> StepResult:
+        return StepResult(
+            offered_rps=rate,
+            achieved_rps=rate if valid else 0.0,
+            p50_ms=1.0 if valid else 0.0,
+            p99_ms=10.0 if valid else 0.0,
+            error_rate=0.0,
+            requests=100 if valid else 0,
+            passed=valid,
+            reason="" if valid else "invalid, load worker failed: load worker 1: reset",
+            duration_s=1.0,
+            valid=valid,
+            repeat=not valid,
+        )
+
+    steps = [step(40.0, valid=False), step(40.0, valid=True)]
+    result = CapacityResult(
+        effective_rps=40.0, p99_ms=10.0, sla=SLA_100, feasible=True, precision=0.05, steps=steps
+    )
+    assert repeated_step_reason(result) == (
+        "StepRepeated at 40.0 req/s: invalid, load worker failed: load worker 1: reset"
+    )
+    clean = result.model_copy(update={"steps": steps[1:]})
+    assert repeated_step_reason(clean) == ""

@@ -21,7 +21,7 @@ OTHER = """<?xml version="1.0" encoding="utf-8"?>
 E2E = """<?xml version="1.0" encoding="utf-8"?>
 <testsuites><testsuite name="pytest" tests="1">
 <testcase classname="tests.e2e.test_c" name="test_broken" time="300.0">
-<failure message="boom">trace</failure></testcase>
+<failure message="AssertionError: boom&#10;assert 1 == 2">trace</failure></testcase>
 </testsuite></testsuites>
 """
 
@@ -55,6 +55,25 @@ def test_phases_tiers_slowest_first_and_one_count_of_both_runs(tmp_path: Path) -
     assert slowest[0].strip() == "300.0  tests.e2e.test_c::test_broken"
     assert slowest[1].strip() == "120.2  tests.component.test_b::test_slow"
     assert lines[-1] == "suite: 2 passed, 1 failed, 1 skipped"
+    failures = lines[lines.index("== failures (the head and the end of each message) ==") + 1 :]
+    assert failures[:3] == [
+        "--- tests.e2e.test_c::test_broken",
+        "    AssertionError: boom",
+        "    assert 1 == 2",
+    ]
+
+
+def test_a_long_failure_shows_its_head_and_its_end(tmp_path: Path) -> None:
+    message = "&#10;".join(f"line {i}" for i in range(100))
+    broken = E2E.replace('message="AssertionError: boom&#10;assert 1 == 2"', f'message="{message}"')
+    done = run(tmp_path, broken)
+    lines = done.stdout.splitlines()
+    shown = lines[lines.index("--- tests.e2e.test_c::test_broken") + 1 : -1]
+    assert [x.strip() for x in shown] == [
+        *(f"line {i}" for i in range(6)),
+        "[... 84 lines ...]",
+        *(f"line {i}" for i in range(90, 100)),
+    ]
 
 
 def test_no_test_at_all_is_an_error(tmp_path: Path) -> None:

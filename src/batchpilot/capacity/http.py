@@ -45,6 +45,9 @@ WARMUP_CONCURRENCY = 16
 FALLBACK_START_RPS = 10.0
 # No ceiling: the search's own default.
 DEFAULT_MAX_RPS = 1e6
+# After a load worker failed a step: the node notices a dead container and marks its pod
+# unready within a couple of seconds, and the next step waits for the fleet to be ready.
+WORKER_SETTLE_S = 3.0
 
 
 class StepSource(Protocol):
@@ -236,6 +239,7 @@ def worker_failed_step(rate: float, duration_s: float, why: str) -> StepResult:
         reason=f"invalid, load worker failed: {why}"[:500],
         duration_s=duration_s,
         valid=False,
+        repeat=True,
     )
 
 
@@ -361,6 +365,9 @@ async def measure_capacity(
                 # a remote share not sent, or not reported in time: never a pass
                 step = worker_failed_step(rate, window(rate), str(exc))
                 overload.record(step, window(rate))
+                # a worker that just died may still be listed ready: the fleet gets a
+                # moment to say so before the search repeats the step
+                await asyncio.sleep(WORKER_SETTLE_S)
                 return step
             if on_step is not None:
                 on_step(step, load)

@@ -108,7 +108,10 @@ async def search_above(
 
     An invalid step (the client could not keep its schedule) is neither: the search
     stops ramping there and the result is `client_bound`, a lower bound on capacity.
-    Only before any pass does it keep ramping down past one. The effective rate is the
+    Only before any pass does it keep ramping down past one. An invalid step marked
+    `repeat` (a load worker died in it) is measured once more at the same rate first;
+    only a second invalid window counts, and ends the search: lower rates cannot mend a
+    fleet that failed twice running. The effective rate is the
     goodput of the highest passing step."""
     _validate(start_rps, precision, growth, max_rps, max_steps, max_ramp_down, must_beat)
     steps: list[StepResult] = []
@@ -139,6 +142,11 @@ async def search_above(
     async def once(rate: float) -> bool | None:
         step = await measure_step(rate)
         steps.append(step)
+        if step.repeat and not spent(rate):
+            # a window a load worker's death spoiled tells nothing of the server nor of
+            # the client: the same rate once more, before it counts as invalid
+            step = await measure_step(rate)
+            steps.append(step)
         if not step.valid:
             return None
         if step.passed:
@@ -174,6 +182,8 @@ async def search_above(
     client_bound = first is None
     if first:
         lo = rate
+    elif first is None and steps[-1].repeat:
+        return result(0.0)  # the fleet failed twice running: a lower rate cannot help
     else:
         # Ramping down also past an invalid step: a lower rate may be one the client keeps.
         hi = rate
@@ -188,6 +198,8 @@ async def search_above(
                 return result(0.0)
             verdict = await measure(rate, decisive=cannot_win(rate))
             client_bound = client_bound or verdict is None
+            if verdict is None and steps[-1].repeat:
+                return result(0.0)
             if verdict:
                 lo = rate
                 if client_bound:  # nothing above the client's ceiling can be measured

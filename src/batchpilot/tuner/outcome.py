@@ -13,6 +13,9 @@ SLA_CONSTRAINT = "sla"
 # The reason of a trial whose capacity the client could not reach: its score is a lower
 # bound. It stays a Complete trial (Optuna sees the bound) and is flagged as such.
 CLIENT_BOUND = "ClientBound"
+# The reason of a Complete trial one of whose steps was measured twice because a load
+# worker died in the first window: the score stands, the incident is on record.
+STEP_REPEATED = "StepRepeated"
 
 
 def state_of(result: CapacityResult) -> TrialState:
@@ -94,3 +97,11 @@ def client_bound_reason(result: CapacityResult) -> str:
     invalid = next((s for s in result.steps if not s.valid), None)
     why = f": {invalid.reason}" if invalid is not None and invalid.reason else ""
     return f"{CLIENT_BOUND}: capacity {result.capacity_label()}{why}"
+
+
+def repeated_step_reason(result: CapacityResult) -> str:
+    """The StepRepeated reason, or "" when no step of `result` had to be repeated."""
+    repeated = next((s for s in result.steps if s.repeat), None)
+    if repeated is None:
+        return ""
+    return f"{STEP_REPEATED} at {repeated.offered_rps:.1f} req/s: {repeated.reason}"

@@ -35,6 +35,7 @@ from batchpilot.tuner.outcome import (
     client_figures,
     figures_of,
     light_load_violation,
+    repeated_step_reason,
     state_of,
     violation_of,
 )
@@ -360,6 +361,8 @@ class Tuner:
             reason = client_bound_reason(result)
         elif result.short_of_precision and state == "Complete":
             reason = f"ShortOfPrecision: a lower bound, {result.short_of_precision}"
+        elif state == "Complete":
+            reason = repeated_step_reason(result)
         if result.light_load:
             # a low rate broke the SLA: that, not the heavy load, set the figure
             reason = result.light_load
