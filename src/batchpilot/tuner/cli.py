@@ -6,8 +6,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import sys
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import click
 from optuna.storages import BaseStorage
@@ -423,59 +424,122 @@ def _storage(spec: str | None) -> str | BaseStorage | None:
     default=None,
     help="Optuna sampler [default TPE].",
 )
-def tune(
-    local: bool,
-    attach_url: str | None,
-    runtime_name: str | None,
-    model: str | None,
-    model_dir: Path | None,
-    model_archive: Path | None,
-    prometheus_url: str | None,
-    prometheus_selector: str,
-    control_url: str | None,
-    body_template: Path | None,
-    keep_winner: bool,
-    cost_file: Path | None,
-    profile_url: str | None,
-    replicas: int | None,
-    config_path: Path | None,
-    trials: int | None,
-    sla_p99_ms: float | None,
-    protocol: str | None,
-    prompt_tokens: str | None,
-    output_tokens: str | None,
-    ttft_p99_ms: float | None,
-    tpot_p99_ms: float | None,
-    batch_range: str | None,
-    wait_range_ms: str | None,
-    storage: str | None,
-    as_json: bool,
-    report_dir: Path | None,
-    quick: bool,
-    mix: str | None,
-    arrival: str | None,
-    seed: int | None,
-    sampler: str | None,
-    finalists: int | None,
-    rounds: int | None,
-    max_rounds: int | None,
-    min_gain_percent: float | None,
-    workers: int | None,
-    max_connections: int | None,
-    min_requests: int | None,
-) -> None:
+def tune(**given: Any) -> None:
     """Find the dynamic-batching configuration with the most effective throughput
     within the p99 SLA, measured in the same run against the baseline and the rule of
     thumb (--local, or --url for a server already running), or simulated from a cost
     model (--simulator, --profile-url)."""
-    simulated = cost_file is not None or profile_url is not None
+    flags = TuneFlags(**given)
+    check_flags(flags)
+    try:
+        streams = build_stream_protocol(
+            protocol=flags.protocol,
+            model=flags.model if flags.protocol is not None else None,
+            prompt_tokens=flags.prompt_tokens,
+            output_tokens=flags.output_tokens,
+            ttft_p99_ms=flags.ttft_p99_ms,
+            tpot_p99_ms=flags.tpot_p99_ms,
+        )
+    except ValueError as exc:
+        raise TuneError(str(exc)) from None
+    config = config_of(flags)
+    try:
+        space, request_mix = resolve(config)
+        process = resolve_arrival(config)
+    except (ConfigError, ValueError) as exc:
+        raise TuneError(str(exc)) from None
+    check_config(flags, config, streams)
+
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    import optuna
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    if flags.simulated:
+        _tune_simulated(
+            config,
+            space,
+            request_mix,
+            cost_file=flags.cost_file,
+            profile_url=flags.profile_url,
+            arrival=process,
+            replicas=flags.replicas or 1,
+            as_json=flags.as_json,
+            report_dir=flags.report_dir,
+        )
+        return
+    _tune_measured(flags, config, space, request_mix, process, streams)
+
+
+@dataclass(frozen=True)
+class TuneFlags:
+    """Every flag of `tune`, as click parses them (None: not given)."""
+
+    local: bool
+    attach_url: str | None
+    runtime_name: str | None
+    model: str | None
+    model_dir: Path | None
+    model_archive: Path | None
+    prometheus_url: str | None
+    prometheus_selector: str
+    control_url: str | None
+    body_template: Path | None
+    keep_winner: bool
+    cost_file: Path | None
+    profile_url: str | None
+    replicas: int | None
+    config_path: Path | None
+    trials: int | None
+    sla_p99_ms: float | None
+    protocol: str | None
+    prompt_tokens: str | None
+    output_tokens: str | None
+    ttft_p99_ms: float | None
+    tpot_p99_ms: float | None
+    batch_range: str | None
+    wait_range_ms: str | None
+    storage: str | None
+    as_json: bool
+    report_dir: Path | None
+    quick: bool
+    mix: str | None
+    arrival: str | None
+    seed: int | None
+    sampler: str | None
+    finalists: int | None
+    rounds: int | None
+    max_rounds: int | None
+    min_gain_percent: float | None
+    workers: int | None
+    max_connections: int | None
+    min_requests: int | None
+
+    @property
+    def simulated(self) -> bool:
+        return self.cost_file is not None or self.profile_url is not None
+
+    @property
+    def runtime(self) -> str:
+        return (self.runtime_name or DEFAULT_RUNTIME).lower()
+
+    @property
+    def user_model(self) -> tuple[str, Path | None]:
+        """The flag that gives a model of the user's own, and its path (None: none)."""
+        if self.model_archive is None:
+            return "--model-dir", self.model_dir
+        return "--model-archive", self.model_archive
+
+
+def check_flags(flags: TuneFlags) -> None:
+    """One mode, and only the flags that mode reads; TuneError says which flag is out
+    of place and what it belongs to."""
     modes = [
         flag
         for flag, given in (
-            ("--local", local),
-            ("--url", attach_url is not None),
-            ("--simulator", cost_file is not None),
-            ("--profile-url", profile_url is not None),
+            ("--local", flags.local),
+            ("--url", flags.attach_url is not None),
+            ("--simulator", flags.cost_file is not None),
+            ("--profile-url", flags.profile_url is not None),
         )
         if given
     ]
@@ -491,110 +555,109 @@ def tune(
             "--profile-url URL (tune a simulated service); services in a cluster are tuned "
             "by the operator through an InferenceService resource"
         )
-    if simulated and runtime_name is not None:
+    if flags.simulated and flags.runtime_name is not None:
         raise TuneError("--runtime applies to --local runs; a simulated service has no runtime")
-    if protocol is not None and attach_url is None:
+    if flags.protocol is not None and flags.attach_url is None:
         raise TuneError(
-            f"--protocol {protocol} applies to --url runs: the runtimes --local starts and "
-            "the simulator serve whole requests, not token streams"
+            f"--protocol {flags.protocol} applies to --url runs: the runtimes --local starts "
+            "and the simulator serve whole requests, not token streams"
         )
     url_only = [
         flag
         for flag, given in (
-            ("--model", model is not None),
-            ("--keep-winner", keep_winner),
-            ("--prometheus", prometheus_url is not None),
-            ("--control-url", control_url is not None),
+            ("--model", flags.model is not None),
+            ("--keep-winner", flags.keep_winner),
+            ("--prometheus", flags.prometheus_url is not None),
+            ("--control-url", flags.control_url is not None),
         )
         if given
     ]
-    if attach_url is None and url_only:
+    if flags.attach_url is None and url_only:
         raise TuneError(
             f"{url_only[0]} applies to --url runs: --local tunes the runtime's bundled "
             "model, measured by the client, and stops the server at the end"
         )
-    if model_dir is not None and model_archive is not None:
+    if flags.model_dir is not None and flags.model_archive is not None:
         raise TuneError("--model-dir and --model-archive exclude each other: give your model once")
-    user_flag, user_model = (
-        ("--model-dir", model_dir) if model_archive is None else ("--model-archive", model_archive)
-    )
-    if user_model is not None and not local:
+    user_flag, user_model = flags.user_model
+    if user_model is not None and not flags.local:
         raise TuneError(
             f"{user_flag} applies to --local runs: it is the model the runtime started here "
             "serves (a server at --url serves its own; name it with --model)"
         )
-    if simulated and body_template is not None:
+    if flags.simulated and flags.body_template is not None:
         raise TuneError(
             "--body-template applies to --local and --url runs; a simulated run sends no load"
         )
-    if protocol is not None and body_template is not None:
+    if flags.protocol is not None and flags.body_template is not None:
         raise TuneError("--body-template and --protocol exclude each other: give one of them")
-    if protocol is not None and mix is not None:
+    if flags.protocol is not None and flags.mix is not None:
         raise TuneError(
-            f"--mix applies to sized requests, not --protocol {protocol}: its lengths come "
-            "from --prompt-tokens and --output-tokens"
+            f"--mix applies to sized requests, not --protocol {flags.protocol}: its lengths "
+            "come from --prompt-tokens and --output-tokens"
         )
-    try:
-        streams = build_stream_protocol(
-            protocol=protocol,
-            model=model if protocol is not None else None,
-            prompt_tokens=prompt_tokens,
-            output_tokens=output_tokens,
-            ttft_p99_ms=ttft_p99_ms,
-            tpot_p99_ms=tpot_p99_ms,
-        )
-    except ValueError as exc:
-        raise TuneError(str(exc)) from None
-    if not simulated:
-        if replicas is not None:
+    if not flags.simulated:
+        if flags.replicas is not None:
             raise TuneError("--replicas applies to simulated runs (--simulator, --profile-url)")
-    elif storage is not None:
-        raise TuneError("--storage applies to --local runs; a simulated run takes seconds")
-    elif workers is not None:
-        raise TuneError("--workers applies to --local runs; a simulated run sends no load")
-    elif max_connections is not None:
-        raise TuneError(
-            "--max-connections applies to --local and --url runs; a simulated run sends no load"
-        )
-    elif min_requests is not None:
-        raise TuneError(
-            "--min-requests applies to --local and --url runs; a simulated run sends no load"
-        )
+        return
+    load_flags = (
+        ("--storage", flags.storage, "--local runs; a simulated run takes seconds"),
+        ("--workers", flags.workers, "--local runs; a simulated run sends no load"),
+        (
+            "--max-connections",
+            flags.max_connections,
+            "--local and --url runs; a simulated run sends no load",
+        ),
+        (
+            "--min-requests",
+            flags.min_requests,
+            "--local and --url runs; a simulated run sends no load",
+        ),
+    )
+    for flag, value, where in load_flags:
+        if value is not None:
+            raise TuneError(f"{flag} applies to {where}")
+
+
+def config_of(flags: TuneFlags) -> TuneConfig:
+    """The --config file's configuration (else the defaults) with the flags applied."""
     try:
-        base = load_config(config_path) if config_path is not None else TuneConfig()
-        config = build_config(
+        base = load_config(flags.config_path) if flags.config_path is not None else TuneConfig()
+        return build_config(
             base,
-            trials=trials,
-            sla_p99_ms=sla_p99_ms,
-            seed=seed,
-            sampler=sampler,
-            mix=mix,
-            quick=quick,
-            ttft_p99_ms=ttft_p99_ms,
-            tpot_p99_ms=tpot_p99_ms,
-            arrival=arrival,
-            finalists=finalists,
-            rounds=rounds,
-            min_gain_percent=min_gain_percent,
-            workers=workers,
-            max_rounds=max_rounds,
-            max_connections=max_connections,
-            min_requests=min_requests,
-            batch_range=batch_range,
-            wait_range_ms=wait_range_ms,
+            trials=flags.trials,
+            sla_p99_ms=flags.sla_p99_ms,
+            seed=flags.seed,
+            sampler=flags.sampler,
+            mix=flags.mix,
+            quick=flags.quick,
+            ttft_p99_ms=flags.ttft_p99_ms,
+            tpot_p99_ms=flags.tpot_p99_ms,
+            arrival=flags.arrival,
+            finalists=flags.finalists,
+            rounds=flags.rounds,
+            min_gain_percent=flags.min_gain_percent,
+            workers=flags.workers,
+            max_rounds=flags.max_rounds,
+            max_connections=flags.max_connections,
+            min_requests=flags.min_requests,
+            batch_range=flags.batch_range,
+            wait_range_ms=flags.wait_range_ms,
         )
-        space, request_mix = resolve(config)
-        process = resolve_arrival(config)
     except (ConfigError, ValueError) as exc:
         raise TuneError(str(exc)) from None
+
+
+def check_config(flags: TuneFlags, config: TuneConfig, streams: RequestProtocol | None) -> None:
+    """What the flags and the configuration file say together, before anything starts."""
     if config.sla.token_targets and streams is None:
         raise TuneError(
             "the SLA's TTFT and TPOT targets (--ttft-p99-ms, --tpot-p99-ms, sla.ttft_p99_ms "
             "and sla.tpot_p99_ms in --config) are judged on token streams: give --url with "
             f"--protocol {' or '.join(STREAM_PROTOCOLS)}"
         )
-    runtime = (runtime_name or DEFAULT_RUNTIME).lower()
-    if attach_url is not None and "model" in config.server.model_fields_set:
+    runtime = flags.runtime
+    if flags.attach_url is not None and "model" in config.server.model_fields_set:
         raise TuneError(
             "server.model picks the model --local starts; a server at --url serves its "
             "own (leave server.model out, and name the one to tune with --model)"
@@ -604,31 +667,26 @@ def tune(
             f"server.model picks the reference server's model; the {runtime} runtime serves "
             "its own bundled model (leave server.model out)"
         )
+    user_flag, user_model = flags.user_model
     if user_model is not None:
-        _check_user_model(user_flag, user_model, runtime, config, body_template)
+        _check_user_model(user_flag, user_model, runtime, config, flags.body_template)
+    report_dir = flags.report_dir
     if report_dir is not None and report_dir.exists() and not report_dir.is_dir():
         raise TuneError(f"--report {report_dir}: exists and is not a directory")
     # before any trial: a run whose report cannot be drawn would be wasted
     if report_dir is not None and (missing := matplotlib_missing("tune --report (its plots)")):
         raise click.ClickException(missing)
 
-    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
-    import optuna
 
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
-    if simulated:
-        _tune_simulated(
-            config,
-            space,
-            request_mix,
-            cost_file=cost_file,
-            profile_url=profile_url,
-            arrival=process,
-            replicas=replicas or 1,
-            as_json=as_json,
-            report_dir=report_dir,
-        )
-        return
+def _tune_measured(
+    flags: TuneFlags,
+    config: TuneConfig,
+    space: SearchSpace,
+    request_mix: RequestMix,
+    process: ArrivalKind,
+    streams: RequestProtocol | None,
+) -> None:
+    """`tune --local` and `tune --url`: a server measured by the load generator."""
     from batchpilot.errors import RequestShapeError, TargetError
     from batchpilot.runtimes.base import LaunchError
     from batchpilot.runtimes.registry import get_runtime
@@ -638,36 +696,44 @@ def tune(
 
     # soft_wrap: progress lines stay whole in logs and pipes instead of breaking at 80
     console = Console(stderr=True, soft_wrap=True)
+    runtime = flags.runtime
     what = "the reference server" if runtime == DEFAULT_RUNTIME else get_runtime(runtime).title
     attach = None
     source = None
-    if attach_url is not None:
+    if flags.attach_url is not None:
         from batchpilot.tuner.urlmode import attach_to, prometheus_source
 
         adapter = get_runtime(runtime)
         attach = attach_to(
-            attach_url, adapter, model=model, keep_winner=keep_winner, control_url=control_url
+            flags.attach_url,
+            adapter,
+            model=flags.model,
+            keep_winner=flags.keep_winner,
+            control_url=flags.control_url,
         )
         what = f"{what} at {attach.url}"
-        if prometheus_url is not None:
+        if flags.prometheus_url is not None:
             source = prometheus_source(
-                prometheus_url,
+                flags.prometheus_url,
                 adapter,
-                model=model,
-                selector=prometheus_selector,
+                model=flags.model,
+                selector=flags.prometheus_selector,
                 step_s=config.measurement.step_duration_s,
             )
     requests = streams
-    if body_template is not None:
-        served = get_runtime(runtime).user_model(user_model) if user_model is not None else model
-        requests = _body_template(body_template, get_runtime(runtime), served)
+    _, user_model = flags.user_model
+    if flags.body_template is not None:
+        served = (
+            get_runtime(runtime).user_model(user_model) if user_model is not None else flags.model
+        )
+        requests = _body_template(flags.body_template, get_runtime(runtime), served)
     run = LocalRun(
         model_dir=user_model,
         requests=requests,
         config=config,
         space=space,
         mix=request_mix,
-        storage=_storage(storage),
+        storage=_storage(flags.storage),
         arrival=process,
         runtime=runtime,
         attach=attach,
@@ -690,12 +756,12 @@ def tune(
     except ValueError as exc:  # a stored study that does not fit this run
         raise TuneError(str(exc).splitlines()[0]) from None
     render_summary(console, summary)
-    if report_dir is not None:
+    if flags.report_dir is not None:
         from batchpilot.tuner.report import write_report
 
-        paths = write_report(summary, report_dir)
+        paths = write_report(summary, flags.report_dir)
         console.print(f"Report: {', '.join(str(p) for p in paths)}", highlight=False)
-    if as_json:
+    if flags.as_json:
         sys.stdout.write(summary.model_dump_json() + "\n")
     if summary.interrupted:
         sys.exit(EXIT_INTERRUPTED)
