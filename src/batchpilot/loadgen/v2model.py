@@ -186,13 +186,22 @@ async def fetch_v2_model(
     timeout_s: float = METADATA_TIMEOUT_S,
     headers: Mapping[str, str] | None = None,
     tls: ssl.SSLContext | bool = True,
+    server_name: str | None = None,
 ) -> V2Model:
     """Read `model`'s metadata from the v2 server at base URL `url` and, with
     `triton_config`, Triton's `max_batch_size` from its config endpoint (None: where the
     server has that endpoint, as a server of any v2 kind may be asked); without it the
-    inputs are taken as declared, no dimension the batch's. `tls` verifies https."""
+    inputs are taken as declared, no dimension the batch's. `tls` verifies https, the
+    certificate against `server_name` when given (a pod addressed by its IP)."""
     base = url.rstrip("/")
-    get = functools.partial(_get_json, model=model, timeout_s=timeout_s, headers=headers, tls=tls)
+    get = functools.partial(
+        _get_json,
+        model=model,
+        timeout_s=timeout_s,
+        headers=headers,
+        tls=tls,
+        server_name=server_name,
+    )
     inputs = parse_inputs(await get(f"{base}/v2/models/{model}"), model)
     batched = False
     if triton_config is not False:
@@ -213,11 +222,14 @@ async def _get_json(
     timeout_s: float,
     headers: Mapping[str, str] | None,
     tls: ssl.SSLContext | bool,
+    server_name: str | None = None,
 ) -> object:
     try:
         async with (
             aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=timeout_s)) as session,
-            session.get(url, headers=dict(headers or {}), ssl=tls) as response,
+            session.get(
+                url, headers=dict(headers or {}), ssl=tls, server_hostname=server_name
+            ) as response,
         ):
             text = await text_capped(response, cap=MAX_CONTROL_BODY_BYTES, url=url)
     except BodyTooLarge as exc:

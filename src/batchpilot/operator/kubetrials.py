@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 import aiohttp
 
 from batchpilot.errors import TargetError
-from batchpilot.loadgen.protocols import REFERENCE_PATH, speaking
+from batchpilot.loadgen.protocols import REFERENCE_PATH, RequestProtocol, speaking
 from batchpilot.models import BatchingConfig, CapacityResult
 from batchpilot.operator import decisions, envknobs, workerfleet, writers
 from batchpilot.operator import runtimes as operator_runtimes
@@ -187,7 +187,7 @@ class KubeTrials:
         try:
             if source is not None and in_place:
                 await self._subtract_live_traffic(source, len(ips))
-            with speaking(operator_runtimes.load_protocol(self._spec)):
+            with speaking(await self._load_protocol(ips[0])):
                 result = await self._measure_capacity(urls, must_beat, seed, source, light_load)
         except PrometheusQueryError as exc:
             raise TargetProblem("PrometheusUnavailable", f"during the trial: {exc}") from None
@@ -206,6 +206,36 @@ class KubeTrials:
         if restarted:
             raise TargetProblem("PodRestarted", f"during the trial: {restarted}")
         return result
+
+    async def _load_protocol(self, ip: str) -> RequestProtocol | None:
+        """The requests of this trial. A Triton model's are built from its metadata as the
+        pod at `ip` serves it (its own inputs, datatypes and shapes), read again each
+        trial: the model a rollout brings may differ from the last."""
+        spec = self._spec
+        if not operator_runtimes.shaped_by_metadata(spec):
+            return operator_runtimes.load_protocol(spec)
+        from batchpilot.loadgen.v2model import MetadataError, fetch_v2_model, v2_model_protocol
+        from batchpilot.tls import verifying_context
+
+        endpoint = spec.load.endpoint
+        model = operator_runtimes.served_model(spec)
+        tls = verifying_context(ca_pem=endpoint.ca_bundle) if endpoint.scheme == "https" else True
+        try:
+            metadata = await fetch_v2_model(
+                operator_runtimes.pod_url(spec, ip),
+                model,
+                triton_config=True,
+                tls=tls,
+                server_name=endpoint.server_name,
+            )
+        except MetadataError as exc:
+            raise TargetProblem("ModelMetadataUnreadable", f"pod {ip}: {exc}") from None
+        try:
+            protocol = v2_model_protocol(metadata)
+        except MetadataError as exc:
+            # the model itself says too little: every trial would fail the same way
+            raise TargetProblem("RequestShape", str(exc), stops_study=True) from None
+        return operator_runtimes.on_endpoint(protocol, spec)
 
     async def _measure_capacity(
         self,

@@ -147,6 +147,13 @@ def load_protocol(spec: InferenceServiceSpec) -> RequestProtocol | None:
         runtime = adapter(spec)
         assert runtime is not None
         protocol = runtime.protocol(model)
+    return on_endpoint(protocol, spec)
+
+
+def on_endpoint(protocol: RequestProtocol, spec: InferenceServiceSpec) -> RequestProtocol:
+    """`protocol` sent to load.endpoint: on its path when that is set, verifying an https
+    endpoint with its CA bundle and server name."""
+    endpoint = spec.load.endpoint
     if endpoint.path is not None:
         protocol = dataclasses.replace(protocol, path=endpoint.path)
     if endpoint.scheme == "https":
@@ -154,6 +161,22 @@ def load_protocol(spec: InferenceServiceSpec) -> RequestProtocol | None:
             protocol, ca_pem=endpoint.ca_bundle, server_name=endpoint.server_name
         )
     return protocol
+
+
+def shaped_by_metadata(spec: InferenceServiceSpec) -> bool:
+    """Whether a trial's requests are built from the served model's KServe v2 metadata
+    (Triton: its inputs, and its config's max_batch_size for the batch dimension), so a
+    model of the user's own, whatever its inputs, takes them."""
+    return spec.load.protocol == "Runtime" and spec.runtime.kind == "Triton"
+
+
+def served_model(spec: InferenceServiceSpec) -> str:
+    """runtime.model, else the name of the runtime's bundled model."""
+    runtime = adapter(spec)
+    model = spec.runtime.model or (runtime.default_model if runtime is not None else None)
+    if model is None:
+        raise ValueError(f"runtime.kind {spec.runtime.kind} names no model: set runtime.model")
+    return model
 
 
 def persist_advice(

@@ -943,7 +943,10 @@ class LoadSpec(BaseModel):
     endpoint: LoadEndpoint = Field(description="Inference endpoint the load is sent to.")
     protocol: Literal["Runtime", "OpenAIStream", "OpenAIChatStream"] = Field(
         default="Runtime",
-        description="Runtime: the runtime's own requests (sized by load.requests). "
+        description="Runtime: the runtime's own requests (sized by load.requests); for "
+        "Triton built from the model's metadata as each trial's first pod serves it (its "
+        "inputs' names, datatypes and shapes; an input such as BYTES that needs a sample "
+        "stops the study, reason RequestShape). "
         "OpenAIStream, OpenAIChatStream: streamed OpenAI completions or chat completions "
         "of runtime.model, their lengths from promptTokens and outputTokens: TTFT, TPOT, "
         "goodput and output tokens/s are measured, and sla.ttftP99Ms and sla.tpotP99Ms "
