@@ -171,3 +171,12 @@ def test_a_live_triton_write_back_comes_with_its_config_pbtxt() -> None:
     assert "max_batch_size: 12" in advice.snippet
     assert "max_queue_delay_microseconds: 2500" in advice.snippet
     assert "'resnet'" in advice.where
+
+
+def test_only_a_triton_model_is_loaded_with_requests_built_from_its_metadata() -> None:
+    assert runtimes.shaped_by_metadata(spec(TRITON))
+    assert runtimes.served_model(spec(TRITON)) == "resnet"
+    streamed = spec(TRITON, load={"endpoint": {"port": 8000}, "protocol": "OpenAIStream"})
+    assert not runtimes.shaped_by_metadata(streamed)
+    assert not runtimes.shaped_by_metadata(spec({"kind": "MLServer", "model": "m"}, method="Env"))
+    assert not runtimes.shaped_by_metadata(spec(path="/v1/predict", method="Env"))
