@@ -104,6 +104,10 @@ class Tuning(Strict):
     # (tuner/confirm.py), and recommend a finalist only when the lower bound of its gain
     # over the baseline is at least `min_gain_percent` (tuner/verdict.py).
     confirm: bool = True
+    # With `confirm`: the study's trials are screened at a coarse fidelity (`screening`:
+    # short steps, precision 0.15) so the time budget holds many of them, and only the
+    # finalists' re-measurement runs at `measurement`. Off: every trial at `measurement`.
+    screen: bool = True
     finalists: Annotated[int, Field(ge=1, le=10)] = 3
     rounds: Annotated[int, Field(ge=3, le=20)] = 3
     max_rounds: Annotated[int, Field(ge=3, le=20)] = DEFAULT_MAX_ROUNDS
@@ -149,6 +153,22 @@ QUICK_MEASUREMENT = Measurement(
     step_duration_s=1.2, warmup_s=0.5, precision=0.15, min_requests=QUICK_MIN_REQUESTS
 )
 QUICK_TRIALS = 6
+
+
+def screening(measurement: Measurement) -> Measurement:
+    """The measurement that screens a study's trials when its finalists are confirmed at
+    `measurement`: the smoke run's short steps, warm-up, precision and step minimum,
+    never finer nor longer than `measurement` itself."""
+    return measurement.model_copy(
+        update={
+            "step_duration_s": min(measurement.step_duration_s, QUICK_MEASUREMENT.step_duration_s),
+            "warmup_s": min(measurement.warmup_s, QUICK_MEASUREMENT.warmup_s),
+            "precision": max(measurement.precision, QUICK_MEASUREMENT.precision),
+            "min_requests": min(measurement.min_requests, QUICK_MEASUREMENT.min_requests),
+        }
+    )
+
+
 QUICK_SIMULATOR_WARM_STARTS = 1
 QUICK_TIME_BUDGET_S = 75.0
 QUICK_FINALISTS = 2

@@ -4,6 +4,7 @@ configuration, are the runtime adapters' controls: `batchpilot.runtimes`.)"""
 
 from __future__ import annotations
 
+import copy
 from typing import TYPE_CHECKING
 
 from batchpilot.errors import TargetError
@@ -77,6 +78,18 @@ class LocalProbe:
         self.seed = seed
         # the rate the service runs at, when known: one more light-load rate
         self.production_rps = production_rps
+
+    def at(
+        self, *, step_duration_s: float, warmup_s: float, precision: float, min_requests: int
+    ) -> LocalProbe:
+        """This probe measuring at another fidelity (the same server, requests, SLA and
+        load); whether the server accepted our requests is carried over."""
+        other = copy.copy(self)
+        other.step_duration_s = step_duration_s
+        other.warmup_s = warmup_s
+        other.precision = precision
+        other.min_requests = min_requests
+        return other
 
     async def measure(
         self,

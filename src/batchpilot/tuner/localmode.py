@@ -28,7 +28,7 @@ from batchpilot.models import SLA, BatchingConfig, CapacityResult, RequestMix
 from batchpilot.runtimes.base import PersistsAsRun, Profiled, ShapesRequests
 from batchpilot.runtimes.registry import DEFAULT_RUNTIME, get_runtime
 from batchpilot.tuner.attached import Attached, check_attached, leave_attached
-from batchpilot.tuner.config import TuneConfig
+from batchpilot.tuner.config import Measurement, TuneConfig, screening
 from batchpilot.tuner.confirm import (
     Confirmed,
     bracket_start,
@@ -169,6 +169,28 @@ class SimulatorWarmStart:
         return []
 
 
+def trial_measurement(cfg: TuneConfig, source: StepSource | None) -> Measurement:
+    """How the study's trials are measured: screened (`config.screening`) when the
+    finalists are confirmed at the full measurement afterwards, else at the full
+    measurement. Steps a Prometheus source decides keep their length: its scrapes need
+    it."""
+    if cfg.tuning.confirm and cfg.tuning.screen and source is None:
+        return screening(cfg.measurement)
+    return cfg.measurement
+
+
+def fidelity_note(screen: Measurement, cfg: TuneConfig) -> str:
+    """What the header says of a study screened at another fidelity than its finalists."""
+    full = cfg.measurement
+    if screen == full:
+        return ""
+    return (
+        f"; trials screened with {screen.step_duration_s:g} s steps at precision "
+        f"{screen.precision:g}, finalists re-measured with {full.step_duration_s:g} s steps "
+        f"at {full.precision:g}"
+    )
+
+
 async def tune_local(run: LocalRun, console: Console) -> TuneSummary:
     cfg = run.config
     started = time.monotonic()
@@ -254,12 +276,20 @@ async def tune_local(run: LocalRun, console: Console) -> TuneSummary:
             max_connections=cfg.measurement.max_connections,
             min_requests=cfg.measurement.min_requests,
         )
+        screen = trial_measurement(cfg, run.source)
+        screen_probe = probe.at(
+            step_duration_s=screen.step_duration_s,
+            warmup_s=screen.warmup_s,
+            precision=screen.precision,
+            min_requests=screen.min_requests,
+        )
         warm = SimulatorWarmStart(tuner, target, run, rules)
         progress = TrialProgress(console, cfg.tuning.trials)
         console.print(
             f"Server on {url}; SLA {sla.describe('<=')}, errors <= "
             f"{sla.max_error_rate:g}; space {run.space.describe()}; "
-            f"{cfg.tuning.trials} trials ({cfg.tuning.sampler}, seed {cfg.tuning.seed})",
+            f"{cfg.tuning.trials} trials ({cfg.tuning.sampler}, seed {cfg.tuning.seed})"
+            f"{fidelity_note(screen, cfg)}",
             highlight=False,
         )
         if tuner.measured_count():
@@ -288,11 +318,12 @@ async def tune_local(run: LocalRun, console: Console) -> TuneSummary:
         # a trial that kills the server is told as such and the server started again;
         # one BatchPilot did not start is not its to restart
         trial_target: Target = target
-        trial_probe: Probe = probe
+        trial_probe: Probe = screen_probe
         watch: Watch | None = None
         if server is not None:
             watch = Watch(server, target)
-            trial_target, trial_probe = WatchedTarget(target, watch), WatchedProbe(probe, watch)
+            trial_target = WatchedTarget(target, watch)
+            trial_probe = WatchedProbe(screen_probe, watch)
         summary: TuneSummary | None = None
         try:
             interrupted = await _until_signal(
@@ -308,6 +339,7 @@ async def tune_local(run: LocalRun, console: Console) -> TuneSummary:
                 )
             )
             progress.stop()
+            probe.accepted = probe.accepted or screen_probe.accepted
             summary = _summary(tuner, run, rules, interrupted, started)
             if not interrupted and cfg.tuning.confirm:
                 summary = await _confirm(
