@@ -713,6 +713,14 @@ def test_a_step_too_short_to_bound_its_p99_is_named_with_what_to_change(
         assert "lengthen the step or lower the minimum" in why
 
 
+def test_a_stretched_step_is_judged_whatever_the_rounding_of_its_length() -> None:
+    # 297.94... req/s ramped down from an e2e trial's 595.9: its window stretched to hold
+    # exactly 200 requests, and the rounding of its length once called it one short
+    floor = 200 / (MAX_STRETCH * (1 - 0.1))  # below it even the longest window is short
+    rates = [floor * 1.01 + k * 0.0137 for k in range(20_000)]
+    assert [r for r in rates if unjudged_reason(r, 1.0, 200)] == []
+
+
 def test_requests_scheduled_in_the_warm_up_are_left_out_of_the_figures() -> None:
     # 100 requests over 1 s; the first 20 (the warm-up) are slow and one failed.
     n = 100

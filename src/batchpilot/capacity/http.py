@@ -101,7 +101,9 @@ def unjudged_reason(rate: float, step_duration_s: float, min_requests: int) -> s
     needed = min(min_requests, bounded_p99_min_requests())
     window_s = step_window_s(rate, step_duration_s, min_requests)
     expected = rate * (window_s - step_warmup_s(window_s))
-    if expected >= needed:
+    # a stretched window holds exactly `min_requests` by construction: the rounding of
+    # its length must not make it one short
+    if expected >= needed * (1.0 - 1e-9):
         return ""
     return (
         f"below {rate:.2f} req/s a step holds about {expected:.0f} measured requests, too "
