@@ -43,7 +43,9 @@ def test_tune_local_runtime_ray_gives_the_knobs_in_ray_serves_terms(tmp_path: Pa
     )
     assert done.returncode == 0, done.stderr[-2000:]
     out = json.loads(done.stdout)
-    assert [t["state"] for t in out["trials"]] == ["Complete"], out["trials"]
+    assert [t["state"] for t in out["trials"]] == ["Complete"], [
+        (t["state"], t.get("reason")) for t in out["trials"]
+    ]
     assert out["best"]["effective_rps"] > 0
     figures = out["runtime"]
     assert figures["name"] == "ray"

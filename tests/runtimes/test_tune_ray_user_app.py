@@ -85,7 +85,9 @@ async def test_a_users_app_that_does_not_report_its_batching_tunes(
     out, err = await asyncio.wait_for(tune.communicate(), timeout=380)
     assert tune.returncode == 0, err.decode()[-2000:]
     result = json.loads(out)
-    assert [t["state"] for t in result["trials"]] == ["Complete", "Complete"], result["trials"]
+    assert [t["state"] for t in result["trials"]] == ["Complete", "Complete"], [
+        (t["state"], t.get("reason")) for t in result["trials"]
+    ]
     assert result["best"]["effective_rps"] > 0
     verified = result["runtime"]["verified_by"]
     assert verified.startswith("Serve REST API: user_config read back, deployment HEALTHY")

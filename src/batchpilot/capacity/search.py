@@ -102,9 +102,9 @@ async def search_above(
     (`short_of_precision`).
 
     With `unjudged`, no step is measured at a rate no step could pass whatever the
-    server did (too few requests in it to bound a p99): a start that low ramps up to the
-    first rate that can be judged, and the ramp down stops there, the result saying why
-    (`CapacityResult.unjudged`).
+    server did (too few requests in it to bound a p99): a start that low moves up to the
+    lowest rate that can be judged, and the ramp down takes that rate as its last step,
+    the result saying why when it fails too (`CapacityResult.unjudged`).
 
     An invalid step (the client could not keep its schedule) is neither: the search
     stops ramping there and the result is `client_bound`, a lower bound on capacity.
@@ -169,11 +169,10 @@ async def search_above(
         return await once(rate) is True
 
     rate = min(start_rps, max_rps)
-    if unjudged is not None:
+    if unjudged is not None and unjudged(rate) and not unjudged(max_rps):
         # a start too low for its step to tell anything: the first step is the lowest
-        # rate of the ramp that can be judged
-        while unjudged(rate) and rate * growth <= max_rps:
-            rate *= growth
+        # rate that can be judged
+        rate = lowest_judged(unjudged, rate, max_rps)
     lo = 0.0
     hi = math.inf
     if spent(rate):
@@ -190,10 +189,17 @@ async def search_above(
         if first is False and cannot_win(rate):
             return result(0.0, pruned=True)
         for _ in range(max_ramp_down):
-            rate /= growth
+            above, rate = rate, rate / growth
             why = unjudged(rate) if unjudged is not None else ""
             if why:
-                return result(0.0).model_copy(update={"unjudged": why})
+                assert unjudged is not None
+                # the lowest rate that can be judged, when it lies below the failed one:
+                # the last step down
+                floor = lowest_judged(unjudged, rate, above)
+                if floor >= above * (1.0 - precision):
+                    return result(0.0).model_copy(update={"unjudged": why})
+                rate = floor
+                why = unjudged(floor * (1.0 - 2e-3)) or why  # what lies just below it
             if spent(rate):
                 return result(0.0)
             verdict = await measure(rate, decisive=cannot_win(rate))
@@ -208,6 +214,8 @@ async def search_above(
             hi = rate
             if verdict is False and cannot_win(rate):
                 return result(0.0, pruned=True)
+            if why:  # the floor failed too: nothing lower can be judged
+                return result(0.0).model_copy(update={"unjudged": why})
         else:
             return result(0.0)
 
@@ -244,6 +252,18 @@ async def search_above(
         else:
             hi = rate
     return result(lo)
+
+
+def lowest_judged(unjudged: Unjudged, low: float, high: float) -> float:
+    """The lowest rate in (`low`, `high`] that can be judged, within 0.1 %, given that
+    `low` cannot and `high` can (whether a rate can be judged only grows with it)."""
+    while high - low > high * 1e-3:
+        middle = (low + high) / 2.0
+        if unjudged(middle):
+            low = middle
+        else:
+            high = middle
+    return high
 
 
 def _capacity(
