@@ -22,7 +22,11 @@ pytestmark = [pytest.mark.runtimes, pytest.mark.timeout(420)]
 def test_tune_local_runtime_ray_gives_the_knobs_in_ray_serves_terms(tmp_path: Path) -> None:
     require_runtime(VENV, "ray")
     config = tmp_path / "tune.yaml"
-    config.write_text("tuning:\n  confirm: false\n", encoding="utf-8")
+    # a few timeouts on a loaded machine say nothing of the flow under test
+    config.write_text(
+        "sla:\n  p99_ms: 500\n  max_error_rate: 0.05\ntuning:\n  confirm: false\n",
+        encoding="utf-8",
+    )
     # This test is about Ray Serve's names and units, not its speed: on a loaded 2-core
     # machine Ray's HTTP proxy, replica and the load generator share the cores, and one CI
     # run measured p99 above the default 100 ms SLA at the search's lowest step, which
