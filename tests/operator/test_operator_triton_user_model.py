@@ -113,6 +113,17 @@ def triton_spec(port: int) -> Any:
     )
 
 
+async def refused_trial(kmock: kmock.KubernetesEmulator, kube: Kube, port: int) -> TargetProblem:
+    """The problem a trial on the pod at `port` ends with (it must end with one)."""
+    kmock.objects[DEPLOYMENTS, NS, "resnet"] = target()
+    kmock.objects["v1/pods", NS, "resnet-1"] = ready_pod()
+    with pytest.raises(TargetProblem) as caught:
+        await world(kube, triton_spec(port)).trials.measure(
+            CONFIG, must_beat=None, since=datetime.now(UTC)
+        )
+    return caught.value
+
+
 async def test_the_requests_are_built_from_the_models_own_metadata(
     kmock: kmock.KubernetesEmulator,
     kube: Kube,
@@ -140,15 +151,10 @@ async def test_a_model_whose_input_needs_a_sample_stops_the_study_and_says_why(
 ) -> None:
     port, answer, accepted = triton_pod
     answer["metadata"] = metadata(datatype="BYTES")
-    kmock.objects[DEPLOYMENTS, NS, "resnet"] = target()
-    kmock.objects["v1/pods", NS, "resnet-1"] = ready_pod()
-    with pytest.raises(TargetProblem) as caught:
-        await world(kube, triton_spec(port)).trials.measure(
-            CONFIG, must_beat=None, since=datetime.now(UTC)
-        )
-    assert caught.value.reason == "RequestShape"
-    assert caught.value.stops_study
-    assert "BYTES" in str(caught.value)
+    problem = await refused_trial(kmock, kube, port)
+    assert problem.reason == "RequestShape"
+    assert problem.stops_study
+    assert "BYTES" in str(problem)
     assert not accepted
 
 
@@ -159,13 +165,8 @@ async def test_unreadable_metadata_fails_the_trial_with_the_servers_answer(
 ) -> None:
     port, answer, accepted = triton_pod
     answer["metadata"], answer["status"] = {"error": "model 'ident' is not ready"}, 400
-    kmock.objects[DEPLOYMENTS, NS, "resnet"] = target()
-    kmock.objects["v1/pods", NS, "resnet-1"] = ready_pod()
-    with pytest.raises(TargetProblem) as caught:
-        await world(kube, triton_spec(port)).trials.measure(
-            CONFIG, must_beat=None, since=datetime.now(UTC)
-        )
-    assert caught.value.reason == "ModelMetadataUnreadable"
-    assert not caught.value.stops_study
-    assert "is not ready" in str(caught.value)
+    problem = await refused_trial(kmock, kube, port)
+    assert problem.reason == "ModelMetadataUnreadable"
+    assert not problem.stops_study
+    assert "is not ready" in str(problem)
     assert not accepted

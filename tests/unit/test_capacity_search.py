@@ -6,6 +6,7 @@ import math
 
 import pytest
 
+from batchpilot.capacity.http import worker_failed_step
 from batchpilot.capacity.search import search_capacity, summarise_steps
 from batchpilot.models import SLA, StepResult
 
@@ -83,7 +84,8 @@ async def test_the_ramp_down_stops_where_no_step_could_pass_and_says_why() -> No
     result = await search_capacity(target, sla=SLA_100, start_rps=64.0, unjudged=unjudged)
     # 8 req/s could not have passed: the last step down is the lowest rate that can
     assert target.rates[:3] == [64.0, 32.0, 16.0]
-    assert len(target.rates) == 4 and 10.0 <= target.rates[3] <= 10.01
+    assert len(target.rates) == 4
+    assert 10.0 <= target.rates[3] <= 10.01
     assert not result.feasible
     assert result.unjudged == "too few requests"
 
@@ -134,7 +136,8 @@ async def test_a_start_too_low_to_be_judged_goes_up_to_the_first_rate_that_can_b
     # a knee below the lowest rate that can be judged: one step, and the reason
     low = KneeAt(5.0)
     result = await search_capacity(low, sla=SLA_100, start_rps=3.0, unjudged=unjudged)
-    assert len(low.rates) == 1 and 10.0 <= low.rates[0] <= 10.01
+    assert len(low.rates) == 1
+    assert 10.0 <= low.rates[0] <= 10.01
     assert not result.feasible
     assert result.unjudged == "too few requests"
 
@@ -407,19 +410,7 @@ class WorkerDiesAt:
         if rate == self.rate and self.deaths > 0:
             self.deaths -= 1
             self.knee.rates.append(rate)
-            return StepResult(
-                offered_rps=rate,
-                achieved_rps=0.0,
-                p50_ms=0.0,
-                p99_ms=0.0,
-                error_rate=0.0,
-                requests=0,
-                passed=False,
-                reason="invalid, load worker failed: load worker 1: connection reset",
-                duration_s=5.0,
-                valid=False,
-                repeat=True,
-            )
+            return worker_failed_step(rate, 5.0, "load worker 1: connection reset")
         return await self.knee(rate)
 
 
