@@ -71,8 +71,11 @@ async def test_a_tighter_tpot_target_gives_a_lower_goodput_capacity() -> None:
         )
     check_targets_held(loose, LOOSE_TPOT_MS)
     check_targets_held(tight, TIGHT_TPOT_MS)
-    # the loose search found the TPOT tail its limit: some step failed on it
-    assert any("TPOT p99" in s["reason"] for s in loose["steps"] if s["valid"])
+    # the loose search found a token tail its limit (on a loaded machine the TTFT tail
+    # may give way first); the tighter TPOT target lowers the capacity below
+    assert any(
+        "TPOT p99" in s["reason"] or "TTFT p99" in s["reason"] for s in loose["steps"] if s["valid"]
+    ), [s["reason"] for s in loose["steps"]]
     assert tight["effective_rps"] < loose["effective_rps"]
     # every request asked for four tokens and was answered whole: nothing but streams
     assert all(b["stream"] is True and b["max_tokens"] == 4 for b in server.bodies)

@@ -82,10 +82,11 @@ async def test_the_ramp_down_stops_where_no_step_could_pass_and_says_why() -> No
         return "too few requests" if rate < 10.0 else ""
 
     result = await search_capacity(target, sla=SLA_100, start_rps=64.0, unjudged=unjudged)
-    # 8 req/s could not have passed: the last step down is the lowest rate that can
+    # 8 req/s could not have passed: the last step down is just above the lowest rate
+    # that can (5 %: a step there must not fall a request short)
     assert target.rates[:3] == [64.0, 32.0, 16.0]
     assert len(target.rates) == 4
-    assert 10.0 <= target.rates[3] <= 10.01
+    assert 10.5 <= target.rates[3] <= 10.52
     assert not result.feasible
     assert result.unjudged == "too few requests"
 
@@ -100,7 +101,7 @@ async def test_a_knee_between_the_lowest_rate_that_can_be_judged_and_the_next_is
         target, sla=SLA_100, start_rps=64.0, precision=0.05, unjudged=unjudged
     )
     assert target.rates[:3] == [64.0, 32.0, 16.0]
-    assert 10.0 <= target.rates[3] <= 10.01  # not 8, which cannot be judged
+    assert 10.5 <= target.rates[3] <= 10.52  # not 8, which cannot be judged; 5 % above 10
     assert result.feasible
     assert 12.0 * 0.95 <= result.effective_rps <= 12.0
     assert result.unjudged == ""
@@ -115,7 +116,7 @@ async def test_no_step_at_the_floor_when_it_lies_within_the_precision_of_the_fai
     result = await search_capacity(
         target, sla=SLA_100, start_rps=32.0, precision=0.05, unjudged=unjudged
     )
-    # 15.5 is within 5 % of 16: measuring it could not tell anything new
+    # 15.5, 16.3 with its margin, is not below 16 by more than 5 %: nothing new to tell
     assert target.rates == [32.0, 16.0]
     assert result.unjudged == "too few requests"
 
@@ -129,15 +130,15 @@ async def test_a_start_too_low_to_be_judged_goes_up_to_the_first_rate_that_can_b
     result = await search_capacity(
         target, sla=SLA_100, start_rps=3.0, precision=0.2, unjudged=unjudged
     )
-    # never 3 or 6 req/s: the first step is the lowest rate that can be judged
-    assert 10.0 <= target.rates[0] <= 10.01
+    # never 3 or 6 req/s: the first step is 5 % above the lowest rate that can be judged
+    assert 10.5 <= target.rates[0] <= 10.52
     assert target.rates[1] == 2 * target.rates[0]
     assert result.feasible
     # a knee below the lowest rate that can be judged: one step, and the reason
     low = KneeAt(5.0)
     result = await search_capacity(low, sla=SLA_100, start_rps=3.0, unjudged=unjudged)
     assert len(low.rates) == 1
-    assert 10.0 <= low.rates[0] <= 10.01
+    assert 10.5 <= low.rates[0] <= 10.52
     assert not result.feasible
     assert result.unjudged == "too few requests"
 

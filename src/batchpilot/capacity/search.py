@@ -172,7 +172,7 @@ async def search_above(
     if unjudged is not None and unjudged(rate) and not unjudged(max_rps):
         # a start too low for its step to tell anything: the first step is the lowest
         # rate that can be judged
-        rate = lowest_judged(unjudged, rate, max_rps)
+        rate = min(lowest_judged(unjudged, rate, max_rps) * (1.0 + FLOOR_MARGIN), max_rps)
     lo = 0.0
     hi = math.inf
     if spent(rate):
@@ -195,11 +195,11 @@ async def search_above(
                 assert unjudged is not None
                 # the lowest rate that can be judged, when it lies below the failed one:
                 # the last step down
-                floor = lowest_judged(unjudged, rate, above)
+                floor = lowest_judged(unjudged, rate, above) * (1.0 + FLOOR_MARGIN)
                 if floor >= above * (1.0 - precision):
                     return result(0.0).model_copy(update={"unjudged": why})
                 rate = floor
-                why = unjudged(floor * (1.0 - 2e-3)) or why  # what lies just below it
+                why = unjudged(floor / (1.0 + FLOOR_MARGIN) * (1.0 - 2e-3)) or why
             if spent(rate):
                 return result(0.0)
             verdict = await measure(rate, decisive=cannot_win(rate))
@@ -252,6 +252,12 @@ async def search_above(
         else:
             hi = rate
     return result(lo)
+
+
+# A step at the lowest rate that can be judged holds its minimum of requests only on
+# average: one a request or two short is judged on its p99's bound, infinite under 299
+# requests. The search steps this far above that rate instead.
+FLOOR_MARGIN = 0.05
 
 
 def lowest_judged(unjudged: Unjudged, low: float, high: float) -> float:
