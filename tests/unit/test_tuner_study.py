@@ -389,6 +389,36 @@ def test_a_client_bound_trial_is_complete_with_a_lower_bound_and_flagged() -> No
     assert TrialRecord.model_validate_json(rec.model_dump_json()) == rec
 
 
+def _client_limited(rps: float) -> StepResult:
+    stall = "invalid, client-bound: client event-loop stall up to 80.0 ms > 10% of SLA p99"
+    return _step(rps, False, 120.0).model_copy(update={"valid": False, "reason": stall})
+
+
+def test_a_trial_the_client_limited_at_every_step_is_failed_not_infeasible() -> None:
+    """A search whose every step the client's own delays could explain showed nothing
+    of the configuration: it is neither scored nor told to the sampler as breaking the
+    SLA. One valid failing step among them is a verdict, and stays Infeasible."""
+    tuner = make(warm_start=[])
+    unmeasured = measured(0.0).model_copy(
+        update={"client_bound": True, "steps": [_client_limited(r) for r in (40.0, 20.0, 10.5)]}
+    )
+    number, _, _ = tuner.ask()
+    rec = tuner.tell(number, unmeasured)
+    assert rec.state == "Failed"
+    assert rec.reason.startswith(
+        "ClientBound: no step could be judged, the client limited all 3 (10.5-40.0 req/s): "
+        "invalid, client-bound: client event-loop stall"
+    )
+    assert tuner.study.trials[0].state == OptunaState.FAIL
+    assert tuner.study.trials[0].user_attrs["batchpilot.result"]["steps"][0]["valid"] is False
+
+    judged = unmeasured.model_copy(
+        update={"steps": [_step(40.0, False, 150.0), _client_limited(20.0)]}
+    )
+    number, _, _ = tuner.ask()
+    assert tuner.tell(number, judged).state == "Infeasible"
+
+
 def test_a_trial_whose_search_ended_short_of_its_precision_says_so() -> None:
     tuner = make(warm_start=[])
     number, _, _ = tuner.ask()

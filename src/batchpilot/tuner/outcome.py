@@ -99,6 +99,21 @@ def client_bound_reason(result: CapacityResult) -> str:
     return f"{CLIENT_BOUND}: capacity {result.capacity_label()}{why}"
 
 
+def unmeasured_reason(result: CapacityResult) -> str:
+    """Why `result` says nothing of its configuration (empty when it says something):
+    the client limited every step it took, so no rate passed and none failed on the
+    server's account. Scored as breaking the SLA, such a trial would tell the sampler a
+    region is bad on the strength of the client's stalls alone."""
+    if result.pruned or not result.steps or any(s.valid for s in result.steps):
+        return ""
+    rates = [s.offered_rps for s in result.steps]
+    why = next((s.reason for s in result.steps if s.reason), "")
+    return (
+        f"{CLIENT_BOUND}: no step could be judged, the client limited all "
+        f"{len(rates)} ({min(rates):.1f}-{max(rates):.1f} req/s)" + (f": {why}" if why else "")
+    )
+
+
 def repeated_step_reason(result: CapacityResult) -> str:
     """The StepRepeated reason, or "" when no step of `result` had to be repeated."""
     repeated = next((s for s in result.steps if s.repeat), None)

@@ -37,6 +37,7 @@ from batchpilot.tuner.outcome import (
     light_load_violation,
     repeated_step_reason,
     state_of,
+    unmeasured_reason,
     violation_of,
 )
 from batchpilot.tuner.refine import (
@@ -352,6 +353,11 @@ class Tuner:
         whose measured low rates broke the SLA (`CapacityResult.light_load`) keeps the
         capped figure, Infeasible when nothing below the failing rate passed, and says
         why in its reason."""
+        light = light_load_violation(self._records[number].config(), result.sla)
+        unmeasured = unmeasured_reason(result)
+        if unmeasured and not light:
+            # no verdict on the configuration: neither a score nor a constraint violation
+            return self.tell_failed(number, unmeasured, result)
         trial = self._take(number)
         state = state_of(result)
         rps, p99, errors = figures_of(result)
@@ -367,7 +373,6 @@ class Tuner:
             # a low rate broke the SLA: that, not the heavy load, set the figure
             reason = result.light_load
         # last, so it wins over whatever heavy load measured
-        light = light_load_violation(self._records[number].config(), result.sla)
         if light:
             state, reason = "Infeasible", light
         rec = self._records[number].model_copy(
@@ -408,13 +413,18 @@ class Tuner:
             return f"no rate shown to meet the SLA{lowest}; {result.unjudged}"
         return "breaks the SLA at the lowest rate" + (f": {why}" if why else "")
 
-    def tell_failed(self, number: int, reason: str) -> TrialRecord:
-        """The trial could not be measured (the target refused the configuration, ...)."""
+    def tell_failed(
+        self, number: int, reason: str, result: CapacityResult | None = None
+    ) -> TrialRecord:
+        """The trial could not be measured (the target refused the configuration, the
+        client limited every step of `result`, ...)."""
         trial = self._take(number)
         rec = self._records[number].model_copy(
             update={"state": "Failed", "reason": reason, "finished_at": self._clock()}
         )
         trial.set_user_attr(RECORD_ATTR, rec.model_dump(mode="json"))
+        if result is not None:
+            trial.set_user_attr(RESULT_ATTR, result.model_dump(mode="json"))
         self._study.tell(trial, state=OptunaState.FAIL)
         self._records[number] = rec
         return rec
