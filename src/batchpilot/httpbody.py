@@ -72,3 +72,17 @@ async def json_capped(response: aiohttp.ClientResponse, *, cap: int, url: str = 
     """`read_capped`, parsed as JSON whatever its content type (json.JSONDecodeError, a
     ValueError, when it is not JSON)."""
     return json.loads(await read_capped(response, cap=cap, url=url))
+
+
+def error_message(text: str) -> str:
+    """The server's error message when it sent JSON {"error": ...} (or "detail"), else
+    the text."""
+    try:
+        data = json.loads(text)
+    except ValueError:
+        return text[:300]
+    if isinstance(data, dict):
+        for key in ("error", "detail"):
+            if isinstance(data.get(key), str):
+                return str(data[key])
+    return text[:300]

@@ -320,7 +320,50 @@ CEL_CASES += [
     Case(
         "token streams without a model",
         _set("load.protocol", "OpenAIStream"),
-        cel_key="send runtime.model as the request's model",
+        cel_key="send a model name",
+    ),
+]
+
+# load.request: each field with the protocols it belongs to (the command line's rules)
+CEL_CASES += [
+    Case(
+        "a model for the runtime's own requests",
+        _set("load.request", {"model": "m"}),
+        cel_key="load.request.model applies to",
+    ),
+    Case(
+        "an input name for a template",
+        _both(
+            _set("load.protocol", "Template"),
+            _set("load.request", {"bodyTemplate": "{}", "inputName": "x"}),
+        ),
+        cel_key="load.request.inputName applies to",
+    ),
+    Case(
+        "features for OpenAI requests",
+        _both(
+            _set("load.protocol", "OpenAI"),
+            _set("load.request", {"model": "m", "features": 4}),
+        ),
+        cel_key="load.request.features applies to",
+    ),
+    Case(
+        "max tokens for v2 requests",
+        _both(_set("load.protocol", "V2"), _set("load.request", {"model": "m", "maxTokens": 8})),
+        cel_key="load.request.maxTokens applies to",
+    ),
+    Case(
+        "a body template for v2 requests",
+        _both(
+            _set("load.protocol", "V2"),
+            _set("load.request", {"model": "m", "bodyTemplate": "{}"}),
+        ),
+        cel_key="load.request.bodyTemplate applies to",
+    ),
+    Case(
+        "a template protocol without its body",
+        _set("load.protocol", "Template"),
+        cel_key="load.protocol Template needs load.request.bodyTemplate",
     ),
 ]
 

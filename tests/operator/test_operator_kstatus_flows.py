@@ -125,7 +125,8 @@ async def test_editing_write_back_on_a_converged_study_does_not_rerun_it(
         await edit(kmock, 2, {"tuning": {**tuning, "writeBack": "Apply"}})
         await eventually(lambda: cluster.written_back == [best], what="write-back on edit")
         await eventually(lambda: phase_is(kmock, "Converged", 2), what="generation 2 adopted")
-        assert status_of(kmock)["applied"] is True
+        # the write-back's own status patch may land after the adoption's
+        await eventually(lambda: status_of(kmock)["applied"] is True, what="applied recorded")
 
         await edit(kmock, 3, {"tuning": {**tuning, "writeBack": "Recommend"}})
         await eventually(lambda: cluster.restored == 1, what="write-back withheld")

@@ -10,6 +10,10 @@ performance is set on the command line:
   of a virtual clock, so its capacity is exactly C whatever the host's CPU does), plus
   D ms each; beyond `--queue-limit` waiting requests it answers 503.
 - neither: answers at once (a trivial endpoint).
+- `--v2-model NAME`: also a KServe v2 model of that name, not one the project ships:
+  `GET /v2/models/NAME` declares one FP32 input `x` of shape [-1, 3], and
+  `POST /v2/models/NAME/infer` refuses with 400 (Triton's and MLServer's way) any request
+  that is not that tensor, and is served like /v1/predict otherwise.
 
 Run it with `python tests/support/stub_server.py --port 0`; it prints
 `listening on http://127.0.0.1:PORT` once it accepts connections."""
@@ -44,6 +48,8 @@ _LATENCY_BUCKETS = (
     0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0,
 )  # fmt: skip
 _OK_BODY = b'{"outputs": []}'
+V2_INPUT = "x"
+V2_WIDTH = 3
 # the stub's process runs this file by its path: it is not in the installed package
 _SCRIPT = str(Path(__file__).resolve())
 
@@ -52,7 +58,12 @@ class StubService:
     """The stub's request handling, separate from the process so it can be embedded."""
 
     def __init__(
-        self, *, delay_ms: float = 0.0, capacity_rps: float | None = None, queue_limit: int = 1000
+        self,
+        *,
+        delay_ms: float = 0.0,
+        capacity_rps: float | None = None,
+        queue_limit: int = 1000,
+        v2_model: str | None = None,
     ) -> None:
         if delay_ms < 0:
             raise ValueError(f"delay must be ≥ 0 ms, got {delay_ms:g}")
@@ -63,6 +74,7 @@ class StubService:
         self._delay_s = delay_ms / 1000.0
         self._service_s = 1.0 / capacity_rps if capacity_rps else 0.0
         self._queue_limit = queue_limit
+        self._v2_model = v2_model
         self._next_free = 0.0
         self.registry = CollectorRegistry()
         self._latency = Histogram(
@@ -80,7 +92,24 @@ class StubService:
         app.router.add_post("/v1/predict", self.predict)
         app.router.add_get("/metrics", self.metrics)
         app.router.add_get("/", self.index)
+        if self._v2_model is not None:
+            app.router.add_get(f"/v2/models/{self._v2_model}", self.v2_metadata)
+            app.router.add_post(f"/v2/models/{self._v2_model}/infer", self.v2_infer)
         return app
+
+    async def v2_metadata(self, request: web.Request) -> web.Response:
+        tensor = {"name": V2_INPUT, "datatype": "FP32", "shape": [-1, V2_WIDTH]}
+        return web.json_response(
+            {"name": self._v2_model, "platform": "stub", "inputs": [tensor], "outputs": []}
+        )
+
+    async def v2_infer(self, request: web.Request) -> web.Response:
+        arrived = asyncio.get_running_loop().time()
+        why = _v2_refusal(await request.read())
+        if why:
+            self._requests.labels(outcome="bad_request").inc()
+            return web.json_response({"error": f"model {self._v2_model!r}: {why}"}, status=400)
+        return await self._serve(arrived)
 
     async def index(self, request: web.Request) -> web.Response:
         return web.json_response({"service": "batchpilot stub"})
@@ -103,6 +132,12 @@ class StubService:
             return web.json_response(
                 {"error": 'expected {"synthetic": {"size": N}} with N ≥ 1'}, status=400
             )
+        return await self._serve(arrived)
+
+    async def _serve(self, arrived: float) -> web.Response:
+        """Answer a well-formed request that arrived at loop time `arrived`, as the
+        server's delay, capacity and queue limit say."""
+        loop = asyncio.get_running_loop()
         finish = arrived + self._delay_s
         if self._service_s:
             start = max(arrived, self._next_free)
@@ -118,6 +153,27 @@ class StubService:
         self._latency.observe(loop.time() - arrived)
         self._requests.labels(outcome="ok").inc()
         return web.Response(body=_OK_BODY, content_type="application/json")
+
+
+def _v2_refusal(raw: bytes) -> str:
+    """Why a v2 infer request is not one FP32 tensor `x` of shape [n, V2_WIDTH], "" when it
+    is."""
+    try:
+        inputs = json.loads(raw)["inputs"]
+        names = [tensor["name"] for tensor in inputs]
+    except (ValueError, KeyError, TypeError):
+        return 'expected {"inputs": [...]}'
+    if names != [V2_INPUT]:
+        return f"unexpected inference input {names!r}, expected [{V2_INPUT!r}]"
+    (tensor,) = inputs
+    shape = tensor.get("shape")
+    if tensor.get("datatype") != "FP32" or not (
+        isinstance(shape, list) and len(shape) == 2 and shape[1] == V2_WIDTH and shape[0] >= 1
+    ):
+        return f"input {V2_INPUT!r} must be FP32 [-1, {V2_WIDTH}], got {shape!r}"
+    if len(tensor.get("data") or []) != shape[0] * V2_WIDTH:
+        return f"input {V2_INPUT!r} data does not match its shape {shape!r}"
+    return ""
 
 
 async def serve(service: StubService, host: str, port: int) -> None:
@@ -145,10 +201,14 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--delay-ms", type=float, default=0.0)
     parser.add_argument("--capacity-rps", type=float, default=None)
     parser.add_argument("--queue-limit", type=int, default=1000)
+    parser.add_argument("--v2-model", default=None)
     args = parser.parse_args(argv)
     try:
         service = StubService(
-            delay_ms=args.delay_ms, capacity_rps=args.capacity_rps, queue_limit=args.queue_limit
+            delay_ms=args.delay_ms,
+            capacity_rps=args.capacity_rps,
+            queue_limit=args.queue_limit,
+            v2_model=args.v2_model,
         )
     except ValueError as e:
         parser.error(str(e))
@@ -168,10 +228,13 @@ class StubServerProcess(ChildProcess):
         queue_limit: int = 1000,
         cpus: set[int] | None = None,
         start_timeout_s: float = 30.0,
+        v2_model: str | None = None,
     ) -> None:
         self._args = ["--port", "0", "--delay-ms", str(delay_ms), "--queue-limit", str(queue_limit)]
         if capacity_rps is not None:
             self._args += ["--capacity-rps", str(capacity_rps)]
+        if v2_model is not None:
+            self._args += ["--v2-model", v2_model]
         self._cpus = cpus
         self._start_timeout_s = start_timeout_s
         self._process: asyncio.subprocess.Process | None = None

@@ -81,6 +81,17 @@ def test_template_puts_the_size_in() -> None:
     assert protocol.body(7) == b'{"instances": [[7]]}'
 
 
+def test_a_body_template_without_a_size_is_one_sample_body_for_every_size() -> None:
+    from batchpilot.loadgen.protocol_option import build_protocol
+
+    protocol = build_protocol(
+        protocol=None, model=None, max_tokens=None, input_name=None, features=None,
+        body_template='{"text": "hello"}', headers=(), path="/predict",
+    )  # fmt: skip
+    assert (protocol.name, protocol.path) == ("template", "/predict")
+    assert protocol.body(1) == protocol.body(64) == b'{"text": "hello"}'
+
+
 def test_a_content_type_header_replaces_the_json_default() -> None:
     protocol = template_protocol(
         '{"n": {size}}', path="/p", headers={"content-type": "application/x-custom"}
@@ -215,7 +226,7 @@ async def test_warmup_counts_errors_after_a_success_as_load(
             "--body-template applies to --protocol template, not v2",
         ),
         (["--protocol", "template"], "needs --body-template"),
-        (["--body-template", '{"n": 1}'], "no {size} placeholder"),
+        (["--body-template", '{"n": {size}'], "the body template is not valid JSON"),
         (["--header", "oops"], "'oops' is not NAME:VALUE"),
         (["--protocol", "grpc"], "'grpc' is not one of"),
         (

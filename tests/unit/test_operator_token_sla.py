@@ -80,11 +80,15 @@ def test_token_targets_need_a_token_stream_load(sla: dict[str, Any]) -> None:
     assert "load.protocol OpenAIStream or OpenAIChatStream" in message
 
 
-def test_token_streams_need_a_runtime_that_names_its_model() -> None:
+def test_token_streams_need_a_model_from_the_runtime_or_the_request() -> None:
     raw = raw_spec({"ttftP99Ms": 500}, STREAMS)
     raw["runtime"] = {"kind": "Generic"}
     raw["load"]["endpoint"]["path"] = "/v1/completions"
-    assert "send runtime.model as the request's model" in refusal(raw)
+    message = refusal(raw)
+    assert "send a model name" in message
+    assert "set load.request.model" in message
+    raw["load"]["request"] = {"model": "tiny-llama"}
+    assert parse_spec(raw).request_model() == "tiny-llama"
 
 
 def test_lengths_apply_to_token_streams_only() -> None:

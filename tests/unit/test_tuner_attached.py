@@ -121,7 +121,8 @@ async def test_a_failed_restore_says_what_the_server_may_still_run() -> None:
         (["--simulator", "c.json", "--body-template", "b.json"], "--body-template applies to"),
         (
             ["--local", "--runtime", "triton", "--body-template", "no-such-body.json"],
-            "--body-template no-such-body.json: cannot read it",
+            "--body-template no-such-body.json: not JSON (which starts with '{' or '[') and "
+            "not a file that can be read: No such file or directory",
         ),
     ],
 )
@@ -147,6 +148,9 @@ def test_a_body_template_goes_to_the_models_inference_path(tmp_path: Path) -> No
     sample.write_text(
         '{"inputs": [{"name": "text", "datatype": "BYTES", "shape": [1, 1], "data": ["hello"]}]}'
     )
-    requests = _body_template(sample, get_runtime("triton"), "ident")
+    requests = _body_template(str(sample), get_runtime("triton"), "ident")
     assert requests.path == "/v2/models/ident/infer"
     assert requests.body(1) == requests.body(16) == sample.read_bytes()
+    # the same JSON given on the command line, as loadtest and capacity take it
+    inline = _body_template(sample.read_text(), get_runtime("triton"), "ident")
+    assert inline.body(1) == sample.read_bytes()

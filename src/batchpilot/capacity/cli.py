@@ -22,8 +22,14 @@ from batchpilot.loadgen.arrivals import ArrivalKind
 from batchpilot.loadgen.connections_option import max_connections_option
 from batchpilot.loadgen.endpoints import UnreachableError, check_reachable, normalise_urls
 from batchpilot.loadgen.mix import parse_mix
-from batchpilot.loadgen.protocol_option import build_stream_protocol, stream_protocol_options
-from batchpilot.loadgen.protocols import REFERENCE_PATH, speaking
+from batchpilot.loadgen.protocol_option import (
+    build_protocol,
+    protocol_options,
+    reads_metadata,
+    refusal_hint,
+    with_ca_bundle,
+)
+from batchpilot.loadgen.protocols import RequestProtocol, speaking
 from batchpilot.loadgen.result import LoadResult
 from batchpilot.loadgen.workers import WorkerError
 from batchpilot.models import (
@@ -75,8 +81,7 @@ _POSITIVE = click.FloatRange(0, min_open=True)
 )  # fmt: skip
 @arrival_option()
 @click.option("--seed", type=int, default=0, show_default=True)
-@click.option("--path", default=None, help=f"Request path [default {REFERENCE_PATH}].")
-@stream_protocol_options(
+@protocol_options(
     "SLA: a step fails when the TTFT p99 is over it, and the capacity is the goodput, the "
     "requests per second within it and --tpot-p99-ms"
 )
@@ -111,13 +116,19 @@ def capacity(
     timeout: float | None,
     arrival: ArrivalKind,
     seed: int,
-    path: str | None,
     protocol: str | None,
     model: str | None,
+    max_tokens: int | None,
     prompt_tokens: str | None,
     output_tokens: str | None,
     ttft_p99_ms: float | None,
     tpot_p99_ms: float | None,
+    input_name: str | None,
+    features: int | None,
+    body_template: str | None,
+    headers: tuple[str, ...],
+    ca_bundle: str | None,
+    path: str | None,
     replicas: int,
     accelerators_per_replica: int,
     prometheus_url: str | None,
@@ -132,22 +143,30 @@ def capacity(
     With a token-stream --protocol the SLA may be TTFT and TPOT targets, and the figure
     searched is the goodput. Ctrl-C stops and prints the steps so far."""
     try:
-        request = build_stream_protocol(
-            protocol=protocol, model=model, prompt_tokens=prompt_tokens,
-            output_tokens=output_tokens, ttft_p99_ms=ttft_p99_ms, tpot_p99_ms=tpot_p99_ms,
+        request = with_ca_bundle(
+            build_protocol(
+                protocol=protocol, model=model, max_tokens=max_tokens, input_name=input_name,
+                features=features, body_template=body_template, headers=headers, path=path,
+                prompt_tokens=prompt_tokens, output_tokens=output_tokens,
+                ttft_p99_ms=ttft_p99_ms, tpot_p99_ms=tpot_p99_ms,
+            ),
+            ca_bundle,
         )  # fmt: skip
+        metadata_of = (
+            model
+            if reads_metadata(protocol=protocol, input_name=input_name, features=features)
+            else None
+        )
         if p99_ms is None and ttft_p99_ms is None and tpot_p99_ms is None:
             raise ValueError(
                 "give the SLA: --p99-ms, or with a token-stream --protocol --ttft-p99-ms "
                 "and/or --tpot-p99-ms (beside --p99-ms or alone)"
             )
-        if request is not None and mix_spec is not None:
+        if request.stream is not None and mix_spec is not None:
             raise ValueError(
                 f"--mix applies to sized requests, not --protocol {request.name}: its "
                 "lengths come from --prompt-tokens and --output-tokens"
             )
-        if request is not None and path is not None:
-            raise ValueError(f"--path is set by --protocol {request.name}")
         mix = parse_mix(mix_spec) if mix_spec is not None else RequestMix.default()
         bases = normalise_urls(urls)
         source = None
@@ -188,11 +207,12 @@ def capacity(
             if source is not None:
                 await source.check_reachable()
                 await source.check_step(step_seconds)
-            with speaking(request):
+            sent = await requests_taken(bases[0], request, metadata_of, mix, seed)
+            with speaking(sent):
                 result = await measure_capacity(
                     bases, sla=sla, mix=mix, precision=precision, step_duration_s=step_seconds,
                     warmup_s=warmup_seconds, start_rps=start_rps, timeout_s=timeout, seed=seed,
-                    source=source, arrival=arrival, path=path or REFERENCE_PATH,
+                    source=source, arrival=arrival, path=sent.path,
                     on_step=progress, min_requests=min_requests, workers=workers,
                     max_connections=max_connections,
                 )  # fmt: skip
@@ -224,3 +244,25 @@ def capacity(
         render_capacity(data, Console())
     if interrupted:
         sys.exit(INTERRUPTED_EXIT)
+
+
+async def requests_taken(
+    url: str, request: RequestProtocol, metadata_of: str | None, mix: RequestMix, seed: int
+) -> RequestProtocol:
+    """The requests the search sends, tried first on `url`: `request`, or v2 requests
+    built from model `metadata_of`'s metadata. ValueError, before any load, when the
+    server refuses them with a 4xx (its words and the flags that set the requests) or
+    the metadata says too little."""
+    from batchpilot.loadgen.firstrequests import first_refusal
+    from batchpilot.loadgen.v2model import metadata_request
+
+    if metadata_of is not None:
+        request = await metadata_request(request, url, metadata_of, seed=seed)
+    sizes = [c.size for c in mix.classes]
+    refusal = await first_refusal(url, request, sizes, seed=seed)
+    if refusal is not None:
+        raise ValueError(
+            f"the server refused the first requests ({request.name}): {refusal}; give "
+            f"{refusal_hint(request.name)}"
+        )
+    return request

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import math
 import sys
 
@@ -26,7 +25,7 @@ from batchpilot.loadgen.protocol_option import (
 from batchpilot.loadgen.protocols import RequestProtocol, speaking
 from batchpilot.loadgen.report import render_load
 from batchpilot.loadgen.result import LoadResult
-from batchpilot.loadgen.v2model import fetch_v2_model, v2_model_protocol
+from batchpilot.loadgen.v2model import metadata_request
 from batchpilot.models import MAX_LOAD_WORKERS, RequestMix
 
 INTERRUPTED_EXIT = 130
@@ -191,13 +190,7 @@ async def _run(
     await check_reachable(urls)
     if metadata_of is not None:
         # MetadataError is a ValueError: one line, before any load
-        model = await fetch_v2_model(
-            urls[0], metadata_of, triton_config=None, headers=request.headers, tls=request.tls()
-        )
-        built = v2_model_protocol(model, seed=seed, headers=request.headers)
-        request = dataclasses.replace(
-            built, ca_file=request.ca_file, server_name=request.server_name
-        )
+        request = await metadata_request(request, urls[0], metadata_of, seed=seed)
     with speaking(request):
         return await run_load(
             urls,

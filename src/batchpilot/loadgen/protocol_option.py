@@ -13,10 +13,12 @@ import click
 
 from batchpilot.loadgen.lengths import DEFAULT_LENGTHS, LENGTHS_SYNTAX, describe_dist, parse_lengths
 from batchpilot.loadgen.protocols import (
+    APPLIES_TO,
     REFERENCE,
     REFERENCE_PATH,
     STREAM_PROTOCOLS,
     RequestProtocol,
+    body_template_text,
     kserve_v2,
     openai,
     openai_stream,
@@ -26,18 +28,6 @@ from batchpilot.loadgen.protocols import (
 from batchpilot.loadgen.tokens import TokenSla
 
 PROTOCOLS = ("reference", "v2", "openai", "openai-chat", *STREAM_PROTOCOLS, "template")
-# which protocols each protocol-specific option belongs to
-_APPLIES_TO = {
-    "--model": ("v2", "openai", "openai-chat", *STREAM_PROTOCOLS),
-    "--input-name": ("v2",),
-    "--features": ("v2",),
-    "--max-tokens": ("openai", "openai-chat"),
-    "--body-template": ("template",),
-    "--prompt-tokens": STREAM_PROTOCOLS,
-    "--output-tokens": STREAM_PROTOCOLS,
-    "--ttft-p99-ms": STREAM_PROTOCOLS,
-    "--tpot-p99-ms": STREAM_PROTOCOLS,
-}
 F = TypeVar("F", bound=Callable[..., Any])
 
 
@@ -152,10 +142,11 @@ def build_stream_protocol(
     return None if protocol is None else request
 
 
-def protocol_options() -> Callable[[F], F]:
+def protocol_options(judged: str = _REPORTED) -> Callable[[F], F]:
     """The options; the command receives protocol, model, max_tokens, prompt_tokens,
     output_tokens, ttft_p99_ms, tpot_p99_ms, input_name, features, body_template,
-    headers, ca_bundle and path, and builds the protocol with `build_protocol`."""
+    headers, ca_bundle and path, and builds the protocol with `build_protocol`.
+    `judged`: how the command judges the TTFT and TPOT targets, for their help."""
     options = [
         click.option(
             "--protocol",
@@ -178,7 +169,7 @@ def protocol_options() -> Callable[[F], F]:
             default=None,
             help="openai, openai-chat: max_tokens of every request [default 16].",
         ),
-        *_stream_options(),
+        *_stream_options(judged),
         click.option(
             "--input-name",
             default=None,
@@ -194,8 +185,10 @@ def protocol_options() -> Callable[[F], F]:
         click.option(
             "--body-template",
             default=None,
-            help="Raw JSON body with {size} for each request's size, e.g. "
-            "'{\"instances\": [[{size}]]}' (sent to --path).",
+            metavar="JSON|FILE",
+            help="A JSON body, or a file holding one, {size} standing for each request's "
+            "size, e.g. '{\"instances\": [[{size}]]}' (sent to --path); without {size} every "
+            "request sends this body.",
         ),
         click.option(
             "--header",
@@ -250,7 +243,7 @@ def build_protocol(
         "--tpot-p99-ms": tpot_p99_ms,
     }
     for flag, value in given.items():
-        allowed = _APPLIES_TO[flag]
+        allowed = APPLIES_TO[flag]
         if value is not None and kind not in allowed:
             raise ValueError(f"{flag} applies to --protocol {' or '.join(allowed)}, not {kind}")
     if path is not None and not path.startswith("/"):
@@ -285,8 +278,13 @@ def build_protocol(
         return openai(model, max_tokens=max_tokens or 16, chat=chat, headers=extra)
     if kind == "template":
         if body_template is None:
-            raise ValueError("--protocol template needs --body-template with {size} in it")
-        return template_protocol(body_template, path=path or REFERENCE_PATH, headers=extra)
+            raise ValueError("--protocol template needs --body-template")
+        return template_protocol(
+            body_template_text(body_template),
+            path=path or REFERENCE_PATH,
+            headers=extra,
+            require_size=False,
+        )
     if path is None and not extra:
         return REFERENCE
     return RequestProtocol(
@@ -314,3 +312,23 @@ def reads_metadata(*, protocol: str | None, input_name: str | None, features: in
     """Whether `--protocol v2` builds its requests from the model's metadata: unless
     --input-name or --features describe the tensor by hand."""
     return (protocol or "").lower() == "v2" and input_name is None and features is None
+
+
+# what to give when a server refuses the requests, per --protocol
+_REFUSAL_FLAGS = {
+    "reference": "--protocol v2 --model M (requests from the model's metadata) or "
+    "--body-template (a body of the model's own), and --path",
+    "v2": "--input-name and --features (one FP32 tensor) or --body-template (a body of the "
+    "model's own)",
+    "openai": "--model and --max-tokens, or --body-template, and --path",
+    "openai-stream": "--model, --prompt-tokens and --output-tokens",
+    "template": "--body-template and --path",
+}
+
+
+def refusal_hint(protocol: str | None, body_template: str | None = None) -> str:
+    """The flags that set the requests of `--protocol protocol`, for a message about a
+    server that refused them."""
+    kind = (protocol or ("template" if body_template is not None else "reference")).lower()
+    key = {"openai-chat": "openai", "openai-chat-stream": "openai-stream"}.get(kind, kind)
+    return _REFUSAL_FLAGS[key]

@@ -10,6 +10,7 @@ that protocol's requests, and the code in between stays free of it."""
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import ssl
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -199,10 +200,13 @@ def openai_body(size: int, *, model: str, max_tokens: int, chat: bool) -> bytes:
     return json.dumps(body).encode()
 
 
+DEFAULT_MAX_TOKENS = 16
+
+
 def openai(
     model: str,
     *,
-    max_tokens: int = 16,
+    max_tokens: int = DEFAULT_MAX_TOKENS,
     chat: bool = False,
     headers: Mapping[str, str] | None = None,
 ) -> RequestProtocol:
@@ -225,6 +229,19 @@ def openai(
 
 # the token-stream protocols (loadgen.streaming): TTFT, ITL, TPOT and goodput measured
 STREAM_PROTOCOLS = ("openai-stream", "openai-chat-stream")
+
+# which protocols each protocol-specific option belongs to
+APPLIES_TO = {
+    "--model": ("v2", "openai", "openai-chat", *STREAM_PROTOCOLS),
+    "--input-name": ("v2",),
+    "--features": ("v2",),
+    "--max-tokens": ("openai", "openai-chat"),
+    "--body-template": ("template",),
+    "--prompt-tokens": STREAM_PROTOCOLS,
+    "--output-tokens": STREAM_PROTOCOLS,
+    "--ttft-p99-ms": STREAM_PROTOCOLS,
+    "--tpot-p99-ms": STREAM_PROTOCOLS,
+}
 
 
 def openai_stream(
@@ -252,6 +269,31 @@ def openai_stream(
 
 def _no_sized_body(size: int) -> bytes:
     raise ValueError("a token-stream protocol builds each request from its lengths, not a size")
+
+
+# the largest body a --body-template file may hold
+MAX_BODY_TEMPLATE_BYTES = 1024 * 1024
+
+
+def body_template_text(value: str) -> str:
+    """A --body-template value: the JSON body itself (it starts with '{' or '['), or the
+    path of a file holding it. ValueError naming the file when it cannot be read."""
+    if value.lstrip().startswith(("{", "[")):
+        return value
+    try:
+        with open(value, "rb") as file:
+            data = file.read(MAX_BODY_TEMPLATE_BYTES + 1)
+    except OSError as exc:
+        raise ValueError(
+            f"--body-template {value}: not JSON (which starts with '{{' or '[') and not a "
+            f"file that can be read: {exc.strerror or exc}"
+        ) from None
+    if len(data) > MAX_BODY_TEMPLATE_BYTES:
+        raise ValueError(f"--body-template {value}: over {MAX_BODY_TEMPLATE_BYTES} bytes")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"--body-template {value}: not UTF-8 text: {exc}") from None
 
 
 def template_protocol(
@@ -305,6 +347,16 @@ def with_json(headers: Mapping[str, str]) -> Mapping[str, str]:
         merged = {}
     merged.update(headers)
     return MappingProxyType(merged)
+
+
+def with_headers(protocol: RequestProtocol, extra: Mapping[str, str]) -> RequestProtocol:
+    """`protocol` also sending `extra`, each replacing a header of the same name (any
+    case)."""
+    if not extra:
+        return protocol
+    replaced = {name.lower() for name in extra}
+    kept = {k: v for k, v in protocol.headers.items() if k.lower() not in replaced}
+    return dataclasses.replace(protocol, headers=MappingProxyType({**kept, **extra}))
 
 
 def _check_name(what: str, name: str) -> None:

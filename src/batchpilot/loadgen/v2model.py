@@ -16,6 +16,7 @@ another kind (MLServer) simply does not ask for."""
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import random
@@ -247,3 +248,24 @@ async def _get_json(
         return json.loads(text)
     except ValueError:
         raise MetadataError(f"GET {url} did not answer JSON: {text[:200]!r}") from None
+
+
+async def metadata_request(
+    like: RequestProtocol, url: str, model: str, *, seed: int = 0
+) -> RequestProtocol:
+    """v2 requests built from `model`'s metadata as the server at base URL `url` declares
+    it (whether the model batches from Triton's config where the server has one), sent
+    with `like`'s headers and TLS settings. MetadataError (a ValueError) before any load
+    when the metadata cannot be read or says too little."""
+    found = await fetch_v2_model(
+        url,
+        model,
+        triton_config=None,
+        headers=like.headers,
+        tls=like.tls(),
+        server_name=like.server_name,
+    )
+    built = v2_model_protocol(found, seed=seed, headers=like.headers)
+    return dataclasses.replace(
+        built, ca_file=like.ca_file, ca_pem=like.ca_pem, server_name=like.server_name
+    )

@@ -7,6 +7,7 @@ replicas that changed, values someone put back."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from collections.abc import Mapping
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
@@ -14,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 import aiohttp
 
 from batchpilot.errors import TargetError
-from batchpilot.loadgen.protocols import REFERENCE_PATH, RequestProtocol, speaking
+from batchpilot.loadgen.protocols import REFERENCE, REFERENCE_PATH, RequestProtocol, speaking
 from batchpilot.models import BatchingConfig, CapacityResult
 from batchpilot.operator import decisions, envknobs, workerfleet, writers
 from batchpilot.operator import runtimes as operator_runtimes
@@ -208,34 +209,64 @@ class KubeTrials:
         return result
 
     async def _load_protocol(self, ip: str) -> RequestProtocol | None:
-        """The requests of this trial. A Triton model's are built from its metadata as the
-        pod at `ip` serves it (its own inputs, datatypes and shapes), read again each
-        trial: the model a rollout brings may differ from the last."""
+        """The requests of this trial, tried on the pod at `ip` first: a 4xx to them stops
+        the study (RequestShape) with the server's message and the fields that set them.
+        v2 requests of a model's metadata (load.protocol V2, Triton's own) are built as
+        that pod serves it (its own inputs, datatypes and shapes), read again each trial:
+        the model a rollout brings may differ from the last."""
         spec = self._spec
-        if not operator_runtimes.shaped_by_metadata(spec):
-            return operator_runtimes.load_protocol(spec)
+        if operator_runtimes.shaped_by_metadata(spec):
+            protocol: RequestProtocol | None = await self._metadata_protocol(ip)
+        else:
+            protocol = operator_runtimes.load_protocol(spec)
+        await self._check_first_requests(ip, protocol)
+        return protocol
+
+    async def _metadata_protocol(self, ip: str) -> RequestProtocol:
         from batchpilot.loadgen.v2model import MetadataError, fetch_v2_model, v2_model_protocol
         from batchpilot.tls import verifying_context
 
+        spec = self._spec
         endpoint = spec.load.endpoint
-        model = operator_runtimes.served_model(spec)
+        headers = dict(spec.load.request.headers or {}) if spec.load.request is not None else {}
         tls = verifying_context(ca_pem=endpoint.ca_bundle) if endpoint.scheme == "https" else True
         try:
             metadata = await fetch_v2_model(
                 operator_runtimes.pod_url(spec, ip),
-                model,
-                triton_config=True,
+                operator_runtimes.metadata_model(spec),
+                # Triton says whether its model batches; another v2 server may not know
+                triton_config=True if spec.runtime.kind == "Triton" else None,
                 tls=tls,
                 server_name=endpoint.server_name,
+                headers=headers,
             )
         except MetadataError as exc:
             raise TargetProblem("ModelMetadataUnreadable", f"pod {ip}: {exc}") from None
         try:
-            protocol = v2_model_protocol(metadata)
+            protocol = v2_model_protocol(metadata, headers=headers)
         except MetadataError as exc:
             # the model itself says too little: every trial would fail the same way
             raise TargetProblem("RequestShape", str(exc), stops_study=True) from None
         return operator_runtimes.on_endpoint(protocol, spec)
+
+    async def _check_first_requests(self, ip: str, protocol: RequestProtocol | None) -> None:
+        from batchpilot.loadgen.firstrequests import first_refusal
+
+        spec = self._spec
+        sent = protocol or operator_runtimes.on_endpoint(
+            dataclasses.replace(REFERENCE, path=spec.load.endpoint.path or REFERENCE_PATH), spec
+        )
+        sizes = [r.size for r in spec.load.requests]
+        refusal = await first_refusal(
+            operator_runtimes.pod_url(spec, ip), sent, sizes, seed=spec.tuning.seed
+        )
+        if refusal is not None:
+            # the requests, not the configuration, are wrong: every trial would be refused
+            raise TargetProblem(
+                "RequestShape",
+                operator_runtimes.refusal_message(spec, str(refusal)),
+                stops_study=True,
+            )
 
     async def _measure_capacity(
         self,

@@ -9,15 +9,24 @@ from collections.abc import Mapping
 from typing import Final, Literal
 
 from batchpilot.loadgen.protocols import (
+    DEFAULT_MAX_TOKENS,
     REFERENCE,
     REFERENCE_PATH,
     RequestProtocol,
+    kserve_v2,
     openai,
     openai_stream,
+    template_protocol,
+    with_headers,
 )
 from batchpilot.loadgen.tokens import TokenSla
 from batchpilot.operator import envknobs
-from batchpilot.operator.spec import InferenceServiceSpec, RuntimeKind, batching_config
+from batchpilot.operator.spec import (
+    STREAM_LOAD_PROTOCOLS,
+    InferenceServiceSpec,
+    RuntimeKind,
+    batching_config,
+)
 from batchpilot.operator.status import PersistAdvice
 from batchpilot.runtimes.base import Knob, Runtime, RuntimeControl
 from batchpilot.runtimes.registry import get_runtime
@@ -119,35 +128,76 @@ def control_for(runtime: Runtime, spec: InferenceServiceSpec, ip: str) -> Runtim
 
 
 def load_protocol(spec: InferenceServiceSpec) -> RequestProtocol | None:
-    """The requests a trial sends: the runtime's own protocol for its model, or the token
-    streams load.protocol names (their goodput counted against the SLA's TTFT and TPOT
-    targets), on load.endpoint.path when that is set, verifying an https endpoint with
-    its CA bundle and server name. None keeps the reference server's requests on
-    load.endpoint.path (kinds Reference and Generic over plain http)."""
-    kind, model = spec.runtime.kind, spec.runtime.model
-    endpoint = spec.load.endpoint
+    """The requests a trial sends, in load.protocol's terms: the runtime's own protocol for
+    its model, KServe v2 with a tensor given by hand, OpenAI completions, token streams
+    (their goodput counted against the SLA's TTFT and TPOT targets) or the body template,
+    with load.request's headers, on load.endpoint.path when that is set, verifying an
+    https endpoint with its CA bundle and server name. None keeps the reference server's
+    requests on load.endpoint.path (kinds Reference and Generic over plain http). A v2
+    protocol built from the model's metadata is the world's (`shaped_by_metadata`)."""
+    kind = spec.runtime.kind
+    load = spec.load
+    request = load.request
+    headers = dict(request.headers or {}) if request is not None else {}
+    model = spec.request_model()
     protocol: RequestProtocol
-    if spec.load.protocol != "Runtime":
+    if load.protocol in STREAM_LOAD_PROTOCOLS:
         assert model is not None  # the spec's rule
         sla = spec.sla
         protocol = openai_stream(
             model,
-            lengths=spec.load.token_lengths(),
-            chat=spec.load.protocol == "OpenAIChatStream",
+            lengths=load.token_lengths(),
+            chat=load.protocol == "OpenAIChatStream",
             sla=TokenSla(ttft_ms=sla.ttft_p99_ms, tpot_ms=sla.tpot_p99_ms),
+            headers=headers,
+        )
+    elif load.protocol in ("OpenAI", "OpenAIChat"):
+        assert model is not None  # the spec's rule
+        max_tokens = request.max_tokens if request is not None else None
+        protocol = openai(
+            model,
+            max_tokens=max_tokens or DEFAULT_MAX_TOKENS,
+            chat=load.protocol == "OpenAIChat",
+            headers=headers,
+        )
+    elif load.protocol == "V2":
+        assert model is not None  # the spec's rule
+        assert request is not None
+        assert request.input_name is not None
+        protocol = kserve_v2(
+            model, input_name=request.input_name, features=request.features or 1, headers=headers
+        )
+    elif load.protocol == "Template":
+        assert request is not None
+        assert request.body_template is not None
+        protocol = template_protocol(
+            request.body_template,
+            path=load.endpoint.path or inference_path(spec),
+            headers=headers,
+            require_size=False,
         )
     elif kind == "VLLM":
         assert model is not None  # the spec's rule
-        protocol = openai(model)
+        protocol = openai(model, headers=headers)
     elif kind in ("Reference", "Generic"):
-        if endpoint.scheme == "http":
+        if load.endpoint.scheme == "http" and not headers:
             return None
-        protocol = dataclasses.replace(REFERENCE, path=endpoint.path or REFERENCE_PATH)
+        reference = dataclasses.replace(REFERENCE, path=load.endpoint.path or REFERENCE_PATH)
+        protocol = with_headers(reference, headers)
     else:
         runtime = adapter(spec)
         assert runtime is not None
-        protocol = runtime.protocol(model)
+        protocol = with_headers(runtime.protocol(spec.runtime.model), headers)
     return on_endpoint(protocol, spec)
+
+
+def inference_path(spec: InferenceServiceSpec) -> str:
+    """The runtime's own inference path for runtime.model (the reference server's for
+    kinds without one)."""
+    runtime = adapter(spec)
+    if runtime is None or spec.runtime.kind == "Reference":
+        return REFERENCE_PATH
+    return runtime.protocol(spec.runtime.model).path
 
 
 def on_endpoint(protocol: RequestProtocol, spec: InferenceServiceSpec) -> RequestProtocol:
@@ -165,9 +215,46 @@ def on_endpoint(protocol: RequestProtocol, spec: InferenceServiceSpec) -> Reques
 
 def shaped_by_metadata(spec: InferenceServiceSpec) -> bool:
     """Whether a trial's requests are built from the served model's KServe v2 metadata
-    (Triton: its inputs, and its config's max_batch_size for the batch dimension), so a
-    model of the user's own, whatever its inputs, takes them."""
-    return spec.load.protocol == "Runtime" and spec.runtime.kind == "Triton"
+    (its inputs; on Triton its config's max_batch_size for the batch dimension), so a
+    model of the user's own, whatever its inputs, takes them: load.protocol V2 without a
+    tensor given by hand, and Triton's own requests."""
+    load = spec.load
+    if load.protocol == "V2":
+        return load.request is None or load.request.input_name is None
+    return load.protocol == "Runtime" and spec.runtime.kind == "Triton"
+
+
+def metadata_model(spec: InferenceServiceSpec) -> str:
+    """The model whose metadata shapes the requests: load.request.model, else
+    runtime.model, else the runtime's default."""
+    return spec.request_model() or served_model(spec)
+
+
+# what to set when a server refuses the requests, per load.protocol
+_REQUEST_FIELDS: Final[Mapping[str, str]] = {
+    "Runtime": "load.protocol V2 (requests from the model's metadata) or Template with "
+    "load.request.bodyTemplate (a body of the model's own)",
+    "V2": "load.request.inputName and features (one FP32 tensor), or load.protocol "
+    "Template with load.request.bodyTemplate (a body of the model's own)",
+    "OpenAI": "load.request.model and maxTokens, or load.protocol Template with "
+    "load.request.bodyTemplate",
+    "OpenAIStream": "load.request.model, load.promptTokens and load.outputTokens",
+    "Template": "load.request.bodyTemplate",
+}
+
+
+def refusal_message(spec: InferenceServiceSpec, refusal: str) -> str:
+    """What a study says when the server refused its first requests with a 4xx: the
+    server's words, the requests it was sent, and the fields that set them."""
+    protocol = spec.load.protocol
+    if spec.runtime.kind == "Triton" and protocol == "Runtime":
+        protocol = "V2"  # Triton's own requests are the model's metadata's
+    key = {"OpenAIChat": "OpenAI", "OpenAIChatStream": "OpenAIStream"}.get(protocol, protocol)
+    return (
+        f"the server refused the study's first requests (load.protocol {spec.load.protocol}, "
+        f"runtime.kind {spec.runtime.kind}): {refusal}; set {_REQUEST_FIELDS[key]}, and "
+        "load.endpoint.path if the path is wrong"
+    )
 
 
 def served_model(spec: InferenceServiceSpec) -> str:

@@ -8,7 +8,7 @@ rules sit beside the model they check so that schema and rule cannot drift apart
 from __future__ import annotations
 
 import re
-from typing import Any, ClassVar, Literal, Self
+from typing import Annotated, Any, ClassVar, Literal, Self
 
 from pydantic import (
     BaseModel,
@@ -30,6 +30,7 @@ from batchpilot.loadgen.arrivals import (
     trace_from_timestamps,
 )
 from batchpilot.loadgen.lengths import DEFAULT_LENGTHS, TokenLengths, describe_dist, parse_dist
+from batchpilot.loadgen.protocols import APPLIES_TO
 from batchpilot.models import (
     DEFAULT_MIN_REQUESTS,
     MAX_BATCH_SIZE_LIMIT,
@@ -458,9 +459,10 @@ class LoadEndpoint(BaseModel):
     path: str | None = Field(
         default=None,
         description="HTTP path of the inference requests. Required for runtime.kind "
-        "Reference and Generic; the other runtimes default it to their own inference path "
-        "for runtime.model (Triton, MLServer: /v2/models/MODEL/infer; TorchServe: "
-        "/predictions/MODEL; VLLM: /v1/completions).",
+        "Reference and Generic with load.protocol Runtime or Template; the other runtimes "
+        "default it to their own inference path for runtime.model (Triton, MLServer: "
+        "/v2/models/MODEL/infer; TorchServe: /predictions/MODEL; VLLM: /v1/completions), "
+        "and so do the protocols with a path of their own (V2, the OpenAI ones).",
         max_length=256,
         pattern=HTTP_PATH_PATTERN,
     )
@@ -603,6 +605,135 @@ class RequestClassSpec(BaseModel):
 
     weight: float = Field(description="Relative weight in the mix (> 0).", gt=0.0)
     size: int = Field(description="Input size (rows or tokens) of the request.", ge=1, le=65536)
+
+
+# load.protocol in the command line's words (loadtest/capacity/tune --protocol): one
+# vocabulary, so anything `loadtest` can send a study can too
+LOAD_PROTOCOLS: dict[str, str | None] = {
+    "Runtime": None,
+    "V2": "v2",
+    "OpenAI": "openai",
+    "OpenAIChat": "openai-chat",
+    "OpenAIStream": "openai-stream",
+    "OpenAIChatStream": "openai-chat-stream",
+    "Template": "template",
+}
+# the protocols whose requests name a model (v2: in the path; OpenAI: the model field)
+MODEL_LOAD_PROTOCOLS = ("V2", "OpenAI", "OpenAIChat", *STREAM_LOAD_PROTOCOLS)
+# load.request's fields and the command-line flag each one is
+_REQUEST_FLAGS = {
+    "model": "--model",
+    "inputName": "--input-name",
+    "features": "--features",
+    "maxTokens": "--max-tokens",
+    "bodyTemplate": "--body-template",
+}
+
+
+def _request_field_protocols(field: str) -> tuple[str, ...]:
+    """The load.protocol values a load.request field applies to, from the flags'."""
+    flags = APPLIES_TO[_REQUEST_FLAGS[field]]
+    return tuple(name for name, cli in LOAD_PROTOCOLS.items() if cli in flags)
+
+
+def _request_field_message(field: str) -> str:
+    return (
+        f"load.request.{field} applies to load.protocol "
+        f"{' or '.join(_request_field_protocols(field))}"
+    )
+
+
+_TEMPLATE_MESSAGE = "load.protocol Template needs load.request.bodyTemplate"
+_REQUEST_MODEL_MESSAGE = (
+    f"load.protocol {', '.join(MODEL_LOAD_PROTOCOLS)} send a model name (V2: in the path; "
+    "OpenAI: the request's model field): set load.request.model, or a runtime.kind that "
+    "names its model (runtime.model)"
+)
+MAX_BODY_TEMPLATE_CHARS = 65536
+MAX_REQUEST_HEADERS = 16
+MAX_HEADER_NAME_CHARS = 128
+MAX_HEADER_VALUE_CHARS = 4096
+HEADER_NAME_PATTERN = r"^[!#$%&'*+.^_`|~0-9A-Za-z-]+$"
+
+
+class LoadRequestSpec(BaseModel):
+    """What each request carries, beside load.protocol: the same choices as the command
+    line's --model, --input-name, --features, --max-tokens, --body-template and --header."""
+
+    model_config = _model_config()
+
+    model: str | None = Field(
+        default=None,
+        description="V2: the model in the path; OpenAI, OpenAIChat, OpenAIStream, "
+        "OpenAIChatStream: the request's model field [runtime.model].",
+        min_length=1,
+        max_length=256,
+        pattern=r"^[A-Za-z0-9][A-Za-z0-9_.:-]*$",
+    )
+    input_name: str | None = Field(
+        default=None,
+        description="V2: send one FP32 tensor [size, features] of this name instead of the "
+        "inputs the model's metadata declares [from the metadata].",
+        min_length=1,
+        max_length=256,
+        pattern=r"^[^/\s]+$",
+    )
+    features: int | None = Field(
+        default=None,
+        description="V2: values per item of the inputName tensor [1].",
+        ge=1,
+        le=65536,
+    )
+    max_tokens: int | None = Field(
+        default=None,
+        description="OpenAI, OpenAIChat: max_tokens of every request [16].",
+        ge=1,
+        le=1_000_000,
+    )
+    body_template: str | None = Field(
+        default=None,
+        description="Template: the JSON body of every request, {size} standing for the "
+        "request's size from load.requests (without it every request sends this body), "
+        "sent to load.endpoint.path or the runtime's inference path for runtime.model. "
+        "For a model whose inputs nothing else describes (a handler's own JSON, BYTES "
+        "inputs).",
+        min_length=2,
+        max_length=MAX_BODY_TEMPLATE_CHARS,
+    )
+    headers: dict[str, Annotated[str, Field(max_length=MAX_HEADER_VALUE_CHARS)]] | None = Field(
+        default=None,
+        description="Extra request headers, name to value (Content-Type replaces the "
+        "JSON one). Not for secrets: whoever reads the InferenceService reads them.",
+        max_length=MAX_REQUEST_HEADERS,
+    )
+
+    @model_validator(mode="after")
+    def _usable(self) -> LoadRequestSpec:
+        from batchpilot.loadgen.protocols import template_protocol
+
+        if self.body_template is not None:
+            try:
+                template_protocol(self.body_template, path="/", require_size=False)
+            except ValueError as exc:
+                raise ValueError(f"load.request.bodyTemplate: {exc}") from None
+        for name in self.headers or {}:
+            if len(name) > MAX_HEADER_NAME_CHARS or not re.fullmatch(HEADER_NAME_PATTERN, name):
+                raise ValueError(
+                    f"load.request.headers: {name[:64]!r} is not an HTTP header name of at "
+                    f"most {MAX_HEADER_NAME_CHARS} letters, digits and !#$%&'*+.^_`|~-"
+                )
+        return self
+
+    def given(self) -> list[str]:
+        """The fields set, by their names in the spec."""
+        values = {
+            "model": self.model,
+            "inputName": self.input_name,
+            "features": self.features,
+            "maxTokens": self.max_tokens,
+            "bodyTemplate": self.body_template,
+        }
+        return [field for field, value in values.items() if value is not None]
 
 
 # a Prometheus label name; those starting with '__' are Prometheus's own, dropped after
@@ -918,10 +1049,6 @@ _LENGTHS_MESSAGE = (
     "load.promptTokens and load.outputTokens apply to load.protocol OpenAIStream and "
     "OpenAIChatStream"
 )
-_STREAM_MODEL_MESSAGE = (
-    "load.protocol OpenAIStream and OpenAIChatStream send runtime.model as the request's "
-    "model: they need a runtime.kind that names its model (e.g. VLLM)"
-)
 _LENGTH_FORMS = "fixed:N, uniform:LO-HI or lognormal:MEDIAN,SIGMA"
 
 
@@ -938,19 +1065,44 @@ class LoadSpec(BaseModel):
             f"self.protocol in {_cel_list(STREAM_LOAD_PROTOCOLS)})",
             _LENGTHS_MESSAGE,
         ),
+        *(
+            cel(
+                f"!has(self.request) || !has(self.request.{field}) || (has(self.protocol) && "
+                f"self.protocol in {_cel_list(_request_field_protocols(field))})",
+                _request_field_message(field),
+            )
+            for field in _REQUEST_FLAGS
+        ),
+        cel(
+            "!has(self.protocol) || self.protocol != 'Template' || "
+            "(has(self.request) && has(self.request.bodyTemplate))",
+            _TEMPLATE_MESSAGE,
+        ),
     )
 
     endpoint: LoadEndpoint = Field(description="Inference endpoint the load is sent to.")
-    protocol: Literal["Runtime", "OpenAIStream", "OpenAIChatStream"] = Field(
+    protocol: Literal[
+        "Runtime", "V2", "OpenAI", "OpenAIChat", "OpenAIStream", "OpenAIChatStream", "Template"
+    ] = Field(
         default="Runtime",
         description="Runtime: the runtime's own requests (sized by load.requests); for "
         "Triton built from the model's metadata as each trial's first pod serves it (its "
         "inputs' names, datatypes and shapes; an input such as BYTES that needs a sample "
         "stops the study, reason RequestShape). "
-        "OpenAIStream, OpenAIChatStream: streamed OpenAI completions or chat completions "
-        "of runtime.model, their lengths from promptTokens and outputTokens: TTFT, TPOT, "
-        "goodput and output tokens/s are measured, and sla.ttftP99Ms and sla.tpotP99Ms "
-        "can be judged.",
+        "V2: KServe v2 inference requests (Triton, MLServer, KServe, any v2 server) built "
+        "from the model's metadata the same way, or one FP32 tensor named "
+        "request.inputName. OpenAI, OpenAIChat: completions or chat completions with a "
+        "prompt of size words. "
+        "OpenAIStream, OpenAIChatStream: streamed OpenAI completions or chat completions, "
+        "their lengths from promptTokens and outputTokens: TTFT, TPOT, goodput and output "
+        "tokens/s are measured, and sla.ttftP99Ms and sla.tpotP99Ms can be judged. "
+        "Template: request.bodyTemplate. A server that refuses a trial's first requests "
+        "with a 4xx stops the study (reason RequestShape) with its message.",
+    )
+    request: LoadRequestSpec | None = Field(
+        default=None,
+        description="What each request carries beside load.protocol: the model named, a "
+        "v2 tensor by hand, max_tokens, a body template, extra headers.",
     )
     prompt_tokens: str | None = Field(
         default=None,
@@ -1062,6 +1214,16 @@ class LoadSpec(BaseModel):
     def _prometheus_needs_url(self) -> LoadSpec:
         if self.source == "prometheus" and self.prometheus is None:
             raise ValueError("load.prometheus (url) is required when load.source is prometheus")
+        return self
+
+    @model_validator(mode="after")
+    def _request_fits_the_protocol(self) -> LoadSpec:
+        given = self.request.given() if self.request is not None else []
+        for field in given:
+            if self.protocol not in _request_field_protocols(field):
+                raise ValueError(_request_field_message(field))
+        if self.protocol == "Template" and "bodyTemplate" not in given:
+            raise ValueError(_TEMPLATE_MESSAGE)
         return self
 
     @model_validator(mode="after")
@@ -1419,9 +1581,12 @@ _HTTPS_LIVE_MESSAGE = (
     "and an apply.live port other than load.endpoint.port: Live admin calls are plain http, "
     "and a runtime's live control is reached on the inference port"
 )
+# the protocols that bring their own path (v2: /v2/models/MODEL/infer, OpenAI's)
+PATHED_LOAD_PROTOCOLS = MODEL_LOAD_PROTOCOLS
 _PATH_MESSAGE = (
-    f"load.endpoint.path is required for runtime.kind {_kinds(PATHLESS_RUNTIMES)}; the "
-    "other runtimes default it to their own inference path"
+    f"load.endpoint.path is required for runtime.kind {_kinds(PATHLESS_RUNTIMES)} with "
+    "load.protocol Runtime or Template; the other runtimes default it to their own "
+    f"inference path, as load.protocol {', '.join(PATHED_LOAD_PROTOCOLS)} do"
 )
 
 
@@ -1435,7 +1600,12 @@ def runtime_problems(spec: InferenceServiceSpec) -> list[tuple[bool, str]]:
         (live and not reference and spec.apply.live is not None, _LIVE_ADAPTER_MESSAGE),
         (live and not reference and kind not in LIVE_RUNTIMES, _ROLLOUT_MESSAGE),
         (live and not reference and bool(spec.parameters.extra), _LIVE_EXTRA_MESSAGE),
-        (spec.load.endpoint.path is None and kind in PATHLESS_RUNTIMES, _PATH_MESSAGE),
+        (
+            spec.load.endpoint.path is None
+            and kind in PATHLESS_RUNTIMES
+            and spec.load.protocol not in PATHED_LOAD_PROTOCOLS,
+            _PATH_MESSAGE,
+        ),
         (
             live
             and spec.load.endpoint.scheme == "https"
@@ -1486,7 +1656,9 @@ class InferenceServiceSpec(BaseModel):
         ),
         cel(
             "has(self.load.endpoint.path) || (has(self.runtime) && "
-            f"!(self.runtime.kind in {_cel_list(PATHLESS_RUNTIMES)}))",
+            f"!(self.runtime.kind in {_cel_list(PATHLESS_RUNTIMES)})) || "
+            f"(has(self.load.protocol) && self.load.protocol in "
+            f"{_cel_list(PATHED_LOAD_PROTOCOLS)})",
             _PATH_MESSAGE,
         ),
         cel(
@@ -1519,9 +1691,10 @@ class InferenceServiceSpec(BaseModel):
         ),
         cel(
             f"!has(self.load.protocol) || !(self.load.protocol in "
-            f"{_cel_list(STREAM_LOAD_PROTOCOLS)}) || "
-            "(has(self.runtime) && has(self.runtime.model))",
-            _STREAM_MODEL_MESSAGE,
+            f"{_cel_list(MODEL_LOAD_PROTOCOLS)}) || "
+            "(has(self.runtime) && has(self.runtime.model)) || "
+            "(has(self.load.request) && has(self.load.request.model))",
+            _REQUEST_MODEL_MESSAGE,
         ),
     )
 
@@ -1573,8 +1746,8 @@ class InferenceServiceSpec(BaseModel):
         streams = self.load.protocol in STREAM_LOAD_PROTOCOLS
         if self.sla.to_sla().token_targets and not streams:
             raise ValueError(_TOKEN_SLA_MESSAGE)
-        if streams and self.runtime.model is None:
-            raise ValueError(_STREAM_MODEL_MESSAGE)
+        if self.load.protocol in MODEL_LOAD_PROTOCOLS and self.request_model() is None:
+            raise ValueError(_REQUEST_MODEL_MESSAGE)
         return self
 
     @model_validator(mode="after")
@@ -1604,6 +1777,13 @@ class InferenceServiceSpec(BaseModel):
         if self.target.kind == "RayService" and self.apply.method != "Live":
             raise ValueError(RAY_APPLY_MESSAGE)
         return self
+
+    def request_model(self) -> str | None:
+        """The model the requests name: load.request.model, else runtime.model."""
+        request = self.load.request
+        if request is not None and request.model is not None:
+            return request.model
+        return self.runtime.model
 
     def env_names(self) -> dict[str, str]:
         """Parameter name → environment variable, for method Env."""

@@ -13,7 +13,7 @@ from typing import Any, TypedDict
 import aiohttp
 
 from batchpilot.errors import TargetError
-from batchpilot.httpbody import MAX_CONTROL_BODY_BYTES, BodyTooLarge, text_capped
+from batchpilot.httpbody import MAX_CONTROL_BODY_BYTES, BodyTooLarge, error_message, text_capped
 from batchpilot.retry import backoff_delay, retry
 
 log = logging.getLogger(__name__)
@@ -107,17 +107,3 @@ class ControlClient:
             raise TargetError(f"{method} {path}: {exc}") from None
         except (aiohttp.ClientError, TimeoutError) as exc:
             raise _Retryable(f"{type(exc).__name__}: {exc}") from exc
-
-
-def error_message(text: str) -> str:
-    """The server's error message when it sent JSON {"error": ...} (or "detail"), else
-    the text."""
-    try:
-        data = json.loads(text)
-    except ValueError:
-        return text[:300]
-    if isinstance(data, dict):
-        for key in ("error", "detail"):
-            if isinstance(data.get(key), str):
-                return str(data[key])
-    return text[:300]

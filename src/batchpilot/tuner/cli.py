@@ -20,7 +20,12 @@ from batchpilot.loadgen.arrival_option import ARRIVAL_HELP
 from batchpilot.loadgen.arrivals import ARRIVAL_SYNTAX, ArrivalKind
 from batchpilot.loadgen.connections_option import max_connections_option
 from batchpilot.loadgen.protocol_option import build_stream_protocol, stream_protocol_options
-from batchpilot.loadgen.protocols import STREAM_PROTOCOLS, RequestProtocol, template_protocol
+from batchpilot.loadgen.protocols import (
+    STREAM_PROTOCOLS,
+    RequestProtocol,
+    body_template_text,
+    template_protocol,
+)
 from batchpilot.models import DEFAULT_MIN_REQUESTS, MAX_LOAD_WORKERS, SLA, RequestMix
 from batchpilot.runtimes.registry import DEFAULT_RUNTIME, runtime_names
 from batchpilot.tuner.config import (
@@ -278,11 +283,12 @@ def _storage(spec: str | None) -> str | BaseStorage | None:
 @click.option(
     "--body-template",
     "body_template",
-    type=click.Path(dir_okay=False, path_type=Path),
+    metavar="JSON|FILE",
     default=None,
-    help="--local, --url: send this file's JSON as every request's body (a {size} in it "
-    "becomes the request's size) instead of the requests built from the model's metadata "
-    "(Triton) or the runtime's own; for inputs such as BYTES, or a payload of your own.",
+    help="--local, --url: send this JSON (or a file's) as every request's body (a {size} in "
+    "it becomes the request's size) instead of the requests built from the model's "
+    "metadata (Triton, MLServer) or the runtime's own; for inputs such as BYTES, or a "
+    "payload of your own.",
 )
 @click.option(
     "--keep-winner",
@@ -483,7 +489,7 @@ class TuneFlags:
     prometheus_url: str | None
     prometheus_selector: str
     control_url: str | None
-    body_template: Path | None
+    body_template: str | None
     keep_winner: bool
     cost_file: Path | None
     profile_url: str | None
@@ -810,7 +816,7 @@ def _tune_simulated(
 
 
 def _check_user_model(
-    flag: str, path: Path, runtime_name: str, config: TuneConfig, body_template: Path | None
+    flag: str, path: Path, runtime_name: str, config: TuneConfig, body_template: str | None
 ) -> None:
     """`tune --local --model-dir DIR` or `--model-archive FILE`: a runtime that serves a
     user's model given by that flag, one it can serve, no start values from elsewhere
@@ -852,15 +858,11 @@ def _check_user_model(
         )
 
 
-def _body_template(path: Path, runtime: Runtime, model: str | None) -> RequestProtocol:
-    """The requests of `tune --body-template FILE`: the file's JSON to the runtime's
+def _body_template(value: str, runtime: Runtime, model: str | None) -> RequestProtocol:
+    """The requests of `tune --body-template JSON|FILE`: that JSON to the runtime's
     inference path for `model`."""
-    try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise TuneError(f"--body-template {path}: cannot read it: {exc}") from None
     inference = runtime.protocol(model or runtime.default_model).path
     try:
-        return template_protocol(text, path=inference, require_size=False)
+        return template_protocol(body_template_text(value), path=inference, require_size=False)
     except ValueError as exc:
-        raise TuneError(f"--body-template {path}: {exc}") from None
+        raise TuneError(f"--body-template: {exc}") from None

@@ -20,7 +20,7 @@ from typing_extensions import Unpack
 
 from batchpilot.capacity.promql import Metrics, with_matchers
 from batchpilot.errors import RequestShapeError
-from batchpilot.httpbody import MAX_CONTROL_BODY_BYTES, BodyTooLarge, text_capped
+from batchpilot.httpbody import MAX_CONTROL_BODY_BYTES, BodyTooLarge, error_message, text_capped
 from batchpilot.loadgen.protocols import JSON_HEADERS, RequestProtocol, v2_path
 from batchpilot.loadgen.v2model import BODY_FLAG, MetadataError, fetch_v2_model, v2_model_protocol
 from batchpilot.models import BatchingConfig
@@ -139,20 +139,9 @@ def refused_requests(failed: list[tuple[int | None, str]], model: str) -> str | 
         if status is not None and 400 <= status < 500:
             return (
                 f"Triton refused the requests built for model {model!r} (HTTP {status}: "
-                f"{error_text(text)}); give a request body it accepts with {BODY_FLAG}"
+                f"{error_message(text)}); give a request body it accepts with {BODY_FLAG}"
             )
     return None
-
-
-def error_text(text: str) -> str:
-    """The server's message from a JSON {"error": ...} answer, else the text."""
-    try:
-        data = json.loads(text)
-    except ValueError:
-        return text[:200]
-    if isinstance(data, dict) and isinstance(data.get("error"), str):
-        return str(data["error"])
-    return text[:200]
 
 
 class TritonRuntimeControl:
