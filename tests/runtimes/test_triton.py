@@ -1,7 +1,7 @@
 """A real Triton (python backend, the bundled model) on loopback: two batching
 configurations applied live under concurrent load, each proven by Triton's own counters
-and by the model's record of the batch sizes it executed, with no failed request while
-the change happens."""
+and statistics of the batch sizes it executed, with no failed request while the change
+happens."""
 
 from __future__ import annotations
 

@@ -124,6 +124,13 @@ async def test_a_users_model_tunes_on_requests_built_from_its_metadata(
     assert tune.returncode == 0, err.decode()[-2000:]
     result = json.loads(out)
     assert all(t["state"] == "Complete" for t in result["trials"]), result["trials"]
+    # the batches Triton itself counted while each trial's change was verified, never
+    # above that trial's cap
+    executed = {t["number"]: t["executed_batches"] for t in result["trials"]}
+    assert all(executed.values()), executed
+    for trial in result["trials"]:
+        cap = trial["params"]["max_batch_size"]
+        assert all(1 <= int(size) <= cap for size in trial["executed_batches"]), trial
     recommended = result["recommended"]
     assert recommended is not None
     cap = int(recommended["max_batch_size"])

@@ -24,7 +24,7 @@ from batchpilot.runtimes.triton.adapter import (
 from batchpilot.runtimes.triton.control import (
     TritonCounters,
     batches_since,
-    parse_batch_sizes,
+    parse_batch_stats,
 )
 from batchpilot.runtimes.triton.process import TritonProcess
 from batchpilot.runtimes.triton.repository import TritonBatching
@@ -70,7 +70,7 @@ def test_each_request_is_one_row_of_its_size() -> None:
 def test_batches_within_the_cap_verify_the_change() -> None:
     how, problem = check_batches(4, {2: 1, 4: 3}, TritonCounters())
     assert problem is None
-    assert how == "executed batch sizes {2: 1, 4: 3} (the model's record)"
+    assert how == "executed batch sizes {2: 1, 4: 3} (Triton's statistics)"
 
 
 def test_a_batch_above_the_new_cap_means_the_old_configuration_serves() -> None:
@@ -91,19 +91,29 @@ def test_without_the_models_record_the_mean_batch_decides() -> None:
     assert "not seen" in how
 
 
-def test_the_models_batch_record_is_read_per_model_and_as_a_delta() -> None:
-    text = (
-        "# TYPE batchpilot_model_batches_total counter\n"
-        'batchpilot_model_batches_total{batch_size="4",model="m"} 25\n'
-        'batchpilot_model_batches_total{batch_size="8",model="m"} 3\n'
-        'batchpilot_model_batches_total{batch_size="8",model="other"} 100\n'
-        'nv_inference_count{model="m",version="1"} 124\n'
-    )
-    now = parse_batch_sizes(text, "m")
-    assert now == {4: 25.0, 8: 3.0}
-    assert batches_since(now, {4: 20.0}) == {4: 5, 8: 3}
+def stats(model: str, sizes: dict[int, int], version: str = "1") -> dict[str, Any]:
+    """One model's entry of Triton's statistics answer, with its batches by size."""
+    batch_stats = [
+        {"batch_size": size, "compute_infer": {"count": n, "ns": 1000 * n}}
+        for size, n in sizes.items()
+    ]
+    return {"name": model, "version": version, "batch_stats": batch_stats}
+
+
+def test_triton_statistics_give_any_models_batches_by_size_and_as_a_delta() -> None:
+    answer = {
+        "model_stats": [
+            stats("m", {4: 25, 8: 3}),
+            stats("m", {8: 2}, version="2"),
+            stats("other", {8: 100}),
+        ]
+    }
+    now = parse_batch_stats(answer, "m")
+    assert now == {4: 25.0, 8: 5.0}
+    assert batches_since(now, {4: 20.0}) == {4: 5, 8: 5}
     assert batches_since(now, now) == {}
-    assert parse_batch_sizes(text, "absent") == {}
+    assert parse_batch_stats(answer, "absent") == {}
+    assert parse_batch_stats({"error": "unknown model"}, "m") == {}
 
 
 def test_persistence_is_the_exact_config_pbtxt_lines() -> None:
@@ -155,19 +165,20 @@ def test_a_wait_beyond_the_limit_is_refused_in_native_terms() -> None:
         runtime.knobs[1].to_native(60_000.5)
 
 
-class FakeMetrics:
-    """Triton's metrics text as a sequence of readings of the model's batch record."""
+class FakeStats:
+    """Triton's statistics as a sequence of readings of the model's batches by size; its
+    metrics text says nothing of the model."""
 
     def __init__(self, readings: list[dict[int, int]]) -> None:
         self.model = "batchpilot"
         self.readings = readings
 
+    async def batch_stats(self) -> dict[int, float]:
+        answer = {"model_stats": [stats(self.model, self.readings.pop(0))]}
+        return parse_batch_stats(answer, self.model)
+
     async def metrics_text(self) -> str:
-        sizes = self.readings.pop(0)
-        return "".join(
-            f'batchpilot_model_batches_total{{batch_size="{size}",model="batchpilot"}} {n}\n'
-            for size, n in sizes.items()
-        )
+        return ""
 
 
 REQUESTS = TritonRuntime().protocol("batchpilot")
@@ -177,7 +188,7 @@ def control_with(
     readings: list[dict[int, int]], failed: list[tuple[int | None, str]] | None = None
 ) -> Any:
     control = TritonRuntime().control("http://127.0.0.1:1")
-    control.control = FakeMetrics(readings)  # type: ignore[assignment]
+    control.control = FakeStats(readings)  # type: ignore[assignment]
 
     async def burst(n: int, protocol: RequestProtocol) -> list[tuple[int | None, str]]:
         return failed or []
@@ -191,7 +202,7 @@ async def test_a_batch_the_old_instance_finished_is_looked_at_again() -> None:
     control = control_with([{16: 1}, {16: 2, 4: 1}, {16: 2, 4: 1}, {16: 2, 4: 3}])
     batches, how = await control._executed(4, REQUESTS)
     assert batches == {4: 2}
-    assert how == "executed batch sizes {4: 2} (the model's record)"
+    assert how == "executed batch sizes {4: 2} (Triton's statistics)"
 
 
 async def test_batches_above_the_cap_twice_fail_the_change() -> None:

@@ -25,7 +25,7 @@ from rich.console import Console
 from batchpilot.loadgen.arrivals import ArrivalKind, Poisson
 from batchpilot.loadgen.protocols import RequestProtocol
 from batchpilot.models import SLA, BatchingConfig, CapacityResult, RequestMix
-from batchpilot.runtimes.base import PersistsAsRun, Profiled, ShapesRequests
+from batchpilot.runtimes.base import PersistsAsRun, Profiled, ShapesRequests, Verification
 from batchpilot.runtimes.registry import DEFAULT_RUNTIME, get_runtime
 from batchpilot.tuner.attached import Attached, check_attached, leave_attached
 from batchpilot.tuner.config import Measurement, TuneConfig, screening
@@ -44,7 +44,13 @@ from batchpilot.tuner.rules import rules_of_thumb
 from batchpilot.tuner.runner import RoundDone, TrialDone, TrialStart, run_trials
 from batchpilot.tuner.space import SearchSpace
 from batchpilot.tuner.study import Tuner
-from batchpilot.tuner.summary import TuneSummary, label_of, summary_of_study, with_verdict
+from batchpilot.tuner.summary import (
+    TuneSummary,
+    label_of,
+    summary_of_study,
+    with_executed_batches,
+    with_verdict,
+)
 from batchpilot.tuner.watch import Watch, WatchedProbe, WatchedTarget, answered_nothing, crashed
 
 if TYPE_CHECKING:
@@ -298,8 +304,14 @@ async def tune_local(run: LocalRun, console: Console) -> TuneSummary:
         def on_start(event: TrialStart) -> None:
             progress.start(event, label_of(tuner.records()[event.number], rules))
 
+        # batch sizes the server counted while each trial's change was verified
+        executed: dict[int, dict[int, int]] = {}
+
         async def on_done(event: TrialDone) -> None:
             progress.done(event, label_of(event.record, rules), tuner.measured_count())
+            batches = verified_batches(target.last_verification, event.record.config())
+            if batches is not None:
+                executed[event.record.number] = batches
             await warm.maybe()
 
         study_started = time.monotonic()
@@ -340,7 +352,9 @@ async def tune_local(run: LocalRun, console: Console) -> TuneSummary:
             )
             progress.stop()
             probe.accepted = probe.accepted or screen_probe.accepted
-            summary = _summary(tuner, run, rules, interrupted, started)
+            summary = with_executed_batches(
+                _summary(tuner, run, rules, interrupted, started), executed
+            )
             if not interrupted and cfg.tuning.confirm:
                 summary = await _confirm(
                     summary, tuner, cfg, target, probe, console, started, watch=watch
@@ -358,6 +372,17 @@ async def tune_local(run: LocalRun, console: Console) -> TuneSummary:
             )
         figures = runtime_figures(runtime, summary, target.last_verification, persisted=persisted)
         return summary.model_copy(update={"runtime": figures})
+
+
+def verified_batches(
+    verification: Verification | None, config: BatchingConfig
+) -> dict[int, int] | None:
+    """The batch sizes the server executed while `config` was verified live; None when
+    the last verification was of another configuration (a change that failed) or the
+    server says nothing of its batches."""
+    if verification is None or verification.requested != config:
+        return None
+    return None if verification.batch_sizes is None else dict(verification.batch_sizes)
 
 
 # Round r offers every configuration the schedule of seed + ROUND_SEED_STRIDE * (r + 1):

@@ -48,6 +48,25 @@ class RuntimeFigures(BaseModel):
 
 class LabelledTrial(TrialRecord):
     label: Label
+    # batch size -> batches the server itself counted while the trial's configuration
+    # was verified live (Triton's per-size counters); None where the server says nothing
+    executed_batches: dict[int, int] | None = None
+
+
+def with_executed_batches(
+    summary: TuneSummary, executed: Mapping[int, Mapping[int, int]]
+) -> TuneSummary:
+    """`summary` whose trials carry the batch sizes the server executed for them, by
+    trial number."""
+    if not executed:
+        return summary
+    trials = [
+        t.model_copy(update={"executed_batches": dict(executed[t.number])})
+        if t.number in executed
+        else t
+        for t in summary.trials
+    ]
+    return summary.model_copy(update={"trials": trials})
 
 
 class TuneSummary(BaseModel):

@@ -13,6 +13,7 @@ import json
 import logging
 import math
 import time
+from dataclasses import dataclass
 from urllib.parse import urlsplit
 
 import aiohttp
@@ -43,7 +44,6 @@ from batchpilot.runtimes.triton.control import (
     TritonError,
     batches_since,
     effective_preferred,
-    parse_batch_sizes,
     parse_counters,
 )
 from batchpilot.runtimes.triton.install import TRITON_VERSION
@@ -120,7 +120,7 @@ def check_batches(
         largest = max(batches)
         if largest > cap:
             return "", f"Triton executed batches of {largest} requests above the new cap {cap}"
-        return f"executed batch sizes {batches} (the model's record)", None
+        return f"executed batch sizes {batches} (Triton's statistics)", None
     mean = counters.mean_batch
     if math.isnan(mean):
         # the requests were answered, so these metrics are not this model's on this
@@ -142,6 +142,16 @@ def refused_requests(failed: list[tuple[int | None, str]], model: str) -> str | 
                 f"{error_message(text)}); give a request body it accepts with {BODY_FLAG}"
             )
     return None
+
+
+@dataclass(frozen=True)
+class _Readings:
+    """One look at what Triton counted: batches by size from its statistics, its metrics
+    text (inference and execution counters); `unread` says why neither could be read."""
+
+    stats: dict[int, float] | None
+    metrics: str | None
+    unread: str
 
 
 class TritonRuntimeControl:
@@ -219,7 +229,7 @@ class TritonRuntimeControl:
         the batches unchecked: the read-back has verified the change."""
         problem = ""
         for _ in range(_VERIFY_BURSTS):
-            before = await self._metrics()
+            before = await self._readings()
             failed = await self._burst(min(2 * cap, _VERIFY_MAX_REQUESTS), protocol)
             if failed:
                 refused = refused_requests(failed, self.control.model)
@@ -228,26 +238,41 @@ class TritonRuntimeControl:
                 raise TritonError(
                     f"{len(failed)} requests failed right after the change: {failed[0][1]}"
                 )
-            after = await self._metrics()
-            if before is None or after is None:
-                return {}, f"executed batches not checked ({self.control.metrics_url} unreadable)"
+            after = await self._readings()
+            if before.unread and after.unread:
+                return {}, f"executed batches not checked ({before.unread})"
             model = self.control.model
-            batches = batches_since(
-                parse_batch_sizes(after, model), parse_batch_sizes(before, model)
-            )
-            counters = parse_counters(after, model).since(parse_counters(before, model))
+            batches = {}
+            if before.stats is not None and after.stats is not None:
+                batches = batches_since(after.stats, before.stats)
+            counters = TritonCounters()
+            if before.metrics is not None and after.metrics is not None:
+                counters = parse_counters(after.metrics, model).since(
+                    parse_counters(before.metrics, model)
+                )
             how, found = check_batches(cap, batches, counters)
             if found is None:
                 return batches, how
             problem = found
         raise TritonError(problem)
 
-    async def _metrics(self) -> str | None:
+    async def _readings(self) -> _Readings:
+        """The model's batch statistics and Triton's metrics text, each None (with why in
+        `unread`) when it cannot be read."""
+        unread: list[str] = []
         try:
-            return await self.control.metrics_text()
+            stats: dict[int, float] | None = await self.control.batch_stats()
         except TritonError as exc:
-            log.info("executed batches not checked: %s", exc)
-            return None
+            stats = None
+            unread.append(str(exc))
+        try:
+            metrics: str | None = await self.control.metrics_text()
+        except TritonError as exc:
+            metrics = None
+            unread.append(str(exc))
+        if unread:
+            log.info("executed batches partly unread: %s", "; ".join(unread))
+        return _Readings(stats, metrics, "; ".join(unread) if len(unread) == 2 else "")
 
     async def _burst(self, n: int, protocol: RequestProtocol) -> list[tuple[int | None, str]]:
         """`n` requests at once; (HTTP status or None, what went wrong) for those that

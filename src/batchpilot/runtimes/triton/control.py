@@ -152,23 +152,21 @@ def parse_counters(text: str, model: str) -> TritonCounters:
     return TritonCounters(**sums)
 
 
-# The bundled model's own record (runtimes/triton/model.py): batches executed, by size.
-MODEL_BATCHES_METRIC = "batchpilot_model_batches_total"
-
-
-def parse_batch_sizes(text: str, model: str) -> dict[int, float]:
-    """The bundled model's batches by size (requests) from Triton's metrics text; empty
-    for a model that does not record them."""
+def parse_batch_stats(data: object, model: str) -> dict[int, float]:
+    """Batches executed by size, from Triton's statistics extension (`GET
+    /v2/models/M/stats`): each `batch_stats` entry's `compute_infer.count`, summed over
+    the model's versions. Any model has them, whatever it records of its own."""
     sizes: dict[int, float] = {}
-    for line in text.splitlines():
-        match = _SAMPLE.match(line)
-        if match is None or match["name"] != MODEL_BATCHES_METRIC:
+    entries = data.get("model_stats") if isinstance(data, dict) else None
+    for entry in entries if isinstance(entries, list) else []:
+        if not isinstance(entry, dict) or entry.get("name") != model:
             continue
-        labels = {m["key"]: m["value"] for m in _LABEL.finditer(match["labels"])}
-        if labels.get("model") != model or not labels.get("batch_size", "").isdigit():
-            continue
-        size = int(labels["batch_size"])
-        sizes[size] = sizes.get(size, 0.0) + float(match["value"])
+        for batch in entry.get("batch_stats") or []:
+            size = batch.get("batch_size") if isinstance(batch, dict) else None
+            infer = batch.get("compute_infer") if isinstance(batch, dict) else None
+            count = infer.get("count") if isinstance(infer, dict) else None
+            if isinstance(size, int) and size > 0 and isinstance(count, int | float):
+                sizes[size] = sizes.get(size, 0.0) + float(count)
     return sizes
 
 
@@ -287,3 +285,11 @@ class TritonControl:
 
     async def counters(self) -> TritonCounters:
         return parse_counters(await self.metrics_text(), self.model)
+
+    async def batch_stats(self) -> dict[int, float]:
+        """The model's batches executed so far, by size (Triton's statistics extension)."""
+        path = f"/v2/models/{self.model}/stats"
+        try:
+            return parse_batch_stats(await self._client.call("GET", path), self.model)
+        except TargetError as exc:
+            raise TritonError(f"GET {path}: {exc}") from None
