@@ -136,12 +136,14 @@ async def test_a_body_template_is_what_a_generic_server_receives(
     assert all(body == GENERIC_BODY for body in accepted["/predict"])
 
 
+@pytest.mark.parametrize("protocol", ["V2", "Runtime"])
 async def test_v2_requests_are_built_from_a_v2_servers_metadata(
-    kmock: kmock.KubernetesEmulator, kube: Kube, servers: Servers
+    kmock: kmock.KubernetesEmulator, kube: Kube, servers: Servers, protocol: str
 ) -> None:
+    # MLServer's own requests (Runtime) are the model's, as V2 asks for any v2 server
     port, accepted = servers
     runtime = {"kind": "MLServer", "model": "mine"}
-    clean(await measure(kmock, kube, spec(port, runtime, protocol="V2", path=None)))
+    clean(await measure(kmock, kube, spec(port, runtime, protocol=protocol, path=None)))
     shapes = {tuple(b["inputs"][0]["shape"]) for b in accepted["/v2/models/mine/infer"]}
     # no config says the model batches: the variable dimension is each request's size
     assert shapes == {(1, WIDTH), (8, WIDTH)}

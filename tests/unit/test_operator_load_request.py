@@ -141,7 +141,8 @@ def test_v2_with_a_tensor_by_hand_uses_its_name_and_width() -> None:
         ({"kind": "MLServer", "model": "mine"}, {"protocol": "V2"}, True),
         ({"kind": "Generic"}, {"protocol": "V2", "request": {"model": "m"}}, True),
         ({"kind": "Triton", "model": "mine"}, {}, True),
-        ({"kind": "MLServer", "model": "mine"}, {}, False),
+        ({"kind": "MLServer", "model": "mine"}, {}, True),
+        ({"kind": "TorchServe", "model": "mine"}, {}, False),
     ],
 )
 def test_v2_requests_come_from_the_metadata_unless_a_tensor_is_given(

@@ -173,10 +173,13 @@ def test_a_live_triton_write_back_comes_with_its_config_pbtxt() -> None:
     assert "'resnet'" in advice.where
 
 
-def test_only_a_triton_model_is_loaded_with_requests_built_from_its_metadata() -> None:
+def test_triton_and_mlserver_models_are_loaded_with_requests_built_from_their_metadata() -> None:
     assert runtimes.shaped_by_metadata(spec(TRITON))
     assert runtimes.served_model(spec(TRITON)) == "resnet"
     streamed = spec(TRITON, load={"endpoint": {"port": 8000}, "protocol": "OpenAIStream"})
     assert not runtimes.shaped_by_metadata(streamed)
-    assert not runtimes.shaped_by_metadata(spec({"kind": "MLServer", "model": "m"}, method="Env"))
+    mlserver = spec({"kind": "MLServer", "model": "m"}, method="Env")
+    assert runtimes.shaped_by_metadata(mlserver)
+    assert runtimes.metadata_model(mlserver) == "m"
+    assert not runtimes.shaped_by_metadata(spec({"kind": "TorchServe", "model": "m"}, method="Env"))
     assert not runtimes.shaped_by_metadata(spec(path="/v1/predict", method="Env"))

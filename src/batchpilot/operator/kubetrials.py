@@ -246,7 +246,12 @@ class KubeTrials:
             protocol = v2_model_protocol(metadata, headers=headers)
         except MetadataError as exc:
             # the model itself says too little: every trial would fail the same way
-            raise TargetProblem("RequestShape", str(exc), stops_study=True) from None
+            raise TargetProblem(
+                "RequestShape",
+                f"{exc} (in an InferenceService: load.protocol Template with "
+                "load.request.bodyTemplate)",
+                stops_study=True,
+            ) from None
         return operator_runtimes.on_endpoint(protocol, spec)
 
     async def _check_first_requests(self, ip: str, protocol: RequestProtocol | None) -> None:

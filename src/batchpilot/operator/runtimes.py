@@ -213,15 +213,19 @@ def on_endpoint(protocol: RequestProtocol, spec: InferenceServiceSpec) -> Reques
     return protocol
 
 
+# the kinds whose own requests are KServe v2, built from the model's metadata
+METADATA_RUNTIMES: Final = ("Triton", "MLServer")
+
+
 def shaped_by_metadata(spec: InferenceServiceSpec) -> bool:
     """Whether a trial's requests are built from the served model's KServe v2 metadata
     (its inputs; on Triton its config's max_batch_size for the batch dimension), so a
     model of the user's own, whatever its inputs, takes them: load.protocol V2 without a
-    tensor given by hand, and Triton's own requests."""
+    tensor given by hand, and Triton's and MLServer's own requests."""
     load = spec.load
     if load.protocol == "V2":
         return load.request is None or load.request.input_name is None
-    return load.protocol == "Runtime" and spec.runtime.kind == "Triton"
+    return load.protocol == "Runtime" and spec.runtime.kind in METADATA_RUNTIMES
 
 
 def metadata_model(spec: InferenceServiceSpec) -> str:
@@ -247,8 +251,8 @@ def refusal_message(spec: InferenceServiceSpec, refusal: str) -> str:
     """What a study says when the server refused its first requests with a 4xx: the
     server's words, the requests it was sent, and the fields that set them."""
     protocol = spec.load.protocol
-    if spec.runtime.kind == "Triton" and protocol == "Runtime":
-        protocol = "V2"  # Triton's own requests are the model's metadata's
+    if spec.runtime.kind in METADATA_RUNTIMES and protocol == "Runtime":
+        protocol = "V2"  # these runtimes' own requests are the model's metadata's
     key = {"OpenAIChat": "OpenAI", "OpenAIChatStream": "OpenAIStream"}.get(protocol, protocol)
     return (
         f"the server refused the study's first requests (load.protocol {spec.load.protocol}, "

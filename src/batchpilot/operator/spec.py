@@ -1086,7 +1086,8 @@ class LoadSpec(BaseModel):
     ] = Field(
         default="Runtime",
         description="Runtime: the runtime's own requests (sized by load.requests); for "
-        "Triton built from the model's metadata as each trial's first pod serves it (its "
+        "Triton and MLServer built from the model's metadata as each trial's first pod "
+        "serves it (its "
         "inputs' names, datatypes and shapes; an input such as BYTES that needs a sample "
         "stops the study, reason RequestShape). "
         "V2: KServe v2 inference requests (Triton, MLServer, KServe, any v2 server) built "
