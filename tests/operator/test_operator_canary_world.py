@@ -14,6 +14,7 @@ from kmock import ResourceInfo
 from test_operator_world import (
     DEPLOYMENTS,
     NS,
+    OWNER,
     make_spec,
     ready_pod,
     register_neighbours,
@@ -23,6 +24,7 @@ from test_operator_world import (
 
 from batchpilot.operator.canary import CANARY_LABEL, canary_name
 from batchpilot.operator.kube import Connection, Kube
+from batchpilot.operator.kubeworkload import Workload
 from batchpilot.operator.selectors import from_label_selector, from_map
 from batchpilot.operator.spec import parse_spec
 from batchpilot.operator.world import TargetProblem
@@ -299,3 +301,84 @@ async def test_a_canary_of_an_earlier_name_that_is_ours_is_kept(
     [delete] = kmock["delete"]
     # only that very object: one recreated under the name in between stays
     assert delete.data["preconditions"] == {"uid": "d9"}
+
+
+KSERVE_TARGET = {"apiVersion": "serving.kserve.io/v1beta1", "kind": "InferenceService"}
+
+
+def predictor(name: str, owner: str) -> dict[str, Any]:
+    """The Deployment KServe's raw deployment mode makes for InferenceService `owner`."""
+    workload = target()
+    workload["metadata"] = {
+        "name": name,
+        "namespace": NS,
+        "uid": f"d-{name}",
+        "ownerReferences": [
+            {**KSERVE_TARGET, "name": owner, "uid": "kserve-1", "controller": True}
+        ],
+    }
+    return workload
+
+
+def workload_of(kube: Kube, target_ref: dict[str, Any]) -> Workload:
+    spec = parse_spec(
+        {
+            "target": target_ref,
+            "sla": {"p99LatencyMs": 300},
+            "apply": {"method": "Env"},
+            "load": {"endpoint": {"port": 8080, "path": "/v1/predict"}, "maxRps": 1000},
+            "tuning": {"strategy": "InPlace"},
+        }
+    )
+
+    async def on_problem(_: Any) -> None:
+        return None
+
+    return Workload(kube, spec=spec, namespace=NS, owner=OWNER, on_problem=on_problem, poll_s=0.01)
+
+
+@pytest.mark.parametrize(
+    ("theirs", "ours", "through"),
+    [
+        # they tune the KServe InferenceService, we name the Deployment it owns
+        (
+            {**KSERVE_TARGET, "name": "bert"},
+            {"name": "bert-predictor"},
+            "through InferenceService bert",
+        ),
+        # they tune the predictor Deployment, we name its KServe InferenceService
+        (
+            {"name": "bert-predictor"},
+            {**KSERVE_TARGET, "name": "bert"},
+            "through Deployment bert-predictor",
+        ),
+    ],
+)
+async def test_a_kserve_service_and_its_predictor_deployment_are_one_target(
+    kmock: kmock.KubernetesEmulator,
+    kube: Kube,
+    theirs: dict[str, Any],
+    ours: dict[str, Any],
+    through: str,
+) -> None:
+    kmock.objects[DEPLOYMENTS, NS, "bert-predictor"] = predictor("bert-predictor", "bert")
+    first = isvc("first", "uid-0", "2026-01-01T00:00:00Z")
+    first["spec"]["target"] = theirs
+    kmock.objects[ISVCS, NS, "first"] = first
+    with pytest.raises(TargetProblem) as caught:
+        await workload_of(kube, ours).check_sole_tuner()
+    assert caught.value.reason == "TargetTaken"
+    assert "InferenceService first" in caught.value.message
+    assert through in caught.value.message
+
+
+async def test_a_deployment_of_another_kserve_service_is_not_the_same_target(
+    kmock: kmock.KubernetesEmulator, kube: Kube
+) -> None:
+    # bert-predictor belongs to another InferenceService than the one tuned by first
+    kmock.objects[DEPLOYMENTS, NS, "bert-predictor"] = predictor("bert-predictor", "roberta")
+    first = isvc("first", "uid-0", "2026-01-01T00:00:00Z")
+    first["spec"]["target"] = {**KSERVE_TARGET, "name": "bert"}
+    kmock.objects[ISVCS, NS, "first"] = first
+    await workload_of(kube, {"name": "bert-predictor"}).check_sole_tuner()
+    await workload_of(kube, {**KSERVE_TARGET, "name": "roberta"}).check_sole_tuner()

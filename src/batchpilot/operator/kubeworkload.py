@@ -84,18 +84,51 @@ class Workload:
         """One InferenceService per target: the first claimant tunes it, the others are
         refused (retried, so one starts once the first is gone)."""
         kind, name = self._spec.target.kind, self._spec.target.name
+        aliases = await self._aliases()
         listing = await self._kube.get(isvcs_path(self._namespace))
-        first = next(iter(neighbours.claimants(listing.get("items") or [], kind, name)), None)
+        items = listing.get("items") or []
+        first = next(iter(neighbours.claimants(items, kind, name, aliases)), None)
         if first is None or first["metadata"].get("uid") == self._owner["metadata"]["uid"]:
             return
         meta = first["metadata"]
         state = "being deleted" if meta.get("deletionTimestamp") else "in place"
+        theirs = first.get("spec", {}).get("target", {})
+        through = (
+            f" through {theirs.get('kind', 'Deployment')} {theirs.get('name')}, the same pods"
+            if (theirs.get("kind", "Deployment"), theirs.get("name")) != (kind, name)
+            else ""
+        )
         raise TargetProblem(
             "TargetTaken",
-            f"{kind} {self._namespace}/{name} is tuned by InferenceService {meta['name']} "
-            f"(created {meta.get('creationTimestamp', '?')}, {state}); one InferenceService "
-            f"per target: this one starts once {meta['name']} is deleted",
+            f"{kind} {self._namespace}/{name} is tuned by InferenceService {meta['name']}"
+            f"{through} (created {meta.get('creationTimestamp', '?')}, {state}); one "
+            f"InferenceService per target: this one starts once {meta['name']} is deleted",
         )
+
+    async def _aliases(self) -> set[tuple[str, str]]:
+        """Other names of the target's pods: the KServe InferenceService that owns a
+        target Deployment, or the predictor Deployment a KServe target owns."""
+        target = self._spec.target
+        if target.kind in ("Deployment", "StatefulSet"):
+            try:
+                workload = await self._kube.get(
+                    workload_path(target.kind, self._namespace, target.name)
+                )
+            except NotFound:
+                return set()
+            owner = neighbours.kserve_owner(workload)
+            return {("InferenceService", owner)} if owner else set()
+        if target.kind != "InferenceService":
+            return set()
+        found: set[tuple[str, str]] = set()
+        for name in neighbours.kserve_predictor_names(target.name):
+            try:
+                predictor = await self._kube.get(workload_path("Deployment", self._namespace, name))
+            except NotFound:
+                continue
+            if neighbours.kserve_owner(predictor) == target.name:
+                found.add(("Deployment", name))
+        return found
 
     async def apply_env(
         self, workload: Mapping[str, Any], env: dict[str, str | None], *, force: bool

@@ -79,16 +79,38 @@ async def survey(kube: Kube, namespace: str) -> Survey:
     return found
 
 
+KSERVE_API_GROUP = "serving.kserve.io/"
+
+
+def kserve_predictor_names(isvc: str) -> tuple[str, ...]:
+    """The Deployments KServe's raw deployment mode makes for an InferenceService's
+    predictor (`NAME-predictor`; `NAME-predictor-default` in releases before 0.11)."""
+    return (f"{isvc}-predictor", f"{isvc}-predictor-default")
+
+
+def kserve_owner(workload: Mapping[str, Any]) -> str | None:
+    """The KServe InferenceService that owns `workload`, None when none does."""
+    for ref in (workload.get("metadata") or {}).get("ownerReferences") or []:
+        api = str(ref.get("apiVersion") or "")
+        if ref.get("kind") == "InferenceService" and api.startswith(KSERVE_API_GROUP):
+            return str(ref.get("name") or "") or None
+    return None
+
+
 def _target_of(isvc: Mapping[str, Any]) -> tuple[str, str]:
     target = (isvc.get("spec") or {}).get("target") or {}
     return str(target.get("kind") or "Deployment"), str(target.get("name") or "")
 
 
-def claimants(items: Iterable[JSON], kind: str, name: str) -> list[JSON]:
-    """The InferenceServices targeting `kind`/`name`, the first claimant first: the
-    oldest, the name breaking a tie. One being deleted still holds the target until
-    its finalizer has restored it."""
-    same = [i for i in items if _target_of(i) == (kind, name)]
+def claimants(
+    items: Iterable[JSON], kind: str, name: str, aliases: Iterable[tuple[str, str]] = ()
+) -> list[JSON]:
+    """The InferenceServices targeting `kind`/`name`, or any of `aliases` (other names
+    of the same pods: a KServe InferenceService and the Deployment it owns), the first
+    claimant first: the oldest, the name breaking a tie. One being deleted still holds
+    the target until its finalizer has restored it."""
+    targets = {(kind, name), *aliases}
+    same = [i for i in items if _target_of(i) in targets]
     return sorted(
         same,
         key=lambda i: (
