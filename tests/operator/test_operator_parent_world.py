@@ -18,6 +18,7 @@ from kmock import ResourceInfo
 from batchpilot.operator import decisions
 from batchpilot.operator.handlers import kube_world
 from batchpilot.operator.kube import FIELD_MANAGER, Connection, Kube
+from batchpilot.operator.neighbours import kserve_predictor_names
 from batchpilot.operator.parentworld import ParentWorld
 from batchpilot.operator.spec import InferenceServiceSpec, parse_spec
 from batchpilot.operator.world import TargetProblem
@@ -90,11 +91,14 @@ def child_deployment(name: str, owner_kind: str) -> dict[str, Any]:
 
 
 def untouched_children(k: kmock.KubernetesEmulator) -> bool:
-    """Not one request, read or write, went to a Deployment: the parent's controller
-    owns it."""
+    """Not one write went to a Deployment: the parent's controller owns it. The only
+    reads are of KServe's predictor Deployments by name, to learn whether another
+    InferenceService tunes them under that name (one tuner per target)."""
     every = [r for method in ("get", "post", "put", "patch", "delete") for r in k[method]]
     assert every
-    return all(r.resource is None or r.resource.plural != "deployments" for r in every)
+    touched = [r for r in every if r.resource is not None and r.resource.plural == "deployments"]
+    allowed = set(kserve_predictor_names("bert"))
+    return all(r.method.name == "GET" and r.name in allowed for r in touched)
 
 
 def pod_selectors(k: kmock.KubernetesEmulator) -> set[str]:
@@ -489,3 +493,51 @@ async def test_the_operator_picks_the_parent_world_for_parent_kinds(kube: Kube) 
         }
     )
     assert not isinstance(kube_world(kube, deployment, NS, OWNER, sink), ParentWorld)
+
+
+def quick_kserve(**tuning: Any) -> InferenceServiceSpec:
+    """The KServe spec with waits below the CRD's minimums, so a deadline test is quick."""
+    spec = kserve_spec()
+    return spec.model_copy(update={"tuning": spec.tuning.model_copy(update=tuning)})
+
+
+async def test_a_kserve_pod_unschedulable_past_the_schedule_timeout_stops_the_study(
+    kmock: kmock.KubernetesEmulator, kube: Kube
+) -> None:
+    kmock.objects[ISVCS, NS, "bert"] = kserve_isvc()
+    pending = pod("bert-predictor-1", KSERVE_LABELS, {"MAX_BATCH_SIZE": "16"})
+    pending["status"] = {
+        "phase": "Pending",
+        "conditions": [
+            {
+                "type": "PodScheduled",
+                "status": "False",
+                "reason": "Unschedulable",
+                "message": "0/1 nodes are available: 1 Insufficient nvidia.com/gpu.",
+            }
+        ],
+    }
+    kmock.objects[PODS, NS, "bert-predictor-1"] = pending
+    w = world(kube, quick_kserve(schedule_timeout_seconds=0.2))
+    with pytest.raises(TargetProblem) as caught:
+        await w.trials.apply({"max_batch_size": 8, "max_queue_time_ms": 12.5})
+    assert caught.value.reason == "Unschedulable"
+    assert caught.value.stops_study
+    assert "tuning.scheduleTimeoutSeconds" in caught.value.message
+
+
+async def test_a_kserve_write_back_whose_pods_never_roll_out_ends_at_the_deadline(
+    kmock: kmock.KubernetesEmulator, kube: Kube
+) -> None:
+    # no KServe controller: the predictor keeps its old environment for ever
+    kmock.objects[ISVCS, NS, "bert"] = kserve_isvc()
+    kmock.objects[PODS, NS, "bert-predictor-1"] = pod(
+        "bert-predictor-1", KSERVE_LABELS, {"OMP_NUM_THREADS": "4", "MAX_BATCH_SIZE": "16"}
+    )
+    w = world(kube, quick_kserve(trial_deadline_seconds=0.3))
+    await w.target.record_original(NOW)
+    with pytest.raises(TargetProblem) as caught:
+        await w.target.write_back({"max_batch_size": 32, "max_queue_time_ms": 5.0})
+    assert caught.value.reason == "RolloutTimedOut"
+    assert "1 of 1 pods still run another environment" in caught.value.message
+    assert "tuning.trialDeadlineSeconds" in caught.value.message

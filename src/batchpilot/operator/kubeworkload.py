@@ -166,9 +166,7 @@ class Workload:
             ) from None
 
     async def _follow_rollout(self, kind: str, name: str, last: list[str]) -> None:
-        loop = asyncio.get_running_loop()
-        schedule_limit = float(self._spec.tuning.schedule_timeout_seconds)
-        unschedulable_since: float | None = None
+        unschedulable = ScheduleTimeout(self._spec.tuning.schedule_timeout_seconds)
         reported: str | None = None
         while True:
             current = await self._kube.get(workload_path(kind, self._namespace, name))
@@ -180,17 +178,7 @@ class Workload:
             last[0] = problem.message if problem is not None else rollout.message
             if problem is not None and problem.fatal:
                 raise TargetProblem(problem.reason, problem.message)
-            if problem is not None and problem.reason == "Unschedulable":
-                unschedulable_since = unschedulable_since or loop.time()
-                if loop.time() - unschedulable_since >= schedule_limit:
-                    raise TargetProblem(
-                        "Unschedulable",
-                        f"{problem.message} (for {schedule_limit:g} s, "
-                        "tuning.scheduleTimeoutSeconds)",
-                        stops_study=True,
-                    )
-            else:
-                unschedulable_since = None
+            unschedulable.check(problem)
             if problem is not None and problem.message != reported:
                 reported = problem.message
                 await self._on_problem(problem)
@@ -202,3 +190,28 @@ class Workload:
         """Whether the target runs its template on ready pods, as the verify watch judges
         it: a Deployment's or StatefulSet's own rollout status."""
         return decisions.rollout_status(workload)
+
+
+class ScheduleTimeout:
+    """tuning.scheduleTimeoutSeconds: pods Unschedulable for that long end a rollout, and
+    the study (no later trial would be placed either)."""
+
+    def __init__(self, limit_s: float) -> None:
+        self._limit_s = float(limit_s)
+        self._since: float | None = None
+
+    def check(self, problem: decisions.PodProblem | None) -> None:
+        """Note what the pods show now; TargetProblem once Unschedulable has lasted the
+        limit."""
+        now = asyncio.get_running_loop().time()
+        if problem is None or problem.reason != "Unschedulable":
+            self._since = None
+            return
+        if self._since is None:
+            self._since = now
+        if now - self._since >= self._limit_s:
+            raise TargetProblem(
+                "Unschedulable",
+                f"{problem.message} (for {self._limit_s:g} s, tuning.scheduleTimeoutSeconds)",
+                stops_study=True,
+            )

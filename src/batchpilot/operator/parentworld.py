@@ -20,7 +20,7 @@ from batchpilot.operator import decisions, parents
 from batchpilot.operator import runtimes as operator_runtimes
 from batchpilot.operator.kube import JSON, KubeError, NotFound, pods_path
 from batchpilot.operator.kubetarget import KubeTarget
-from batchpilot.operator.kubeworkload import Workload
+from batchpilot.operator.kubeworkload import ScheduleTimeout, Workload
 from batchpilot.operator.kubeworld import KubeWorld
 from batchpilot.operator.spec import Params
 from batchpilot.operator.status import OriginalConfig
@@ -125,21 +125,42 @@ class ParentWorkload(Workload):
 
     async def wait_rollout(self, workload: Mapping[str, Any]) -> None:
         """Until every pod of the parent runs the wanted environment (when one was just
-        written) and is ready; the trial's deadline bounds the wait."""
+        written) and is ready. Bounded as a workload's rollout is: by
+        `tuning.trialDeadlineSeconds` (write-back and restore run outside any trial's
+        deadline), pods Unschedulable for `tuning.scheduleTimeoutSeconds` and
+        crash-looping pods end it at once."""
+        kind = str(workload.get("kind", "parent"))
+        name = str(workload.get("metadata", {}).get("name", "?"))
+        limit = float(self._spec.tuning.trial_deadline_seconds)
+        last = ["the pods were not read yet"]
+        try:
+            async with asyncio.timeout(limit):
+                await self._follow_pods(workload, last)
+        except TimeoutError:
+            raise TargetProblem(
+                "RolloutTimedOut",
+                f"{kind} {name} did not roll out within {limit:g} s "
+                f"(tuning.trialDeadlineSeconds): {last[0]}",
+            ) from None
+
+    async def _follow_pods(self, workload: Mapping[str, Any], last: list[str]) -> None:
         container = self.container(workload) if workload.get("kind") == "InferenceService" else ""
         wanted = self._wanted_env
+        unschedulable = ScheduleTimeout(self._spec.tuning.schedule_timeout_seconds)
         reported: str | None = None
         while True:
             current = await self.target()
             pods = await self.pods(current)
             problem = decisions.pod_problem(pods)
+            rollout = parents.pods_rollout(pods, container, wanted)
+            last[0] = problem.message if problem is not None else rollout.message
             if problem is not None:
                 if problem.fatal:
                     raise TargetProblem(problem.reason, problem.message)
                 if problem.message != reported:
                     reported = problem.message
                     await self._on_problem(problem)
-            rollout = parents.pods_rollout(pods, container, wanted)
+            unschedulable.check(problem)
             if rollout.done and problem is None:
                 return
             await asyncio.sleep(self._poll_s)
