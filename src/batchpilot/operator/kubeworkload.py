@@ -6,7 +6,7 @@ rule of one InferenceService per target."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 from batchpilot.operator import decisions, neighbours
@@ -153,17 +153,11 @@ class Workload:
         rollout the controller gave up on and crash-looping pods end it at once."""
         kind = workload.get("kind", "Deployment")
         name = workload["metadata"]["name"]
-        limit = float(self._spec.tuning.trial_deadline_seconds)
-        last = ["the rollout was not read yet"]
-        try:
-            async with asyncio.timeout(limit):
-                await self._follow_rollout(kind, name, last)
-        except TimeoutError:
-            raise TargetProblem(
-                "RolloutTimedOut",
-                f"{kind} {name} did not roll out within {limit:g} s "
-                f"(tuning.trialDeadlineSeconds): {last[0]}",
-            ) from None
+        await within_deadline(
+            self._spec.tuning.trial_deadline_seconds,
+            f"{kind} {name}",
+            lambda last: self._follow_rollout(kind, name, last),
+        )
 
     async def _follow_rollout(self, kind: str, name: str, last: list[str]) -> None:
         unschedulable = ScheduleTimeout(self._spec.tuning.schedule_timeout_seconds)
@@ -190,6 +184,23 @@ class Workload:
         """Whether the target runs its template on ready pods, as the verify watch judges
         it: a Deployment's or StatefulSet's own rollout status."""
         return decisions.rollout_status(workload)
+
+
+async def within_deadline(
+    limit_s: float, what: str, follow: Callable[[list[str]], Awaitable[None]]
+) -> None:
+    """Follow a rollout for at most `limit_s` (tuning.trialDeadlineSeconds); `follow`
+    keeps in its list's one item what it saw last, which RolloutTimedOut then says."""
+    last = ["nothing was read yet"]
+    try:
+        async with asyncio.timeout(limit_s):
+            await follow(last)
+    except TimeoutError:
+        raise TargetProblem(
+            "RolloutTimedOut",
+            f"{what} did not roll out within {limit_s:g} s "
+            f"(tuning.trialDeadlineSeconds): {last[0]}",
+        ) from None
 
 
 class ScheduleTimeout:

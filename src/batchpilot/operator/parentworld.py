@@ -20,7 +20,7 @@ from batchpilot.operator import decisions, parents
 from batchpilot.operator import runtimes as operator_runtimes
 from batchpilot.operator.kube import JSON, KubeError, NotFound, pods_path
 from batchpilot.operator.kubetarget import KubeTarget
-from batchpilot.operator.kubeworkload import ScheduleTimeout, Workload
+from batchpilot.operator.kubeworkload import ScheduleTimeout, Workload, within_deadline
 from batchpilot.operator.kubeworld import KubeWorld
 from batchpilot.operator.spec import Params
 from batchpilot.operator.status import OriginalConfig
@@ -131,17 +131,11 @@ class ParentWorkload(Workload):
         crash-looping pods end it at once."""
         kind = str(workload.get("kind", "parent"))
         name = str(workload.get("metadata", {}).get("name", "?"))
-        limit = float(self._spec.tuning.trial_deadline_seconds)
-        last = ["the pods were not read yet"]
-        try:
-            async with asyncio.timeout(limit):
-                await self._follow_pods(workload, last)
-        except TimeoutError:
-            raise TargetProblem(
-                "RolloutTimedOut",
-                f"{kind} {name} did not roll out within {limit:g} s "
-                f"(tuning.trialDeadlineSeconds): {last[0]}",
-            ) from None
+        await within_deadline(
+            self._spec.tuning.trial_deadline_seconds,
+            f"{kind} {name}",
+            lambda last: self._follow_pods(workload, last),
+        )
 
     async def _follow_pods(self, workload: Mapping[str, Any], last: list[str]) -> None:
         container = self.container(workload) if workload.get("kind") == "InferenceService" else ""
