@@ -649,10 +649,12 @@ _REQUEST_MODEL_MESSAGE = (
     "OpenAI: the request's model field): set load.request.model, or a runtime.kind that "
     "names its model (runtime.model)"
 )
-MAX_BODY_TEMPLATE_CHARS = 65536
+# the spec travels whole in annotations (kubectl's last-applied, the operator's
+# last-handled) that share 256 KiB: a sample body, not a data set
+MAX_BODY_TEMPLATE_CHARS = 16384
 MAX_REQUEST_HEADERS = 16
 MAX_HEADER_NAME_CHARS = 128
-MAX_HEADER_VALUE_CHARS = 4096
+MAX_HEADER_VALUE_CHARS = 1024
 HEADER_NAME_PATTERN = r"^[!#$%&'*+.^_`|~0-9A-Za-z-]+$"
 
 
