@@ -147,6 +147,31 @@ LAYOUTS: dict[str, Layout] = {
         ),
         command="python benchmarks/loadgen_accuracy.py --target triton",
     ),
+    "genai_accuracy": Layout(
+        "genai-accuracy.md",
+        (
+            (
+                "TTFT and TPOT p50, p99 within 10 % of AIPerf",
+                "targets.ttft_tpot_p50_p99_within_10pct_of_aiperf",
+            ),
+            ("repeats", "repeats"),
+            ("requests per run", "requests_per_run"),
+            ("request", "request"),
+        ),
+        (
+            Table(
+                "ours against AIPerf, ratios of the medians",
+                "rates",
+                (
+                    "rate_rps",
+                    "ttft_p50_ratio.of_medians",
+                    "ttft_p99_ratio.of_medians",
+                    "tpot_p50_ratio.of_medians",
+                    "tpot_p99_ratio.of_medians",
+                ),
+            ),
+        ),
+    ),
     "distributed_load": Layout(
         "distributed-load.md",
         (

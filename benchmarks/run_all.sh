@@ -20,6 +20,8 @@ run distributed_load $py benchmarks/distributed_load.py --json
 run loadgen_accuracy $py benchmarks/loadgen_accuracy.py --json
 # against Perf Analyzer and a local Triton: says "skipped" without scripts/perf-analyzer and scripts/runtimes triton
 run loadgen_accuracy_triton $py benchmarks/loadgen_accuracy.py --target triton --json
+# against AIPerf and the token server: says "skipped" without scripts/aiperf
+run genai_accuracy $py benchmarks/genai_accuracy.py --json
 run tune_local $py benchmarks/results.py wrap tune_local -- \
     .venv/bin/batchpilot tune --local --json --report "$OUT/tune_local_report"
 run tune_under_noise $py benchmarks/tune_under_noise.py --json  # adds its own CPU bursts

@@ -27,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import signal
 import threading
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
@@ -146,7 +147,10 @@ class TokenServer:
         model: str = body["model"]
         chat = request.path.endswith("/chat/completions")
         prompt: str = body["messages"][0]["content"] if chat else body["prompt"]
-        position = int(prompt.split()[0])
+        # the load generator's prompts start with the request's position; another
+        # instrument's prompts (AIPerf, guidellm) are served as position 0
+        first_word = (prompt.split() or ["0"])[0]
+        position = int(first_word) if first_word.isdigit() else 0
         if model in ("m-400", "m-500"):
             return web.json_response({"error": "no"}, status=int(model[2:]))
         slow, batch = model == "m-slow", model == "m-batch"
@@ -210,8 +214,9 @@ class TokenServer:
 
 
 def _chunk(text: str, chat: bool) -> dict[str, Any]:
+    # the object type as OpenAI and vLLM name it (other instruments, AIPerf, read it)
     choice = {"index": 0, "delta": {"content": text}} if chat else {"index": 0, "text": text}
-    return {"choices": [choice]}
+    return {"object": "chat.completion.chunk" if chat else "text_completion", "choices": [choice]}
 
 
 def _event(chunk: dict[str, Any]) -> bytes:
@@ -245,3 +250,24 @@ def serving_in_thread(app: web.Application) -> Iterator[str]:
         loop.call_soon_threadsafe(loop.stop)
         thread.join(timeout=10)
         loop.close()
+
+
+async def _serve_until_stopped() -> None:
+    runner = web.AppRunner(TokenServer().app(), access_log=None, handle_signals=False)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", 0).start()
+    print(f"listening on http://127.0.0.1:{runner.addresses[0][1]}", flush=True)
+    stopped = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stopped.set)
+    try:
+        await stopped.wait()
+    finally:
+        await runner.cleanup()
+
+
+if __name__ == "__main__":
+    # a process of its own (a benchmark's server): `python tokenserver.py` prints
+    # "listening on URL" once it accepts connections, and stops on SIGTERM
+    asyncio.run(_serve_until_stopped())
