@@ -3,9 +3,9 @@
 A request the server refuses with a 4xx is shaped wrong for its model (an input's name,
 a datatype, a path): every step of a capacity search would fail the same way and the
 search would call the configuration infeasible. Sending a handful first turns that into
-one clear error carrying the server's own words. Anything but a 4xx (an answer, a 5xx, a
-connection that fails) says nothing about the request's shape and is left to the
-measurement."""
+one clear error carrying the server's own words. Anything else (an answer, a 5xx, a 408
+or 429 about the server's state, a connection that fails) says nothing about the
+request's shape and is left to the measurement."""
 
 from __future__ import annotations
 
@@ -20,6 +20,8 @@ from batchpilot.loadgen.streaming import stream_bodies
 
 FIRST_REQUESTS = 3
 FIRST_REQUESTS_TIMEOUT_S = 30.0
+# 4xx answers about the server's state, not the request: a timeout, too many requests
+NOT_ABOUT_THE_REQUEST = frozenset({408, 429})
 
 
 @dataclass(frozen=True)
@@ -36,13 +38,14 @@ class Refusal:
 
 
 def first_bodies(protocol: RequestProtocol, sizes: Sequence[int], *, seed: int = 0) -> list[bytes]:
-    """The bodies of the first requests: one per size (the smallest and the largest are
-    enough), a token stream's first drawn requests."""
+    """The bodies of the first requests: the smallest and the largest size's (one when
+    they are the same body), a token stream's first drawn requests."""
     if protocol.stream is not None:
         next_body = stream_bodies(protocol.stream, seed)
         return [next_body() for _ in range(FIRST_REQUESTS)]
     chosen = sorted({min(sizes), max(sizes)}) if sizes else [1]
-    return [protocol.body(size) for size in chosen][:FIRST_REQUESTS]
+    # a sample body sent for every size is sent once
+    return list(dict.fromkeys(protocol.body(size) for size in chosen))[:FIRST_REQUESTS]
 
 
 async def first_refusal(
@@ -67,7 +70,10 @@ async def first_refusal(
                     ssl=protocol.tls(),
                     server_hostname=protocol.server_name,
                 ) as response:
-                    if 400 <= response.status < 500:
+                    if (
+                        400 <= response.status < 500
+                        and response.status not in NOT_ABOUT_THE_REQUEST
+                    ):
                         try:
                             text = await text_capped(response, cap=MAX_CONTROL_BODY_BYTES, url=url)
                         except BodyTooLarge as exc:
