@@ -10,7 +10,9 @@ run; each repeat runs both, the order alternating. AIPerf's `inter_token_latency
 request ((end - first token) / (tokens - 1)): that is our TPOT, so TPOT is compared with
 it, and TTFT with its `time_to_first_token`, at p50 and p99. A ratio is ours over AIPerf's,
 per repeat and of the medians over repeats; the target is every ratio of the medians
-within 10 %.
+within 10 %. Beside both, what the server itself timed over each run (its vLLM-named
+histograms, 5 ms buckets, read before and after the run): the tails a client should come
+close to, from above.
 
 AIPerf comes from its own environment (scripts/aiperf); without it the run says so and
 records nothing. AIPerf builds its prompts with a tokenizer: a word-level one is written
@@ -23,12 +25,15 @@ here (nothing is downloaded).
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import statistics
 import subprocess
 import sys
 import tempfile
+import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -50,6 +55,59 @@ METRICS = {
     "tpot": ("tpot", "inter_token_latency"),
 }
 RUN_TIMEOUT_S = 600
+# the token server's own histograms of what it timed, by our figure's name
+SERVER_HISTOGRAMS = {
+    "ttft": "vllm:time_to_first_token_seconds",
+    "tpot": "vllm:request_time_per_output_token_seconds",
+}
+
+
+def server_buckets(url: str) -> dict[str, dict[float, float]]:
+    """The server's histograms now: figure -> bucket bound (s) -> cumulative count."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    with urllib.request.urlopen(f"{url}/metrics", timeout=10) as answer:
+        text = answer.read().decode()
+    found: dict[str, dict[float, float]] = {name: {} for name in SERVER_HISTOGRAMS}
+    wanted = {f"{metric}_bucket": name for name, metric in SERVER_HISTOGRAMS.items()}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            name = wanted.get(sample.name)
+            if name is not None:
+                bound = float(sample.labels["le"])
+                found[name][bound] = found[name].get(bound, 0.0) + sample.value
+    return found
+
+
+def quantile_ms(q: float, before: dict[float, float], after: dict[float, float]) -> float:
+    """The q-quantile, ms, of what was observed between two readings of a histogram,
+    interpolated linearly within its bucket (as PromQL's histogram_quantile)."""
+    bounds = sorted(after)
+    counts = [after[b] - before.get(b, 0.0) for b in bounds]
+    total = counts[-1]
+    if total <= 0:
+        return float("nan")
+    rank = q * total
+    lower, below = 0.0, 0.0
+    for bound, cumulative in zip(bounds, counts, strict=True):
+        if cumulative >= rank:
+            if bound == float("inf"):
+                return lower * 1000.0
+            inside = cumulative - below
+            share = (rank - below) / inside if inside else 0.0
+            return (lower + (bound - lower) * share) * 1000.0
+        lower, below = bound, cumulative
+    return lower * 1000.0
+
+
+def server_figures(
+    before: dict[str, dict[float, float]], after: dict[str, dict[float, float]]
+) -> dict[str, float]:
+    return {
+        f"{name}_{tag}_ms": quantile_ms(q, before[name], after[name])
+        for name in SERVER_HISTOGRAMS
+        for tag, q in (("p50", 0.5), ("p99", 0.99))
+    }
 
 
 def write_tokenizer(folder: Path) -> None:
@@ -216,21 +274,42 @@ def measure(args: argparse.Namespace, aiperf: Path) -> dict[str, Any]:
         for rate in rates:
             ours: list[dict[str, float]] = []
             theirs: list[dict[str, float]] = []
+            server_ours: list[dict[str, float]] = []
+            server_theirs: list[dict[str, float]] = []
+
+            def timed(
+                run: Callable[[], dict[str, float]],
+                into: list[dict[str, float]],
+                seen: list[dict[str, float]],
+            ) -> None:
+                before = server_buckets(server.url)
+                into.append(run())
+                seen.append(server_figures(before, server_buckets(server.url)))
+
             for repeat in range(args.repeats):
                 seed = args.seed + repeat
+                mine = functools.partial(run_ours, server.url, rate, args, seed)
+                other = functools.partial(run_aiperf, aiperf, server.url, rate, args, seed, work)
                 # alternate which instrument goes first: neither always gets a fresh server
                 if repeat % 2 == 0:
-                    ours.append(run_ours(server.url, rate, args, seed))
-                    theirs.append(run_aiperf(aiperf, server.url, rate, args, seed, work))
+                    timed(mine, ours, server_ours)
+                    timed(other, theirs, server_theirs)
                 else:
-                    theirs.append(run_aiperf(aiperf, server.url, rate, args, seed, work))
-                    ours.append(run_ours(server.url, rate, args, seed))
+                    timed(other, theirs, server_theirs)
+                    timed(mine, ours, server_ours)
                 print(f"rate {rate:g}: repeat {repeat + 1}/{args.repeats} done", file=sys.stderr)
             rows.append(
                 {
                     "rate_rps": rate,
                     "batchpilot": {k: spread([o[k] for o in ours]) for k in ours[0]},
                     "aiperf": {k: spread([t[k] for t in theirs]) for k in theirs[0]},
+                    # what the server timed during each instrument's runs
+                    "server_during_batchpilot": {
+                        k: spread([f[k] for f in server_ours]) for k in server_ours[0]
+                    },
+                    "server_during_aiperf": {
+                        k: spread([f[k] for f in server_theirs]) for k in server_theirs[0]
+                    },
                     **compare(ours, theirs),
                     "runs": {"batchpilot": ours, "aiperf": theirs},
                 }

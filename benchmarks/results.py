@@ -170,6 +170,19 @@ LAYOUTS: dict[str, Layout] = {
                     "tpot_p99_ratio.of_medians",
                 ),
             ),
+            Table(
+                "p99, ms, medians: each instrument's and the server's own during its runs",
+                "rates",
+                (
+                    "rate_rps",
+                    "batchpilot.ttft_p99_ms.median",
+                    "aiperf.ttft_p99_ms.median",
+                    "server_during_batchpilot.ttft_p99_ms.median",
+                    "server_during_aiperf.ttft_p99_ms.median",
+                    "batchpilot.tpot_p99_ms.median",
+                    "aiperf.tpot_p99_ms.median",
+                ),
+            ),
         ),
     ),
     "distributed_load": Layout(
