@@ -8,6 +8,7 @@ bound what the server did, never how fast the client is."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -143,8 +144,8 @@ def _expected_good(n: int, *, tpot: bool) -> int:
 
 @pytest.mark.parametrize("with_tpot", [True, False])
 async def test_goodput_counts_exactly_the_requests_within_both_targets(with_tpot: bool) -> None:
-    # every 4th request's first token comes after 200 ms, every 5th decodes at 30 ms a token
-    sla = TokenSla(ttft_ms=120.0, tpot_ms=20.0 if with_tpot else None)
+    # every 4th request's first token comes after 200 ms, every 5th decodes at 60 ms a token
+    sla = TokenSla(ttft_ms=120.0, tpot_ms=40.0 if with_tpot else None)
     result = await _run(TokenServer(), "m-slow", sla=sla)
     n = _count()
     stream = _stream(result)
@@ -178,7 +179,7 @@ async def test_broken_streams_are_errors_by_kind(model: str, kind: str) -> None:
 
 async def test_two_load_processes_share_the_stream_schedule_and_its_targets() -> None:
     server = TokenServer()
-    sla = TokenSla(ttft_ms=120.0, tpot_ms=20.0)
+    sla = TokenSla(ttft_ms=120.0, tpot_ms=40.0)
     result = await _run(server, "m-slow", sla=sla, workers=2)
     n = _count()
     stream = _stream(result)
@@ -201,7 +202,7 @@ def test_loadtest_reports_the_token_figures_in_json_and_in_its_table(tmp_path: P
     args = [
         "--rate", str(RATE), "--duration", str(DURATION_S), "--arrival", "constant",
         "--seed", str(SEED), "--protocol", "openai-stream", "--model", "m-slow",
-        "--prompt-tokens", f"file:{pairs}", "--ttft-p99-ms", "120", "--tpot-p99-ms", "20",
+        "--prompt-tokens", f"file:{pairs}", "--ttft-p99-ms", "120", "--tpot-p99-ms", "40",
     ]  # fmt: skip
     with serving_in_thread(server.app()) as url:
         as_json = CliRunner().invoke(loadtest, [url, *args, "--json"])
@@ -211,11 +212,17 @@ def test_loadtest_reports_the_token_figures_in_json_and_in_its_table(tmp_path: P
     n = _count()
     stream = _stream(result)
     assert (result.ok, stream.output_tokens) == (n, 5 * n)
-    assert stream.sla == TokenSla(ttft_ms=120.0, tpot_ms=20.0)
+    assert stream.sla == TokenSla(ttft_ms=120.0, tpot_ms=40.0)
     assert stream.good == _expected_good(n, tpot=True)
     assert json.loads(as_json.output)["stream"]["goodput_rps"] == stream.goodput_rps
     assert {len(b["prompt"].split()) for b in server.bodies} == {12}
     assert table.exit_code == 0, table.output
     for row in ("TTFT p50 / p90 / p99", "ITL p50 / p99", "TPOT p50 / p99", "output tokens"):
         assert row in table.output
-    assert f"({stream.good} of {n}; TTFT ≤ 120 ms (p99 broken), TPOT ≤ 20 ms" in table.output
+    # the table comes from a run of its own: a busy machine may only make a request late
+    judged = re.search(
+        rf"\((\d+) of {n}; TTFT ≤ 120 ms \(p99 broken\), TPOT ≤ 40 ms \(p99 broken\)\)",
+        table.output,
+    )
+    assert judged is not None, table.output
+    assert 0 < int(judged[1]) <= _expected_good(n, tpot=True)
