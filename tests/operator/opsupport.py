@@ -166,7 +166,7 @@ class FakeTrials:
             raise TargetProblem(
                 "ScaledDuringTrial",
                 "Deployment resnet went from 1 to 2 replicas during the trial (changed by "
-                "HorizontalPodAutoscaler resnet-hpa); measured again",
+                "HorizontalPodAutoscaler resnet-hpa)",
                 invalid=True,
             )
         self.cluster.seeds.append(seed)

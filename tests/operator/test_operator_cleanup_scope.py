@@ -26,6 +26,8 @@ from opsupport import (
     status_of,
 )
 
+from batchpilot.operator.decisions import MAX_DISTURBED_TRIALS
+from batchpilot.operator.status import TRIALS_KEPT
 from batchpilot.operator.world import TargetProblem
 
 pytestmark = [
@@ -173,6 +175,31 @@ async def test_trials_and_rounds_an_autoscaler_disturbed_are_measured_again(
     assert measurements
     assert all(m["effectiveRps"] > 0 for m in measurements)
     assert "ScaledDuringTrial" in reasons_of(kmock)
+
+
+async def test_an_autoscaler_that_disturbs_every_trial_ends_the_study_through_max_failures(
+    kmock: kmock.KubernetesEmulator, operator: Operator, cluster: FakeCluster
+) -> None:
+    # an HPA that answers every trial's load by scaling: the trials are measured again a
+    # few times, then count as failures, so production is not loaded until the history fills
+    cluster.disturbed = set(range(1, TRIALS_KEPT))
+    kmock.objects[ISVC, NAMESPACE, "resnet"] = isvc(
+        tuning={"strategy": "InPlace", "maxTrials": 20, "maxFailures": 2}
+    )
+    async with operator():
+        await eventually(lambda: phase_is(kmock, "Failed"), what="failed")
+    status = status_of(kmock)
+    reasons = [t["reason"] for t in status["trials"]]
+    invalid = [r for r in reasons if r.startswith("invalid: ScaledDuringTrial")]
+    counted = [r for r in reasons if r.startswith("ScaledDuringTrial")]
+    assert len(invalid) == MAX_DISTURBED_TRIALS
+    assert len(counted) == 2  # maxFailures
+    assert reasons == invalid + counted
+    assert "HorizontalPodAutoscaler resnet-hpa" in counted[0]
+    assert "minReplicas = maxReplicas" in counted[0]
+    assert "tuning.strategy Canary" in counted[0]
+    assert cluster.measures == MAX_DISTURBED_TRIALS + 2
+    assert "2 trials in a row failed" in status["message"]
 
 
 @pytest.mark.parametrize("strategy", ["InPlace", "Canary"])

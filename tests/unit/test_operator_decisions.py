@@ -117,6 +117,26 @@ def test_consecutive_failures_ignore_a_running_trial() -> None:
     assert decisions.consecutive_failures([trial(0), trial(1, "Failed"), trial(2)]) == 0
 
 
+def test_a_disturbed_trial_is_measured_again_only_a_few_times_a_study() -> None:
+    disturbed = "invalid: ScaledDuringTrial: Deployment resnet went from 1 to 2 replicas"
+    others = ["", "interrupted", "Crashed: exit 137", "trial deadline of 60 s passed"]
+    limit = decisions.MAX_DISTURBED_TRIALS
+    assert decisions.disturbed_trial_is_retried(others)
+    assert decisions.disturbed_trial_is_retried([*others, *[disturbed] * (limit - 1)])
+    assert not decisions.disturbed_trial_is_retried([disturbed] * limit)
+    # counted over the whole study, not in a row: an HPA that scales every other trial
+    assert not decisions.disturbed_trial_is_retried([disturbed, "", disturbed, "", disturbed])
+    # the failure it then counts as is a failure, not another disturbance
+    failure = decisions.disturbed_trial_failure("went from 1 to 2 replicas")
+    assert not failure.startswith("invalid: ")
+    assert (
+        decisions.consecutive_failures(
+            [trial(0), trial(1, "Failed", reason=disturbed), trial(2, "Failed", reason=failure)]
+        )
+        == 1
+    )
+
+
 def test_phase_is_baseline_until_the_baseline_has_a_result() -> None:
     assert decisions.phase_for([]) == "Baseline"
     assert decisions.phase_for([trial(0, "Running")]) == "Baseline"

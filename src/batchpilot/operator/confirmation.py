@@ -105,7 +105,9 @@ class ConfirmationRounds:
                     # an autoscaler changed the fleet under it: the round is measured
                     # again, a few times at most, before it scores 0 like a failure
                     self._disturbed_rounds += 1
-                    state.event("Normal", exc.reason, f"{exc.message} (confirmation round)")
+                    state.event(
+                        "Normal", exc.reason, f"{exc.message}; measured again (confirmation round)"
+                    )
                     return None
             except TimeoutError:
                 why = f"deadline of {deadline} s passed"

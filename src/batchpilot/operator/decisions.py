@@ -41,7 +41,7 @@ from batchpilot.operator.status import (
 from batchpilot.retry import backoff_delay as backoff_delay
 from batchpilot.tuner.confirm import looks_of
 from batchpilot.tuner.runner import round_order
-from batchpilot.tuner.study import retried
+from batchpilot.tuner.study import INVALID, retried
 from batchpilot.tuner.summary import finalist_candidates
 from batchpilot.tuner.verdict import (
     Estimate,
@@ -247,6 +247,31 @@ def consecutive_failures(trials: Sequence[TrialEntry]) -> int:
             break
         count += 1
     return count
+
+
+# Trials an autoscaler may disturb in one study and have measured again; each one after
+# that counts as a failed trial (towards maxFailures and maxTrials), so an HPA that
+# answers every InPlace trial's load by scaling ends the study instead of having
+# production loaded again and again until the trial history fills.
+MAX_DISTURBED_TRIALS = 3
+
+
+def disturbed_trial_is_retried(earlier_reasons: Iterable[str]) -> bool:
+    """Whether a trial an autoscaler disturbed is measured again with no verdict, given
+    the reasons of the study's other trials: while fewer than MAX_DISTURBED_TRIALS were."""
+    disturbed = sum(1 for reason in earlier_reasons if reason.startswith(INVALID))
+    return disturbed < MAX_DISTURBED_TRIALS
+
+
+def disturbed_trial_failure(message: str) -> str:
+    """The reason of a disturbed trial past MAX_DISTURBED_TRIALS: the disturbance and
+    what to do about it."""
+    return (
+        f"ScaledDuringTrial: {message}; {MAX_DISTURBED_TRIALS} trials of this study were "
+        "already measured again after an autoscaler changed the replicas, so this one "
+        "counts as failed: hold the replicas still while tuning (the autoscaler's "
+        "minReplicas = maxReplicas) or tune a canary (tuning.strategy Canary)"
+    )
 
 
 def trials_since_improvement(trials: Sequence[TrialEntry]) -> int:

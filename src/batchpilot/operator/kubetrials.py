@@ -345,7 +345,8 @@ class KubeTrials:
 
     async def _check_replicas(self, before: int) -> None:
         """An InPlace trial during which the target's replicas changed measured a fleet
-        that was not one size: invalid (asked again), naming the autoscaler."""
+        that was not one size: invalid (no verdict on its configuration), naming the
+        autoscaler."""
         after = writers.replicas_of(await self._canary.measured())
         if after == before:
             return
@@ -357,6 +358,6 @@ class KubeTrials:
         raise TargetProblem(
             "ScaledDuringTrial",
             f"{target.kind} {target.name} went from {before} to {after} replicas during the "
-            f"trial (changed by {by}); measured again",
+            f"trial (changed by {by})",
             invalid=True,
         )

@@ -128,10 +128,16 @@ class Trials:
                     config, must_beat=tuner.must_beat(), since=started
                 )
         except TargetProblem as exc:
-            if exc.invalid:
+            earlier = (r.reason for r in tuner.records() if r.number != number)
+            if exc.invalid and decisions.disturbed_trial_is_retried(earlier):
                 # no verdict on this configuration: asked again, not a failure
-                state.event("Normal", exc.reason, exc.message)
+                state.event("Normal", exc.reason, f"{exc.message}; measured again")
                 return tuner.tell_failed(number, f"{INVALID}{exc.reason}: {exc.message}")
+            if exc.invalid:
+                message = decisions.disturbed_trial_failure(exc.message)
+                state.condition("TargetReady", "False", exc.reason, message)
+                state.event("Warning", exc.reason, message)
+                return tuner.tell_failed(number, message)
             state.condition("TargetReady", "False", exc.reason, exc.message)
             state.event("Warning", exc.reason, exc.message)
             if exc.stops_study:
