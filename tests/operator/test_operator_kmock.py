@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import json
 import math
 from typing import Any
 
@@ -33,6 +34,8 @@ from opsupport import (
     status_of,
 )
 
+from batchpilot.operator.diffbase import DIGEST_KEY
+from batchpilot.operator.spec import MAX_TRACE_TIMESTAMPS
 from batchpilot.operator.status import INTERRUPTED_REASON
 from batchpilot.operator.world import TargetProblem
 from batchpilot.tuner.runner import round_order
@@ -75,6 +78,26 @@ async def test_creation_runs_baseline_then_trials_and_writes_back(
     messages = [e["message"] for e in events_of(kmock) if e["reason"] == "Trial"]
     assert len(messages) == 4
     assert messages[0].startswith("Trial 0: batch=32 wait=50ms → 500 req/s, p99 270 ms ≤ 300 ms")
+
+
+async def test_a_spec_with_the_largest_trace_keeps_a_small_last_handled_annotation(
+    kmock: kmock.KubernetesEmulator, operator: Operator, cluster: FakeCluster
+) -> None:
+    # about 120 KiB of spec: with kubectl's last-applied copy, a second copy of it would
+    # fill the 256 KiB all annotations share, and every metadata patch would be refused
+    timestamps = [86_400.0 + round(k * 0.0123457, 6) for k in range(MAX_TRACE_TIMESTAMPS)]
+    load = {
+        "endpoint": {"port": 8080, "path": "/v1/predict"},
+        "maxRps": 1000,
+        "arrival": {"process": "Trace", "timestamps": timestamps},
+    }
+    kmock.objects[ISVC, NAMESPACE, "resnet"] = isvc(load=load)
+    async with operator():
+        await eventually(lambda: phase_is(kmock, "Converged"), what="convergence")
+    annotations = obj_of(kmock, "resnet")["metadata"]["annotations"]
+    last_handled = annotations["batchpilot.dev/last-handled-configuration"]
+    assert set(json.loads(last_handled)) == {DIGEST_KEY}
+    assert len(last_handled) < 100
 
 
 async def test_restart_mid_trial_interrupts_and_retries_it_without_gaps(

@@ -24,6 +24,7 @@ from pydantic import ValidationError
 
 from batchpilot.operator import decisions, kstatus, metrics, platform, scope, specdiff
 from batchpilot.operator.crd import GROUP, PLURAL, VERSION
+from batchpilot.operator.diffbase import DigestDiffBaseStorage
 from batchpilot.operator.events import EventLimiter
 from batchpilot.operator.identity import replica_identity, user_agent
 from batchpilot.operator.kopfidentity import identified
@@ -119,7 +120,7 @@ async def configure(
     prefix = GROUP
     settings.persistence.finalizer = f"{GROUP}/finalizer"
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=prefix)
-    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
+    settings.persistence.diffbase_storage = DigestDiffBaseStorage(
         prefix=prefix, key="last-handled-configuration"
     )
     # Kopf would post every INFO log line as an event; the runner posts its own.
