@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import kmock
@@ -231,19 +231,17 @@ def quick(spec: InferenceServiceSpec, **tuning: Any) -> InferenceServiceSpec:
     return spec.model_copy(update={"tuning": spec.tuning.model_copy(update=tuning)})
 
 
-def unschedulable_pod() -> dict[str, Any]:
+def unschedulable_pod(since: datetime | None = None) -> dict[str, Any]:
     pod = ready_pod()
-    pod["status"] = {
-        "phase": "Pending",
-        "conditions": [
-            {
-                "type": "PodScheduled",
-                "status": "False",
-                "reason": "Unschedulable",
-                "message": "0/1 nodes are available: 1 Insufficient nvidia.com/gpu.",
-            }
-        ],
+    condition = {
+        "type": "PodScheduled",
+        "status": "False",
+        "reason": "Unschedulable",
+        "message": "0/1 nodes are available: 1 Insufficient nvidia.com/gpu.",
     }
+    if since is not None:
+        condition["lastTransitionTime"] = since.strftime("%Y-%m-%dT%H:%M:%SZ")
+    pod["status"] = {"phase": "Pending", "conditions": [condition]}
     return pod
 
 
@@ -266,6 +264,26 @@ async def test_an_unschedulable_pod_past_the_schedule_timeout_stops_the_study(
     assert "tuning.scheduleTimeoutSeconds" in caught.value.message
     # reported once while it was waited for, not on every poll
     assert [p.reason for p in problems] == ["Unschedulable"]
+
+
+async def test_a_pod_unschedulable_since_before_a_restart_is_not_waited_for_again(
+    kmock: kmock.KubernetesEmulator, kube: Kube
+) -> None:
+    # the pod says it has been Unschedulable for 10 minutes: an operator that restarted
+    # meanwhile stops at once instead of starting the 5-minute wait over
+    waiting = target()
+    waiting["status"]["updatedReplicas"] = 0
+    kmock.objects[DEPLOYMENTS, NS, "resnet"] = waiting
+    since = datetime.now(UTC) - timedelta(minutes=10)
+    kmock.objects["v1/pods", NS, "resnet-1"] = unschedulable_pod(since)
+    spec = quick(make_spec(), schedule_timeout_seconds=300.0)
+    with pytest.raises(TargetProblem) as caught:
+        async with asyncio.timeout(30):  # bounds a hung test only
+            await world(kube, spec, []).trials.apply(
+                {"max_batch_size": 8, "max_queue_time_ms": 1.0}
+            )
+    assert caught.value.reason == "Unschedulable"
+    assert caught.value.stops_study
 
 
 async def test_a_rollout_that_never_finishes_ends_at_its_deadline(

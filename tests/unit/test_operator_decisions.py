@@ -11,6 +11,7 @@ from pydantic import ValidationError
 
 from batchpilot.models import SLA
 from batchpilot.operator import decisions
+from batchpilot.operator.kubeworkload import ScheduleTimeout
 from batchpilot.operator.spec import InferenceServiceSpec, explain_validation_error, parse_spec
 from batchpilot.operator.status import (
     TRIALS_KEPT,
@@ -21,6 +22,7 @@ from batchpilot.operator.status import (
     RoundMeasurement,
     TrialEntry,
 )
+from batchpilot.operator.world import TargetProblem
 from batchpilot.tuner.runner import round_order
 
 NOW = datetime(2026, 1, 1, tzinfo=UTC)
@@ -349,6 +351,49 @@ def test_rollout_status(fields: dict[str, Any], done: bool) -> None:
 
 def pod(name: str, **status_fields: Any) -> dict[str, Any]:
     return {"metadata": {"name": name}, "status": status_fields}
+
+
+def test_the_schedule_timeout_counts_from_the_pods_own_condition_when_earlier() -> None:
+    now = [NOW]
+    timeout = ScheduleTimeout(60.0, clock=lambda: now[0])
+
+    def problem(since: datetime | None) -> decisions.PodProblem:
+        return decisions.PodProblem("Unschedulable", "pod p cannot be scheduled", False, since)
+
+    # stamped in the future by a skewed clock: the wait is counted from here
+    timeout.check(problem(NOW + timedelta(minutes=5)))
+    now[0] = NOW + timedelta(seconds=59)
+    timeout.check(problem(NOW + timedelta(minutes=5)))
+    # scheduled meanwhile: the wait starts over
+    timeout.check(None)
+    now[0] = NOW + timedelta(seconds=200)
+    timeout.check(problem(None))
+    now[0] = NOW + timedelta(seconds=259)
+    timeout.check(problem(None))
+    now[0] = NOW + timedelta(seconds=260)
+    with pytest.raises(TargetProblem, match=r"tuning\.scheduleTimeoutSeconds"):
+        timeout.check(problem(None))
+    # a fresh watcher (a restarted operator) reads how long the pod has waited
+    restarted = ScheduleTimeout(60.0, clock=lambda: now[0])
+    with pytest.raises(TargetProblem):
+        restarted.check(problem(now[0] - timedelta(seconds=61)))
+    # a condition's timestamp is read as the API server writes it
+    pending = {
+        "metadata": {"name": "p"},
+        "status": {
+            "conditions": [
+                {
+                    "type": "PodScheduled",
+                    "status": "False",
+                    "reason": "Unschedulable",
+                    "lastTransitionTime": "2026-12-01T12:27:27Z",
+                }
+            ]
+        },
+    }
+    found = decisions.pod_problem([pending])
+    assert found is not None
+    assert found.since == datetime(2026, 12, 1, 12, 27, 27, tzinfo=UTC)
 
 
 def test_pod_problems_name_the_reason() -> None:

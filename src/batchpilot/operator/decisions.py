@@ -755,6 +755,20 @@ class PodProblem:
     reason: str  # CamelCase, for conditions and events
     message: str
     fatal: bool  # waiting longer will not help
+    # since when, by the pod's own condition (the API server's clock), where it says
+    since: datetime | None = None
+
+
+def _timestamp(value: object) -> datetime | None:
+    """A Kubernetes timestamp (RFC 3339, e.g. 2026-12-01T12:27:27Z); None when absent
+    or unreadable."""
+    if not isinstance(value, str):
+        return None
+    try:
+        stamp = datetime.fromisoformat(value)
+    except ValueError:
+        return None
+    return stamp if stamp.tzinfo is not None else None
 
 
 _FATAL_WAITING = frozenset(
@@ -784,6 +798,7 @@ def pod_problem(pods: Sequence[Mapping[str, Any]]) -> PodProblem | None:
                     "Unschedulable",
                     f"pod {name} cannot be scheduled: {condition.get('message', '')}".strip(),
                     fatal=False,
+                    since=_timestamp(condition.get("lastTransitionTime")),
                 )
         for container in status.get("containerStatuses", []) or []:
             waiting = (container.get("state") or {}).get("waiting") or {}

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable, Mapping
+from datetime import UTC, datetime
 from typing import Any
 
 from batchpilot.operator import decisions, neighbours
@@ -205,22 +206,30 @@ async def within_deadline(
 
 class ScheduleTimeout:
     """tuning.scheduleTimeoutSeconds: pods Unschedulable for that long end a rollout, and
-    the study (no later trial would be placed either)."""
+    the study (no later trial would be placed either). Counted from when the pod's own
+    condition says it became Unschedulable where that is earlier than when it was first
+    seen here, so an operator restart does not start the wait over."""
 
-    def __init__(self, limit_s: float) -> None:
+    def __init__(
+        self, limit_s: float, clock: Callable[[], datetime] = lambda: datetime.now(UTC)
+    ) -> None:
         self._limit_s = float(limit_s)
-        self._since: float | None = None
+        self._clock = clock
+        self._since: datetime | None = None
 
     def check(self, problem: decisions.PodProblem | None) -> None:
         """Note what the pods show now; TargetProblem once Unschedulable has lasted the
         limit."""
-        now = asyncio.get_running_loop().time()
+        now = self._clock()
         if problem is None or problem.reason != "Unschedulable":
             self._since = None
             return
         if self._since is None:
             self._since = now
-        if now - self._since >= self._limit_s:
+        # a condition stamped ahead of this clock (skew) never shortens the wait
+        if problem.since is not None and problem.since < self._since:
+            self._since = problem.since
+        if (now - self._since).total_seconds() >= self._limit_s:
             raise TargetProblem(
                 "Unschedulable",
                 f"{problem.message} (for {self._limit_s:g} s, tuning.scheduleTimeoutSeconds)",

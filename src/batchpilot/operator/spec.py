@@ -1447,7 +1447,9 @@ class TuningSpec(BaseModel):
         default=300,
         description="Longest a pod of the measured workload (the canary, or the target "
         "under InPlace) may stay Unschedulable: past it the study fails with the "
-        "scheduler's message and frees the measurement slot and the canary's resources.",
+        "scheduler's message and frees the measurement slot and the canary's resources. "
+        "Counted from when the pod's own condition says it became Unschedulable, so an "
+        "operator restart does not start the wait over.",
         ge=5,
         le=86400,
     )
