@@ -483,6 +483,7 @@ async def test_an_unschedulable_canary_fails_the_study_and_frees_the_slot(
         assert condition(status, "Ready")["reason"] == "StudyFailed"
         assert cluster.canaries == set()  # deleted: its GPUs are free again
         assert status.get("canary") is None
+        assert status.get("stopping") is None
         # the slot is free: another study runs to the end
         cluster.unschedulable = None
         created = await kmock.post(ISVC_URL, json=isvc("other", tuning={"maxTrials": 1}))
@@ -490,6 +491,34 @@ async def test_an_unschedulable_canary_fails_the_study_and_frees_the_slot(
         await eventually(
             lambda: status_of(kmock, "other").get("phase") == "Converged", what="next study"
         )
+
+
+async def test_a_study_a_measurement_stopped_still_fails_after_a_restart(
+    kmock: kmock.KubernetesEmulator, operator: Operator, cluster: FakeCluster
+) -> None:
+    kmock.objects[ISVC, NAMESPACE, "resnet"] = isvc()
+    cluster.hold_after = 2
+    async with operator():
+        await eventually(lambda: len(cluster.applied) == 3, what="trial 2 applied")
+    assert cluster.canaries
+    # what a measurement that met an unschedulable canary left in status, the operator
+    # restarting before it failed the study
+    stopping = "Unschedulable: pod resnet-bp-1 cannot be scheduled (for 300 s)"
+    response = await kmock.patch(
+        f"{ISVC_URL}/resnet",
+        json={"status": {"stopping": stopping}},
+        headers={"Content-Type": "application/merge-patch+json"},
+    )
+    assert response.status == 200
+    cluster.hold_after = None
+    cluster.gate.set()
+    async with operator():
+        await eventually(lambda: phase_is(kmock, "Failed"), what="the study failed")
+    status = status_of(kmock)
+    assert status["message"].startswith(f"study failed: {stopping}")
+    assert status.get("stopping") is None
+    assert cluster.canaries == set()
+    assert len(cluster.applied) == 3  # no trial after it
 
 
 async def test_a_write_back_that_crash_loops_is_rolled_back_once(

@@ -113,6 +113,17 @@ def test_interrupted_trials_never_count_toward_max_failures() -> None:
     assert decisions.plan(spec(maxFailures=2, maxTrials=10), status(*restarts), 1).kind == "trial"
 
 
+def test_a_problem_a_measurement_recorded_fails_the_study_before_anything_else() -> None:
+    stopping = "Unschedulable: pod p cannot be scheduled (for 300 s)"
+    trials = [trial(0), trial(1, "Failed", reason=stopping)]
+    planned = decisions.plan(spec(), status(*trials, stopping=stopping), 1)
+    assert planned == decisions.Plan("fail", stopping)
+    assert decisions.plan(spec(), status(*trials), 1).kind == "trial"
+    # a failed study stays failed: nothing is undone twice
+    done = status(*trials, stopping=stopping, phase="Failed")
+    assert decisions.plan(spec(), done, 1).kind == "idle"
+
+
 def test_consecutive_failures_ignore_a_running_trial() -> None:
     trials = [trial(0), trial(1, "Failed"), trial(2, "Failed"), trial(3, "Running")]
     assert decisions.consecutive_failures(trials) == 2

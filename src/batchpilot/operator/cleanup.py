@@ -33,16 +33,15 @@ class Cleanup:
         if state.status.restored:
             message += "; original configuration restored"
         state.condition("Ready", "False", "StudyFailed", message)
-        await state.save(phase="Failed", message=message)
+        await state.save(phase="Failed", message=message, stopping=None)
         state.event("Warning", "StudyFailed", message)
 
     async def fail_if_stopping(self) -> None:
         """Fail the study on a problem met during a measurement that retrying cannot
         cure (`TargetProblem.stops_study`), once that measurement is recorded."""
-        state = self._state
-        if state.stopping is not None:
-            problem, state.stopping = state.stopping, None
-            await self.fail(f"{problem.reason}: {problem.message}")
+        stopping = self._state.status.stopping
+        if stopping is not None:
+            await self.fail(stopping)
 
     async def remove_canary(self) -> None:
         state = self._state
@@ -105,7 +104,7 @@ class Cleanup:
             message = f"study failed: {why}"
             state.condition("Ready", "False", "StudyFailed", message)
             with contextlib.suppress(KubeError):
-                await state.save(phase="Failed", message=message)
+                await state.save(phase="Failed", message=message, stopping=None)
             state.event("Warning", "StudyFailed", message)
 
     async def cleanup_failed(self, why: str, error: Exception) -> None:

@@ -100,7 +100,7 @@ class ConfirmationRounds:
             except TargetProblem as exc:
                 why = f"{exc.reason}: {exc.message}"
                 if exc.stops_study:
-                    state.stopping = exc
+                    state.stop_with(exc)
                 if exc.invalid and self._disturbed_rounds < MAX_DISTURBED_ROUNDS:
                     # an autoscaler changed the fleet under it: the round is measured
                     # again, a few times at most, before it scores 0 like a failure

@@ -93,6 +93,10 @@ def plan(spec: InferenceServiceSpec, status: InferenceServiceStatus, generation:
         return Plan("write-back", "writeBack Apply on a converged study")
     if status.phase in ("Converged", "Failed", "RolledBack"):
         return Plan("idle", f"study of generation {generation} is {status.phase}")
+    if status.stopping is not None:
+        # a measurement met what retrying cannot cure, and the study had not ended on it
+        # yet (an operator restart came in between)
+        return Plan("fail", status.stopping)
     if status.original is None:
         return Plan("record-original", "the target's configuration is not recorded yet")
     confirmation = status.confirmation

@@ -254,6 +254,12 @@ class InferenceServiceStatus(_Status):
         default=None, description="Configuration before the study."
     )
     canary: str | None = Field(default=None, description="Name of the canary workload, if any.")
+    stopping: Message | None = Field(
+        default=None,
+        description="A problem met during a measurement that retrying cannot cure "
+        "(reason: message): the study fails with it once that measurement is recorded, "
+        "after an operator restart too.",
+    )
     baseline: Result | None = Field(default=None, description="The original configuration's score.")
     best: Result | None = Field(default=None, description="The best configuration found.")
     trials: list[TrialEntry] = Field(

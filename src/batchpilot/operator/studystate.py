@@ -55,14 +55,20 @@ class StudyState:
         self.event = event
         self.clock = clock
         self._write = write_status
-        # a problem that ends the study once its measurement is recorded
-        self.stopping: TargetProblem | None = None
 
     async def save(self, **changes: object) -> None:
         status = self.status.model_copy(update=changes)
         status = kstatus.with_summary(status, self.spec, self.world.trials.measured_pods)
         self.status = kstatus.with_kstatus(status, self.clock())
         await self._write(self.status)
+
+    def stop_with(self, problem: TargetProblem) -> None:
+        """End the study with `problem` once the measurement that met it is recorded:
+        kept in status (written with that record), so a restart in between still ends
+        it."""
+        self.status = self.status.model_copy(
+            update={"stopping": f"{problem.reason}: {problem.message}"}
+        )
 
     def condition(
         self, type: str, status: Literal["True", "False", "Unknown"], reason: str, message: str

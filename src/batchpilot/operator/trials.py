@@ -141,7 +141,7 @@ class Trials:
             state.condition("TargetReady", "False", exc.reason, exc.message)
             state.event("Warning", exc.reason, exc.message)
             if exc.stops_study:
-                state.stopping = exc
+                state.stop_with(exc)
             if exc.reason == "Crashed":
                 # told to the sampler as a constraint violation, retried once to tell a
                 # transient crash from this batch size's (Tuner.tell_server_died)
