@@ -346,6 +346,53 @@ async def test_verify_passes_a_healthy_target_and_catches_a_crash_loop(
     assert caught.value.reason == "CrashLoopBackOff"
 
 
+def _replicas(kmock: kmock.KubernetesEmulator, count: int) -> None:
+    workload = target()
+    workload["spec"]["replicas"] = count
+    workload["status"].update(
+        replicas=count, updatedReplicas=count, readyReplicas=count, availableReplicas=count
+    )
+    kmock.objects[DEPLOYMENTS, NS, "resnet"] = workload
+
+
+def _pod(name: str) -> dict[str, Any]:
+    pod = ready_pod()
+    pod["metadata"].update(name=name, uid=f"uid-{name}")
+    return pod
+
+
+@pytest.mark.parametrize("scaled_in", [True, False])
+async def test_verify_tells_a_scale_in_from_a_pod_that_went_away(
+    kmock: kmock.KubernetesEmulator, kube: Kube, scaled_in: bool
+) -> None:
+    _replicas(kmock, 2)
+    for name in ("resnet-1", "resnet-2"):
+        kmock.objects["v1/pods", NS, name] = _pod(name)
+    w = world(kube, make_spec())
+
+    async def meanwhile() -> None:
+        await asyncio.sleep(0.2)
+        if scaled_in:  # an HPA scales in, then out again within the window
+            _replicas(kmock, 1)
+        del kmock.objects["v1/pods", NS, "resnet-2"]
+        await asyncio.sleep(0.2)
+        if scaled_in:
+            _replicas(kmock, 2)
+            kmock.objects["v1/pods", NS, "resnet-3"] = _pod("resnet-3")
+
+    changes = asyncio.create_task(meanwhile())
+    try:
+        if scaled_in:
+            await w.target.verify(1.0)
+        else:
+            with pytest.raises(TargetProblem) as caught:
+                await w.target.verify(30.0)
+            assert caught.value.reason == "PodRestarted"
+            assert "pod resnet-2 is gone" in caught.value.message
+    finally:
+        await changes
+
+
 async def test_verify_catches_pods_that_stay_unready(
     kmock: kmock.KubernetesEmulator, kube: Kube
 ) -> None:

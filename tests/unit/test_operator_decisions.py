@@ -540,6 +540,16 @@ def test_restarted_pods_are_named() -> None:
         "pod pod-a restarted (0 → 1 restarts)"
     )
     assert decisions.restarted_pods(before, [measured("b", 2)]) == "pod pod-a is gone"
+    # an autoscaler's scale-in by one: one pod going is the scale-in
+    assert decisions.restarted_pods(before, [measured("b", 2)], scaled_in=1) == ""
+    assert decisions.restarted_pods(before, [], scaled_in=2) == ""
+    assert decisions.restarted_pods(before, [], scaled_in=1) == (
+        "pod pod-a is gone; pod pod-b is gone; 1 of them by a scale-in"
+    )
+    # a restart is never a scale-in
+    assert decisions.restarted_pods(before, [measured("a", 1)], scaled_in=1) == (
+        "pod pod-a restarted (0 → 1 restarts)"
+    )
 
 
 def test_crashes_during_a_trial_are_named() -> None:

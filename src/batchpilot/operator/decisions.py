@@ -763,18 +763,6 @@ class PodProblem:
     since: datetime | None = None
 
 
-def _timestamp(value: object) -> datetime | None:
-    """A Kubernetes timestamp (RFC 3339, e.g. 2026-12-01T12:27:27Z); None when absent
-    or unreadable."""
-    if not isinstance(value, str):
-        return None
-    try:
-        stamp = datetime.fromisoformat(value)
-    except ValueError:
-        return None
-    return stamp if stamp.tzinfo is not None else None
-
-
 _FATAL_WAITING = frozenset(
     {
         "CrashLoopBackOff",
@@ -802,7 +790,7 @@ def pod_problem(pods: Sequence[Mapping[str, Any]]) -> PodProblem | None:
                     "Unschedulable",
                     f"pod {name} cannot be scheduled: {condition.get('message', '')}".strip(),
                     fatal=False,
-                    since=_timestamp(condition.get("lastTransitionTime")),
+                    since=_parse_time(condition.get("lastTransitionTime")),
                 )
         for container in status.get("containerStatuses", []) or []:
             waiting = (container.get("state") or {}).get("waiting") or {}
@@ -887,11 +875,15 @@ def _restarts(pod: Mapping[str, Any]) -> int:
     return sum(int(c.get("restartCount", 0)) for c in statuses)
 
 
-def restarted_pods(before: Sequence[Mapping[str, Any]], after: Sequence[Mapping[str, Any]]) -> str:
+def restarted_pods(
+    before: Sequence[Mapping[str, Any]], after: Sequence[Mapping[str, Any]], scaled_in: int = 0
+) -> str:
     """Which of the pods measured (`before`) restarted or went away by `after`; empty
-    when none did."""
+    when none did. `scaled_in`: replicas the workload was scaled down by meanwhile (an
+    autoscaler's scale-in): that many pods going away is the scale-in, not a failure."""
     now = {p.get("metadata", {}).get("uid"): p for p in after}
-    changes: list[str] = []
+    restarted: list[str] = []
+    gone: list[str] = []
     for pod in before:
         if not ready_pod_ips([pod]):
             continue  # not measured
@@ -899,19 +891,28 @@ def restarted_pods(before: Sequence[Mapping[str, Any]], after: Sequence[Mapping[
         name = meta.get("name", "?")
         later = now.get(meta.get("uid"))
         if later is None:
-            changes.append(f"pod {name} is gone")
+            gone.append(f"pod {name} is gone")
         elif _restarts(later) > _restarts(pod):
-            changes.append(f"pod {name} restarted ({_restarts(pod)} → {_restarts(later)} restarts)")
-    return "; ".join(changes)
+            restarted.append(
+                f"pod {name} restarted ({_restarts(pod)} → {_restarts(later)} restarts)"
+            )
+    if len(gone) <= scaled_in:
+        gone = []
+    elif scaled_in:
+        gone.append(f"{scaled_in} of them by a scale-in")
+    return "; ".join(restarted + gone)
 
 
 def _parse_time(value: Any) -> datetime | None:
+    """A Kubernetes timestamp (RFC 3339, e.g. 2026-12-01T12:27:27Z); None when absent,
+    unreadable or without a zone (it could not be compared with one that has)."""
     if not isinstance(value, str):
         return None
     try:
-        return datetime.fromisoformat(value.replace("Z", "+00:00"))
+        stamp = datetime.fromisoformat(value.replace("Z", "+00:00"))
     except ValueError:
         return None
+    return stamp if stamp.tzinfo is not None else None
 
 
 def crashed_since(pods: Sequence[Mapping[str, Any]], since: datetime) -> str:

@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from datetime import datetime
 from typing import Any
 
-from batchpilot.operator import decisions
+from batchpilot.operator import decisions, writers
 from batchpilot.operator import runtimes as operator_runtimes
 from batchpilot.operator.kubeworkload import Workload
 from batchpilot.operator.livepods import LivePods
@@ -80,6 +80,7 @@ class KubeTarget:
         workload = await self._workload.target()
         kind, name = workload.get("kind", "Deployment"), workload["metadata"]["name"]
         before = await self._workload.pods(workload)
+        replicas = fewest = writers.replicas_of(workload)
         started = loop.time()
         # a pod may miss a readiness probe under load; one unready for half the window
         # (or still unready at its end) is what a broken configuration looks like
@@ -93,7 +94,10 @@ class KubeTarget:
             problem = decisions.pod_problem(pods)
             if problem is not None and problem.fatal:
                 raise TargetProblem(problem.reason, problem.message)
-            restarted = decisions.restarted_pods(before, pods)
+            # pods an autoscaler's scale-in removed are not a failure (also when it scales
+            # out again within the window); restarts always are
+            fewest = min(fewest, writers.replicas_of(current))
+            restarted = decisions.restarted_pods(before, pods, scaled_in=replicas - fewest)
             if restarted:
                 raise TargetProblem("PodRestarted", f"after the write-back: {restarted}")
             rollout = self._workload.settled(current, pods)
