@@ -459,6 +459,83 @@ async def test_verify_rolls_back_on_an_sla_breach_seen_by_prometheus(
     assert "p99 450 ms > 300 ms at 50 req/s" in caught.value.message
 
 
+@pytest.fixture
+async def pod_server() -> AsyncIterator[tuple[int, list[float]]]:
+    """A real HTTP server on loopback standing for the target's pod: it answers
+    /v1/predict after the delay (s) in the list's one item."""
+    delay = [0.0]
+
+    async def predict(request: web.Request) -> web.Response:
+        await request.read()
+        await asyncio.sleep(delay[0])
+        return web.json_response({"outputs": [0.0]})
+
+    app = web.Application()
+    app.router.add_post("/v1/predict", predict)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    yield site._server.sockets[0].getsockname()[1], delay  # type: ignore[union-attr]
+    await runner.cleanup()
+
+
+@pytest.mark.parametrize(("delay_s", "breaks"), [(0.005, False), (0.4, True)])
+async def test_verify_without_prometheus_probes_the_pods_p99(
+    kmock: kmock.KubernetesEmulator,
+    kube: Kube,
+    pod_server: tuple[int, list[float]],
+    delay_s: float,
+    breaks: bool,
+) -> None:
+    port, delay = pod_server
+    delay[0] = delay_s
+    kmock.objects[DEPLOYMENTS, NS, "resnet"] = target()
+    kmock.objects["v1/pods", NS, "resnet-1"] = ready_pod()
+    spec = parse_spec(
+        {
+            "target": {"name": "resnet", "container": "server"},
+            "sla": {"p99LatencyMs": 300},
+            "load": {"endpoint": {"port": port, "path": "/v1/predict"}, "maxRps": 5000},
+        }
+    )
+    # a probe rate that fills a short window with enough requests to judge
+    w = KubeWorld(
+        kube, spec=spec, namespace=NS, owner=OWNER, on_problem=_ignore, poll_s=0.05,
+        probe_rps_per_pod=decisions.PROBE_MIN_REQUESTS / 1.5,
+    )  # fmt: skip
+    if not breaks:
+        await w.target.verify(2.0)
+        return
+    with pytest.raises(TargetProblem) as caught:
+        await w.target.verify(2.0)
+    assert caught.value.reason == "SLABreached"
+    assert "a client probe after the write-back" in caught.value.message
+    assert "> SLA 300 ms" in caught.value.message
+
+
+async def test_verify_sends_no_probe_too_short_to_judge(
+    kmock: kmock.KubernetesEmulator, kube: Kube, pod_server: tuple[int, list[float]]
+) -> None:
+    port, delay = pod_server
+    delay[0] = 0.4  # would break the SLA, were it judged
+    kmock.objects[DEPLOYMENTS, NS, "resnet"] = target()
+    kmock.objects["v1/pods", NS, "resnet-1"] = ready_pod()
+    spec = parse_spec(
+        {
+            "target": {"name": "resnet", "container": "server"},
+            "sla": {"p99LatencyMs": 300},
+            "load": {"endpoint": {"port": port, "path": "/v1/predict"}},
+        }
+    )
+    # 2 req/s on one pod over 2 s: 4 requests, no p99 worth a rollback
+    await world(kube, spec).target.verify(2.0)
+
+
+async def _ignore(problem: decisions.PodProblem) -> None:
+    return None
+
+
 async def test_verify_does_not_blame_the_configuration_for_a_pod_without_room(
     kmock: kmock.KubernetesEmulator, kube: Kube
 ) -> None:

@@ -875,6 +875,25 @@ def _restarts(pod: Mapping[str, Any]) -> int:
     return sum(int(c.get("restartCount", 0)) for c in statuses)
 
 
+# The client probe of a verification window without Prometheus (load.source client):
+# light load on the target's pods beside production's, its p99 and errors judged
+# against the SLA. Light, because it runs on production; at light load a batcher's wait
+# shows whole in the p99, which is what a written-back configuration most often breaks.
+PROBE_RPS_PER_POD = 2.0
+# at most this share of load.maxRps per pod, when a budget is set
+PROBE_BUDGET_SHARE = 0.1
+# fewer requests than this in the window give no p99 worth a rollback: no verdict
+PROBE_MIN_REQUESTS = 100
+
+
+def probe_rate(spec: InferenceServiceSpec, pods: int, per_pod: float = PROBE_RPS_PER_POD) -> float:
+    """The rate, req/s over all `pods`, of the verification window's client probe."""
+    rate = per_pod * pods
+    if spec.load.max_rps is not None:
+        rate = min(rate, PROBE_BUDGET_SHARE * spec.load.max_rps * pods)
+    return rate
+
+
 def restarted_pods(
     before: Sequence[Mapping[str, Any]], after: Sequence[Mapping[str, Any]], scaled_in: int = 0
 ) -> str:

@@ -188,7 +188,7 @@ class KubeTrials:
         try:
             if source is not None and in_place:
                 await self._subtract_live_traffic(source, len(ips))
-            with speaking(await self._load_protocol(ips[0])):
+            with speaking(await self.request_protocol(ips[0])):
                 result = await self._measure_capacity(urls, must_beat, seed, source, light_load)
         except PrometheusQueryError as exc:
             raise TargetProblem("PrometheusUnavailable", f"during the trial: {exc}") from None
@@ -208,7 +208,7 @@ class KubeTrials:
             raise TargetProblem("PodRestarted", f"during the trial: {restarted}")
         return result
 
-    async def _load_protocol(self, ip: str) -> RequestProtocol | None:
+    async def request_protocol(self, ip: str) -> RequestProtocol | None:
         """The requests of this trial, tried on the pod at `ip` first: a 4xx to them stops
         the study (RequestShape) with the server's message and the fields that set them.
         v2 requests of a model's metadata (load.protocol V2, Triton's own) are built as

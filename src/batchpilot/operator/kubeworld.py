@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 import aiohttp
 
+from batchpilot.operator import decisions
 from batchpilot.operator.kube import Kube
 from batchpilot.operator.kubecanary import KubeCanary
 from batchpilot.operator.kubetarget import KubeTarget
@@ -46,6 +47,7 @@ class KubeWorld:
         http_timeout_s: float = 10.0,
         settle_s: float = 120.0,
         prometheus_guard: AddressGuard | None = None,
+        probe_rps_per_pod: float = decisions.PROBE_RPS_PER_POD,
     ) -> None:
         http_timeout = aiohttp.ClientTimeout(total=http_timeout_s)
         self.workload = self.workload_type(
@@ -83,4 +85,6 @@ class KubeWorld:
             prometheus=self.prometheus,
             spec=spec,
             poll_s=poll_s,
+            requests_for=self.trials.request_protocol,
+            probe_rps_per_pod=probe_rps_per_pod,
         )

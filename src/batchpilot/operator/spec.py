@@ -1456,8 +1456,10 @@ class TuningSpec(BaseModel):
     verify_seconds: int = Field(
         default=300,
         description="After a write-back, how long the target is watched: crash-looping or "
-        "unready pods (or, with load.source prometheus, a p99 or error rate over the SLA) "
-        "restore the original configuration and end the study as RolledBack. 0 skips the "
+        "unready pods, or a p99 or error rate over the SLA (production's in Prometheus "
+        "with load.source prometheus, else a light client probe, 2 req/s a pod, in "
+        "windows that hold 100 of its requests) restore the original configuration and "
+        "end the study as RolledBack. 0 skips the "
         "watch; the write-back's rollout is still awaited.",
         ge=0,
         le=86400,
