@@ -3,7 +3,7 @@ study runner and the world. `kopf run -m batchpilot.operator.handlers` runs them
 does `batchpilot operator`.
 
 Shared objects live in Kopf's memo, so a test (or the CLI) can pass its own:
-`slots` (the measurement semaphore), `world_factory` (builds the World of a resource),
+`slots` (the measurement slots), `world_factory` (builds the World of a resource),
 `poll_s` and `backoff_cap_s`; `policy` (policy.PlatformPolicy, the platform team's
 limits from the operator's flags); `election` (leader.ElectionSettings) runs the replica in a
 leader election, and only the leader measures, patches workloads and writes status.
@@ -129,7 +129,7 @@ async def configure(
     settings.networking.connect_timeout = 10.0
     settings.watching.server_timeout = 300
     settings.watching.client_timeout = 330
-    memo.setdefault("slots", Slots(asyncio.Semaphore(int(memo.get("max_concurrent_trials", 1)))))
+    memo.setdefault("slots", Slots(int(memo.get("max_concurrent_trials", 1))))
     # the platform team's limits (operator flags); without them, the defaults: no
     # Prometheus on loopback, link-local or the API server, trials of at most an hour
     policy = memo.setdefault("policy", platform.policy_from_flags())

@@ -1,23 +1,71 @@
-"""The measurement slot: one trial at a time across every study of one operator
-process, and the workload a study's trials run on (its canary, or the target itself),
-made ready once the study holds the slot."""
+"""The measurement slots: one trial at a time (or --max-concurrent-trials) across every
+study of one operator process, given to each namespace in turn, and the workload a
+study's trials run on (its canary, or the target itself), made ready once the study
+holds a slot."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections import OrderedDict, deque
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
 
 from batchpilot.operator import metrics
 from batchpilot.operator.studystate import StudyState
 
 
-@dataclass
 class Slots:
-    """The measurement slot(s) shared by every study of one operator process."""
+    """The measurement slot(s) shared by every study of one operator process, handed
+    out in turn across namespaces: when a slot frees, the namespace that has waited
+    longest for its turn gets it (first come, first served within one namespace), so a
+    tenant with many studies cannot keep another's one study waiting behind all of
+    them."""
 
-    semaphore: asyncio.Semaphore = field(default_factory=lambda: asyncio.Semaphore(1))
+    def __init__(self, slots: int = 1) -> None:
+        if slots < 1:
+            raise ValueError(f"measurement slots must be at least 1, got {slots}")
+        self._free = slots
+        # namespaces in their turn's order, each with its waiters in arrival order
+        self._queues: OrderedDict[str, deque[asyncio.Future[None]]] = OrderedDict()
+
+    def busy(self) -> bool:
+        """Whether a study asking now has to wait."""
+        return self._free == 0 or bool(self._queues)
+
+    async def acquire(self, namespace: str) -> None:
+        if not self.busy():
+            self._free -= 1
+            return
+        turn = asyncio.get_running_loop().create_future()
+        self._queues.setdefault(namespace, deque()).append(turn)
+        try:
+            await turn
+        except asyncio.CancelledError:
+            if turn.done() and not turn.cancelled():
+                self.release()  # handed over as it was cancelled: pass it on
+            else:
+                self._leave(namespace, turn)
+            raise
+
+    def release(self) -> None:
+        while self._queues:
+            namespace, waiters = self._queues.popitem(last=False)
+            turn = waiters.popleft()
+            if waiters:
+                self._queues[namespace] = waiters  # its next waiter's turn comes last
+            if not turn.done():
+                turn.set_result(None)
+                return
+        self._free += 1
+
+    def _leave(self, namespace: str, turn: asyncio.Future[None]) -> None:
+        waiters = self._queues.get(namespace)
+        if waiters is None:
+            return
+        with contextlib.suppress(ValueError):
+            waiters.remove(turn)
+        if not waiters:
+            del self._queues[namespace]
 
 
 class StudySlot:
@@ -39,23 +87,26 @@ class StudySlot:
         taken before the canary is created, so a study queued behind another holds no
         canary (and none of its GPUs) while it waits."""
         state = self._state
-        semaphore = self._slots.semaphore
-        if semaphore.locked():
-            message = "waiting: another study is being measured (one trial at a time)"
+        slots = self._slots
+        if slots.busy():
+            message = (
+                "waiting: other studies are being measured (the operator's measurement "
+                "slots go to each namespace in turn)"
+            )
             state.condition("Measuring", "False", "WaitingForSlot", message)
             await state.save(message=message)
             metrics.WAITING.inc()
             try:
-                await semaphore.acquire()
+                await slots.acquire(state.namespace)
             finally:
                 metrics.WAITING.dec()
         else:
-            await semaphore.acquire()
+            await slots.acquire(state.namespace)
         try:
             await self._prepare()
             yield
         finally:
-            semaphore.release()
+            slots.release()
             state.condition("Measuring", "False", "Idle", "no trial is being measured")
 
     async def _prepare(self) -> None:
