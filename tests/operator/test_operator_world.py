@@ -245,13 +245,18 @@ def unschedulable_pod(since: datetime | None = None) -> dict[str, Any]:
     return pod
 
 
-async def test_an_unschedulable_pod_past_the_schedule_timeout_stops_the_study(
-    kmock: kmock.KubernetesEmulator, kube: Kube
-) -> None:
+def _rolling_out_to(kmock: kmock.KubernetesEmulator, pod: dict[str, Any]) -> None:
+    """The target mid-rollout, its one new pod `pod`."""
     waiting = target()
     waiting["status"]["updatedReplicas"] = 0
     kmock.objects[DEPLOYMENTS, NS, "resnet"] = waiting
-    kmock.objects["v1/pods", NS, "resnet-1"] = unschedulable_pod()
+    kmock.objects["v1/pods", NS, "resnet-1"] = pod
+
+
+async def test_an_unschedulable_pod_past_the_schedule_timeout_stops_the_study(
+    kmock: kmock.KubernetesEmulator, kube: Kube
+) -> None:
+    _rolling_out_to(kmock, unschedulable_pod())
     problems: list[Any] = []
     spec = quick(make_spec(), schedule_timeout_seconds=0.2)
     with pytest.raises(TargetProblem) as caught:
@@ -271,11 +276,7 @@ async def test_a_pod_unschedulable_since_before_a_restart_is_not_waited_for_agai
 ) -> None:
     # the pod says it has been Unschedulable for 10 minutes: an operator that restarted
     # meanwhile stops at once instead of starting the 5-minute wait over
-    waiting = target()
-    waiting["status"]["updatedReplicas"] = 0
-    kmock.objects[DEPLOYMENTS, NS, "resnet"] = waiting
-    since = datetime.now(UTC) - timedelta(minutes=10)
-    kmock.objects["v1/pods", NS, "resnet-1"] = unschedulable_pod(since)
+    _rolling_out_to(kmock, unschedulable_pod(datetime.now(UTC) - timedelta(minutes=10)))
     spec = quick(make_spec(), schedule_timeout_seconds=300.0)
     with pytest.raises(TargetProblem) as caught:
         async with asyncio.timeout(30):  # bounds a hung test only
