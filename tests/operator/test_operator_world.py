@@ -11,6 +11,7 @@ from typing import Any
 import kmock
 import pytest
 from aiohttp import web
+from aiohttp.test_utils import TestServer
 from kmock import KubernetesError, Request, ResourceInfo
 from kmock import method as http_method
 
@@ -473,12 +474,11 @@ async def pod_server() -> AsyncIterator[tuple[int, list[float]]]:
 
     app = web.Application()
     app.router.add_post("/v1/predict", predict)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    yield site._server.sockets[0].getsockname()[1], delay  # type: ignore[union-attr]
-    await runner.cleanup()
+    server = TestServer(app, host="127.0.0.1")
+    await server.start_server()
+    assert server.port is not None
+    yield server.port, delay
+    await server.close()
 
 
 @pytest.mark.parametrize(("delay_s", "breaks"), [(0.005, False), (0.4, True)])
