@@ -3,7 +3,7 @@ and what the operator takes from the cluster meanwhile.
 
 Starts the e2e tier's local cluster (tests/e2e/harness.py: etcd, kube-apiserver,
 kube-controller-manager, Prometheus and the node agent that runs pods as local
-processes), the CRDs and the operator's ServiceAccount and RBAC from manifests/default,
+processes), the CRDs and the operator's ServiceAccount and RBAC from manifests/cluster-wide,
 and `batchpilot operator` with a token of that ServiceAccount. Then, per repeat, in a
 fresh namespace and with a fresh operator process, applies manifests/samples as they
 are (the reference server as a Deployment with its Service, and the InferenceService

@@ -82,8 +82,8 @@ def operator_identity(cluster: Cluster, crds: Path) -> OperatorIdentity:
 def operator(
     cluster: Cluster, operator_identity: OperatorIdentity, namespace: str
 ) -> Iterator[OperatorProcess]:
-    """`batchpilot operator --all-namespaces`, as manifests/operator runs it, with the
-    manifests' ServiceAccount.
+    """`batchpilot operator --all-namespaces`, as manifests/cluster-wide runs it, with
+    that overlay's ServiceAccount.
 
     On the way out the test's InferenceServices are deleted while the operator still
     runs, so their finalizers are handled and the namespace can go."""

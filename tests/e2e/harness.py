@@ -24,8 +24,8 @@ from .prometheus import Prometheus, start_prometheus
 
 REPO = Path(__file__).resolve().parents[2]
 CRD_NAME = "inferenceservices.batchpilot.dev"
-# Kopf's --namespace mode lists namespaces, which the manifests' ClusterRole does not
-# grant; the deployed operator watches all namespaces, and so does the harness.
+# The tests make a namespace each, so the harness runs the operator as
+# manifests/cluster-wide does: every namespace, with that overlay's ClusterRole.
 OPERATOR_ARGS = ("--all-namespaces", "--liveness", "", "--metrics-port", "0")
 
 
@@ -148,9 +148,11 @@ class OperatorIdentity:
 
 
 def operator_manifests(kubectl: Kubectl) -> list[dict[str, Any]]:
-    """What `kubectl apply -k manifests/default` would create, less the operator's own
-    Deployment: the tests run the operator as a local process with the same identity."""
-    rendered = kubectl("kustomize", str(REPO / "manifests" / "default"))
+    """What `kubectl apply -k manifests/cluster-wide` would create, less the operator's
+    own Deployment: the tests run the operator as a local process with the same identity,
+    over namespaces made per test (test_least_privilege covers manifests/default, whose
+    rights end at the namespaces it names)."""
+    rendered = kubectl("kustomize", str(REPO / "manifests" / "cluster-wide"))
     return [
         doc
         for doc in yaml.safe_load_all(rendered)
@@ -162,13 +164,13 @@ def operator_service_account(documents: list[dict[str, Any]]) -> tuple[str, str]
     """(namespace, name) of the one ServiceAccount the manifests define."""
     accounts = [d for d in documents if d["kind"] == "ServiceAccount"]
     if len(accounts) != 1:
-        raise AssertionError(f"manifests/default should define one ServiceAccount: {accounts}")
+        raise AssertionError(f"the manifests should define one ServiceAccount: {accounts}")
     meta = accounts[0]["metadata"]
     return meta.get("namespace", "default"), meta["name"]
 
 
 def apply_operator_identity(cluster: Cluster) -> OperatorIdentity:
-    """The manifests' namespace, ServiceAccount and RBAC applied by kubectl, and a
+    """manifests/cluster-wide's namespace, ServiceAccount and RBAC applied by kubectl, and a
     kubeconfig holding a token of that ServiceAccount."""
     documents = operator_manifests(cluster.kubectl)
     cluster.kubectl.apply(yaml.safe_dump_all(documents))
