@@ -57,7 +57,7 @@ OPERATOR_ROLE = "batchpilot-operator"
 ELECTION_ROLE = "batchpilot-operator-leader-election"
 
 
-def test_default_installs_crd_rbac_and_operator() -> None:
+def test_default_installs_crd_roles_in_the_watched_namespace_and_operator() -> None:
     docs = render("default")
     assert sorted(d["kind"] for d in docs) == [
         "ClusterRole",
@@ -68,15 +68,27 @@ def test_default_installs_crd_rbac_and_operator() -> None:
         "Deployment",
         "Namespace",
         "Role",
+        "Role",
+        "RoleBinding",
         "RoleBinding",
         "ServiceAccount",
         "ValidatingAdmissionPolicy",
+        "ValidatingAdmissionPolicy",
+        "ValidatingAdmissionPolicyBinding",
         "ValidatingAdmissionPolicyBinding",
     ]
     assert one(docs, "CustomResourceDefinition")["metadata"]["name"] == CRD_NAME
     namespace = one(docs, "Namespace")["metadata"]["name"]
     account = one(docs, "ServiceAccount")
     assert account["metadata"]["namespace"] == namespace
+    # the operator's own ClusterRole is the opt-in install's only
+    assert all(d["metadata"]["name"] != OPERATOR_ROLE for d in docs if d["kind"] == "ClusterRole")
+
+
+def test_cluster_wide_binds_the_cluster_role_to_the_operator() -> None:
+    docs = render("cluster-wide")
+    namespace = one(docs, "Namespace")["metadata"]["name"]
+    account = one(docs, "ServiceAccount")
     binding = one(docs, "ClusterRoleBinding")
     assert (
         binding["roleRef"]["name"] == named(docs, "ClusterRole", OPERATOR_ROLE)["metadata"]["name"]
@@ -84,6 +96,11 @@ def test_default_installs_crd_rbac_and_operator() -> None:
     assert binding["subjects"] == [
         {"kind": "ServiceAccount", "name": account["metadata"]["name"], "namespace": namespace}
     ]
+    assert all(d["metadata"]["name"] != OPERATOR_ROLE for d in docs if d["kind"] == "Role")
+    args = container_of(one(docs, "Deployment"))["args"]
+    assert "--all-namespaces" in args
+    assert not any(a.startswith("--namespace") for a in args)
+    assert len([d for d in docs if d["kind"] == "ValidatingAdmissionPolicy"]) == 2
 
 
 def test_operator_deployment_is_hardened_and_probed() -> None:
@@ -111,7 +128,7 @@ def test_operator_deployment_is_hardened_and_probed() -> None:
 
 
 def test_cluster_role_grants_exactly_what_the_operator_calls() -> None:
-    role = named(render("default"), "ClusterRole", OPERATOR_ROLE)
+    role = named(render("cluster-wide"), "ClusterRole", OPERATOR_ROLE)
     granted = {
         (group, resource, verb)
         for rule in role["rules"]
@@ -176,10 +193,10 @@ def test_replicas_elect_a_leader_with_exactly_the_lease_rights_it_needs() -> Non
     assert binding["subjects"] == [
         {"kind": "ServiceAccount", "name": account["name"], "namespace": account["namespace"]}
     ]
-    # the namespaced install keeps the election
-    namespaced = render("namespaced")
-    assert named(namespaced, "Role", ELECTION_ROLE)["metadata"]["namespace"] == namespace
-    assert "--leader-election" in container_of(one(namespaced, "Deployment"))["args"]
+    # the cluster-wide install keeps the election
+    wide = render("cluster-wide")
+    assert named(wide, "Role", ELECTION_ROLE)["metadata"]["namespace"] == namespace
+    assert "--leader-election" in container_of(one(wide, "Deployment"))["args"]
 
 
 def test_samples_ask_for_a_gpu_and_the_overlay_drops_it() -> None:
@@ -231,34 +248,43 @@ def test_user_roles_aggregate_into_edit_and_view() -> None:
     assert {verb for _, _, verb in _grants(viewer["rules"])} == {"get", "list", "watch"}
 
 
-def test_admission_policy_binds_the_operator_to_canaries() -> None:
-    docs = render("default")
-    policy = one(docs, "ValidatingAdmissionPolicy")
-    binding = one(docs, "ValidatingAdmissionPolicyBinding")
-    assert binding["spec"]["policyName"] == policy["metadata"]["name"]
-    assert binding["spec"]["validationActions"] == ["Deny"]
-    assert policy["spec"]["failurePolicy"] == "Fail"
-    [rule] = policy["spec"]["matchConstraints"]["resourceRules"]
-    assert set(rule["operations"]) == {"CREATE", "DELETE"}
-    assert set(rule["resources"]) == {"deployments", "statefulsets"}
-    account = one(docs, "ServiceAccount")["metadata"]["name"]
-    [condition] = policy["spec"]["matchConditions"]
-    assert f"endsWith(':{account}')" in condition["expression"]
+def test_admission_policies_bind_the_operator_to_what_a_study_owns() -> None:
     from batchpilot.operator.canary import CANARY_LABEL
+    from batchpilot.operator.workerjob import WORKER_LABEL
 
-    expressions = [v["expression"] for v in policy["spec"]["validations"]]
-    assert all(f"'{CANARY_LABEL}' in" in e for e in expressions)
+    docs = render("default")
+    account = one(docs, "ServiceAccount")["metadata"]["name"]
+    policies = {d["metadata"]["name"]: d for d in docs if d["kind"] == "ValidatingAdmissionPolicy"}
+    bindings = [d for d in docs if d["kind"] == "ValidatingAdmissionPolicyBinding"]
+    assert sorted(b["spec"]["policyName"] for b in bindings) == sorted(policies)
+    assert all(b["spec"]["validationActions"] == ["Deny"] for b in bindings)
+    guarded = {
+        "batchpilot-operator-workloads": ({"deployments", "statefulsets"}, CANARY_LABEL),
+        "batchpilot-operator-load-workers": ({"jobs", "secrets", "serviceaccounts"}, WORKER_LABEL),
+    }
+    assert set(policies) == set(guarded)
+    for name, (resources, label) in guarded.items():
+        spec = policies[name]["spec"]
+        assert spec["failurePolicy"] == "Fail"
+        rules = spec["matchConstraints"]["resourceRules"]
+        assert {r for rule in rules for r in rule["resources"]} == resources
+        assert all(set(rule["operations"]) == {"CREATE", "UPDATE", "DELETE"} for rule in rules)
+        [condition] = spec["matchConditions"]
+        assert f"endsWith(':{account}')" in condition["expression"]
+        # the labels the operator's code sets are the ones the policy looks for
+        variables = " ".join(v["expression"] for v in spec["variables"])
+        assert f"'{label}' in object.metadata.labels" in variables
+        assert f"'{label}' in oldObject.metadata.labels" in variables
+        assert "r.kind == 'InferenceService'" in variables
 
 
-def test_namespaced_overlay_swaps_the_cluster_role_for_roles() -> None:
-    docs = render("namespaced")
-    kinds = [d["kind"] for d in docs]
-    assert "ClusterRoleBinding" in kinds
-    assert all(d["metadata"]["name"] != OPERATOR_ROLE for d in docs if d["kind"] == "ClusterRole")
+def test_default_install_grants_in_the_watched_namespaces_only() -> None:
+    docs = render("default")
     role = named(docs, "Role", OPERATOR_ROLE)
     binding = named(docs, "RoleBinding", OPERATOR_ROLE)
     watched = role["metadata"]["namespace"]
     account = one(docs, "ServiceAccount")
+    assert watched != account["metadata"]["namespace"]
     assert binding["metadata"]["namespace"] == watched
     assert binding["roleRef"] == {
         "apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": role["metadata"]["name"]
@@ -272,7 +298,7 @@ def test_namespaced_overlay_swaps_the_cluster_role_for_roles() -> None:
     ]
     # the Role holds the cluster role's namespaced rules, and nothing cluster-wide remains
     # but reading CRDs
-    cluster_role = named(render("default"), "ClusterRole", OPERATOR_ROLE)
+    cluster_role = named(render("cluster-wide"), "ClusterRole", OPERATOR_ROLE)
     crds = "apiextensions.k8s.io"
     assert _grants(role["rules"]) == {g for g in _grants(cluster_role["rules"]) if g[0] != crds}
     [crd_binding] = [d for d in docs if d["kind"] == "ClusterRoleBinding"]
@@ -281,8 +307,6 @@ def test_namespaced_overlay_swaps_the_cluster_role_for_roles() -> None:
     args = container_of(one(docs, "Deployment"))["args"]
     assert f"--namespace={watched}" in args
     assert "--all-namespaces" not in args
-    # the admission policy and the user roles come along
-    assert one(docs, "ValidatingAdmissionPolicy")
     assert named(docs, "ClusterRole", "batchpilot-editor")
 
 
@@ -293,8 +317,8 @@ def test_load_worker_policy_lets_the_operator_in_and_the_workers_out() -> None:
 
     [policy] = render("load-workers")
     assert policy["kind"] == "NetworkPolicy"
-    # the example namespace is the one the namespaced overlay watches
-    watched = named(render("namespaced"), "Role", OPERATOR_ROLE)["metadata"]["namespace"]
+    # the example namespace is the one the default install watches
+    watched = named(render("default"), "Role", OPERATOR_ROLE)["metadata"]["namespace"]
     assert policy["metadata"]["namespace"] == watched
     owner = {
         "apiVersion": "batchpilot.dev/v1alpha1",
