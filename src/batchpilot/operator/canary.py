@@ -22,6 +22,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from batchpilot.operator.owners import owner_reference
 from batchpilot.operator.selectors import Selector
 
 CANARY_LABEL = "batchpilot.dev/canary"
@@ -165,7 +166,6 @@ def canary_manifest(
     spec = workload.get("spec", {})
     template = dict(spec.get("template", {}))
     template["metadata"] = {**(template.get("metadata") or {}), "labels": dict(labels)}
-    owner_meta = owner["metadata"]
     canary_spec: dict[str, Any] = {
         "replicas": 1,
         "selector": {"matchLabels": {CANARY_LABEL: name}},
@@ -195,16 +195,7 @@ def canary_manifest(
             "annotations": {
                 k: v for k, v in (meta.get("annotations") or {}).items() if _kept_annotation(k)
             },
-            "ownerReferences": [
-                {
-                    "apiVersion": owner["apiVersion"],
-                    "kind": owner["kind"],
-                    "name": owner_meta["name"],
-                    "uid": owner_meta["uid"],
-                    "controller": True,
-                    "blockOwnerDeletion": True,
-                }
-            ],
+            "ownerReferences": [owner_reference(owner)],
         },
         "spec": canary_spec,
     }

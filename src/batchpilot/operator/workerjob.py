@@ -18,6 +18,7 @@ from typing import Any
 
 from batchpilot.loadgen.serve_worker import DEFAULT_PORT, TOKEN_ENV
 from batchpilot.models import CLIENT_MAX_CPU, StepResult
+from batchpilot.operator.owners import owner_reference
 from batchpilot.operator.spec import WorkersSpec
 
 WORKER_LABEL = "batchpilot.dev/load-workers"
@@ -38,18 +39,6 @@ def fleet_name(isvc: str, namespace: str, uid: str) -> str:
     digest = hashlib.sha256(f"{namespace}/{isvc}/{uid}".encode()).hexdigest()[:HASH_CHARS]
     suffix = f"-load-{digest}"
     return isvc[: NAME_LIMIT - len(suffix)].rstrip("-.") + suffix
-
-
-def owner_reference(owner: Mapping[str, Any]) -> dict[str, Any]:
-    meta = owner["metadata"]
-    return {
-        "apiVersion": owner["apiVersion"],
-        "kind": owner["kind"],
-        "name": meta["name"],
-        "uid": meta["uid"],
-        "controller": True,
-        "blockOwnerDeletion": True,
-    }
 
 
 def _metadata(name: str, namespace: str, owner: Mapping[str, Any]) -> dict[str, Any]:
