@@ -142,6 +142,9 @@ class TritonProcess(V2Process):
             await self._wait_ready(
                 f"{self.url}/v2/health/ready", poll_s=_POLL_S, error=TritonStartError
             )
+            # Triton opens its metrics port after the HTTP one: the counters every change
+            # is verified by must answer before the server counts as started
+            await self._wait_ready(self.metrics_url, poll_s=_POLL_S, error=TritonStartError)
         except BaseException:
             await self._end_process()
             raise
