@@ -5,14 +5,13 @@ hostile server a real HTTP server on loopback, which the e2e operators allow).""
 
 from __future__ import annotations
 
-import asyncio
-import threading
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
-from support.hostile_server import ENDLESS_BYTES, Hostile, hostile_server
+from operator_study import RssSampler
+from support.hostile_server import ENDLESS_BYTES, Hostile, hostile_app
+from support.tokenserver import serving_in_thread
 
 from .conftest import Cluster
 from .operatorproc import OperatorProcess
@@ -26,37 +25,16 @@ pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
 PROMETHEUS_PATHS = {"/api/v1/query": "endless", "/api/v1/status/config": "endless"}
 # the operator's resident memory, measured at 149 MB at its peak over a whole study:
 # an answer of 1 GiB read whole would pass this many times over
-MAX_RSS_BYTES = 400 * 1024 * 1024
+MAX_RSS_MB = 400.0
 
 
 @pytest.fixture
 def hostile() -> Iterator[Hostile]:
     """The hostile server on its own event loop in a thread, for the test's duration."""
-    ready = threading.Event()
-    stop: list[asyncio.Future[None]] = []
-    found: list[Hostile] = []
-
-    async def serve() -> None:
-        async with hostile_server(PROMETHEUS_PATHS) as server:
-            found.append(server)
-            stop.append(asyncio.get_running_loop().create_future())
-            ready.set()
-            await stop[0]
-
-    loop = asyncio.new_event_loop()
-    thread = threading.Thread(target=loop.run_until_complete, args=(serve(),), daemon=True)
-    thread.start()
-    assert ready.wait(10), "the hostile server did not start"
-    yield found[0]
-    loop.call_soon_threadsafe(stop[0].set_result, None)
-    thread.join(10)
-
-
-def _rss_bytes(pid: int) -> int:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) * 1024
-    raise AssertionError(f"no VmRSS for process {pid}")
+    hostile = Hostile()
+    with serving_in_thread(hostile_app(hostile, PROMETHEUS_PATHS)) as url:
+        hostile.port = int(url.rsplit(":", 1)[1])
+        yield hostile
 
 
 # Without scrapeIntervalSeconds the operator first reads the scrape interval from
@@ -83,21 +61,17 @@ def test_a_prometheus_that_streams_without_end_does_not_take_the_operator_down(
 
     assert operator.proc is not None
     pid = operator.proc.pid
-    peak = [0]
-
-    def ended(status: dict[str, object]) -> bool:
-        peak[0] = max(peak[0], _rss_bytes(pid))
-        return status.get("phase") == "Failed"
-
-    status = wait_for(
-        kubectl,
-        namespace,
-        "hostile",
-        ended,
-        what="the study to fail on the refused answers",
-        timeout_s=200,
-        diagnostics=lambda: diagnostics(cluster, operator),
-    )
+    # the operator runs in a process group of its own (procs.spawn)
+    with RssSampler(pid) as rss:
+        status = wait_for(
+            kubectl,
+            namespace,
+            "hostile",
+            lambda s: s.get("phase") == "Failed",
+            what="the study to fail on the refused answers",
+            timeout_s=200,
+            diagnostics=lambda: diagnostics(cluster, operator),
+        )
     said = str(status.get("message", "")) + " ".join(
         str(t.get("reason", "")) for t in status.get("trials") or []
     )
@@ -106,7 +80,7 @@ def test_a_prometheus_that_streams_without_end_does_not_take_the_operator_down(
     # the same process all along: it never died
     assert operator.running(), operator.output()
     assert operator.proc.pid == pid
-    assert peak[0] < MAX_RSS_BYTES, f"the operator's memory reached {peak[0] / 2**20:.0f} MiB"
+    assert rss.max_mb < MAX_RSS_MB, f"the operator's memory reached {rss.max_mb:.0f} MB"
     # the operator hung up at the cap: the server never sent its gigabyte
     assert path in hostile.sent, hostile.sent
     assert max(hostile.sent.values()) < ENDLESS_BYTES / 4, hostile.sent

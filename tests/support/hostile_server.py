@@ -85,17 +85,22 @@ def _bound(
     return handle
 
 
-@asynccontextmanager
-async def hostile_server(also: Mapping[str, str] | None = None) -> AsyncIterator[Hostile]:
+def hostile_app(hostile: Hostile, also: Mapping[str, str] | None = None) -> web.Application:
     """Serves any method on /endless, /declared and /drip, and on each path of `also` as
-    the answer it names (one of those three words)."""
-    hostile = Hostile()
+    the answer it names (one of those three words), counting into `hostile`."""
     handlers: dict[str, Handler] = {"endless": _endless, "declared": _declared, "drip": _drip}
     app = web.Application()
     routes = {f"/{name}": name for name in handlers} | dict(also or {})
     for path, name in routes.items():
         app.router.add_route("*", path, _bound(hostile, handlers[name]))
-    runner = web.AppRunner(app)
+    return app
+
+
+@asynccontextmanager
+async def hostile_server(also: Mapping[str, str] | None = None) -> AsyncIterator[Hostile]:
+    """`hostile_app` on 127.0.0.1 at a free port, in the caller's event loop."""
+    hostile = Hostile()
+    runner = web.AppRunner(hostile_app(hostile, also))
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)
     await site.start()
