@@ -569,10 +569,8 @@ def clamp_params(params: Mapping[str, float | int], spec: InferenceServiceSpec) 
     result[MAX_BATCH_SIZE] = min(
         max(int(params[MAX_BATCH_SIZE]), space.max_batch_size.min), space.max_batch_size.max
     )
-    result[MAX_QUEUE_TIME_MS] = min(
-        max(float(params[MAX_QUEUE_TIME_MS]), space.max_queue_time_ms.min),
-        space.max_queue_time_ms.max,
-    )
+    low, high = spec.queue_bounds()
+    result[MAX_QUEUE_TIME_MS] = min(max(float(params.get(MAX_QUEUE_TIME_MS, low)), low), high)
     for extra in space.extra:
         if extra.name in params:
             value = min(max(float(params[extra.name]), extra.min), extra.max)
@@ -585,7 +583,8 @@ def rule_of_thumb(spec: InferenceServiceSpec) -> Params:
     allowed, wait 10-30 ms, inside the search space."""
     space = spec.parameters
     batch = max(space.max_batch_size.min, round(space.max_batch_size.max * 2 / 3))
-    wait = min(max(20.0, space.max_queue_time_ms.min), space.max_queue_time_ms.max)
+    low, high = spec.queue_bounds()
+    wait = min(max(20.0, low), high)
     return {MAX_BATCH_SIZE: batch, MAX_QUEUE_TIME_MS: wait}
 
 
@@ -647,8 +646,16 @@ def original_config(
     container = find_container(workload, spec.target.container) or {}
     names = spec.env_names()
     env = env_values(container, names.values())
-    params = params_from_env(env, names, wait) or {}
+    params = with_pinned_wait(params_from_env(env, names, wait) or {}, spec)
     return OriginalConfig(params=params, env=env, recorded_at=now)
+
+
+def with_pinned_wait(params: Params, spec: InferenceServiceSpec) -> Params:
+    """`params` read from the variables, the queue wait at 0 where the runtime has none
+    (no variable carries it)."""
+    if params and spec.wait_pinned:
+        return {**params, MAX_QUEUE_TIME_MS: 0.0}
+    return params
 
 
 def format_env_value(param: str, value: float | int) -> str:

@@ -227,8 +227,8 @@ def kserve_original(
     slot = predictor_slot(isvc, spec.target.container)
     names = spec.env_names()
     env = decisions.env_values({"env": list(slot.env)}, names.values())
-    params = decisions.params_from_env(env, names, operator_runtimes.env_wait(spec))
-    return OriginalConfig(params=params or {}, env=env, recorded_at=now)
+    params = decisions.params_from_env(env, names, operator_runtimes.env_wait(spec)) or {}
+    return OriginalConfig(params=decisions.with_pinned_wait(params, spec), env=env, recorded_at=now)
 
 
 def pods_rollout(

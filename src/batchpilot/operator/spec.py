@@ -296,7 +296,8 @@ class BatchSizeRange(_OrderedRange):
 
 
 class QueueTimeRange(_OrderedRange):
-    """Bounds of max_queue_time_ms (longest wait for a batch to fill), inclusive."""
+    """Bounds of max_queue_time_ms (longest wait for a batch to fill), inclusive. Not used
+    with runtime.kind VLLM, which has no queue wait: there the wait stays 0."""
 
     what: ClassVar[str] = "maxQueueTimeMs"
     model_config = _model_config(cel("self.min <= self.max", _ordered_message(what)))
@@ -373,7 +374,7 @@ class ParametersSpec(BaseModel):
     )
     max_queue_time_ms: QueueTimeRange = Field(
         default_factory=lambda: QueueTimeRange(min=0.0, max=100.0),
-        description="Range of max_queue_time_ms.",
+        description="Range of max_queue_time_ms (runtime.kind VLLM has no queue wait: it stays 0).",
     )
     extra: list[ExtraParameter] = Field(
         default_factory=list,
@@ -1792,12 +1793,26 @@ class InferenceServiceSpec(BaseModel):
             return request.model
         return self.runtime.model
 
+    @property
+    def wait_pinned(self) -> bool:
+        """Whether the runtime has no queue wait (vLLM batches continuously: a request
+        joins the running batch at the next engine step), so the axis stays at 0 whatever
+        parameters.maxQueueTimeMs says, and no variable carries it."""
+        return self.runtime.kind == "VLLM"
+
+    def queue_bounds(self) -> tuple[float, float]:
+        """The queue-wait bounds searched: parameters.maxQueueTimeMs, or 0 when pinned."""
+        if self.wait_pinned:
+            return (0.0, 0.0)
+        bounds = self.parameters.max_queue_time_ms
+        return (bounds.min, bounds.max)
+
     def env_names(self) -> dict[str, str]:
-        """Parameter name → environment variable, for method Env."""
-        names = {
-            MAX_BATCH_SIZE: self.apply.env.max_batch_size,
-            MAX_QUEUE_TIME_MS: self.apply.env.max_queue_time_ms,
-        }
+        """Parameter name → environment variable, for method Env (no queue wait's where
+        it is pinned)."""
+        names = {MAX_BATCH_SIZE: self.apply.env.max_batch_size}
+        if not self.wait_pinned:
+            names[MAX_QUEUE_TIME_MS] = self.apply.env.max_queue_time_ms
         for p in self.parameters.extra:
             if p.env is not None:
                 names[p.name] = p.env

@@ -26,7 +26,7 @@ def search_space(spec: InferenceServiceSpec) -> SearchSpace:
     p = spec.parameters
     return SearchSpace.from_bounds(
         max_batch_size=(p.max_batch_size.min, p.max_batch_size.max),
-        max_queue_time_ms=(p.max_queue_time_ms.min, p.max_queue_time_ms.max),
+        max_queue_time_ms=spec.queue_bounds(),
         extra=[
             ParameterSpec(name=e.name, kind=e.kind, low=e.min, high=e.max, log=e.log)
             for e in p.extra
