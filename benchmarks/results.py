@@ -185,6 +185,28 @@ LAYOUTS: dict[str, Layout] = {
             ),
         ),
     ),
+    "token_budget": Layout(
+        "token-budget.md",
+        (
+            ("max_num_seqs", "max_num_seqs"),
+            ("repeats", "repeats"),
+            ("request", "request"),
+        ),
+        (
+            Table(
+                "p99 by token budget and offered rate, medians of the repeats",
+                "points",
+                (
+                    "token_budget",
+                    "rate_rps",
+                    "ttft_p99_ms",
+                    "tpot_p99_ms",
+                    "output_tokens_per_s",
+                    "errors",
+                ),
+            ),
+        ),
+    ),
     "distributed_load": Layout(
         "distributed-load.md",
         (

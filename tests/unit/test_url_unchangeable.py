@@ -1,7 +1,7 @@
-"""`tune --url --runtime mlserver|torchserve`: neither runtime can take new batching
-values over the network without the model's files (MLServer reads them from
-model-settings.json at load, TorchServe fixes them at the registration of an archive
-version), so the run is refused before any request, saying why and how to set the values
+"""`tune --url --runtime mlserver|torchserve|vllm`: none of them can take new batching
+values over the network (MLServer reads them from model-settings.json at load, TorchServe
+fixes them at the registration of an archive version, vLLM reads them from its command
+line at start), so the run is refused before any request, saying why and how to set the values
 by hand. Port 9 (discard) on loopback: nothing listens there, so an answer proves that no
 request was needed. The real servers: tests/runtimes/test_tune_url_mlserver.py and
 test_torchserve.py."""
@@ -30,6 +30,11 @@ NOWHERE = "http://127.0.0.1:9"
             "Model version ... is already registered",
             "batch_size=<requests>&max_batch_delay=<ms>",
         ),
+        (
+            "vllm",
+            "are command-line options; no API changes them",
+            "batchpilot capacity --protocol openai-stream",
+        ),
     ],
 )
 def test_a_runtime_that_needs_its_model_files_is_refused_before_any_request(
@@ -54,7 +59,7 @@ def test_the_snippet_names_the_bundled_model_without_model() -> None:
     )
 
 
-@pytest.mark.parametrize("name", sorted(set(runtime_names()) - {"mlserver", "torchserve"}))
+@pytest.mark.parametrize("name", sorted(set(runtime_names()) - {"mlserver", "torchserve", "vllm"}))
 def test_runtimes_changed_over_the_network_are_not_refused(name: str) -> None:
     assert get_runtime(name).unchangeable_from_elsewhere("m") is None
     result = CliRunner().invoke(tune, ["--url", NOWHERE, "--runtime", name])

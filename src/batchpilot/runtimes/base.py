@@ -37,7 +37,7 @@ Canonical = Literal["max_batch_size", "max_queue_time_ms"]
 Unit = Literal["requests", "s", "ms", "us"]
 # how many of a unit make one millisecond
 _PER_MS: Mapping[str, float] = {"s": 1e-3, "ms": 1.0, "us": 1e3}
-HowApplied = Literal["live", "reload", "rollout"]
+HowApplied = Literal["live", "reload", "restart", "rollout"]
 PersistKind = Literal["env", "args", "configmap", "serve-config", "recommend"]
 NativeValues = dict[str, int | float]
 
@@ -119,6 +119,19 @@ def wait_knob(native: str, unit: Literal["s", "ms", "us"], *, integer: bool = Fa
         minimum=0.0,
         maximum=_WAIT_LIMIT[unit],
     )
+
+
+def pinned_wait_knob(native: str) -> Knob:
+    """The queue wait of a runtime that has none (continuous batching: a request joins
+    the running batch at the next step): 0 ms, the only value it takes."""
+    return Knob(
+        canonical="max_queue_time_ms", native=native, unit="ms", integer=False, minimum=0, maximum=0
+    )
+
+
+def wait_pinned(knobs: Sequence[Knob]) -> bool:
+    """Whether the runtime has no queue wait to turn (it is pinned at 0)."""
+    return any(k.canonical == "max_queue_time_ms" and k.maximum == 0 for k in knobs)
 
 
 def to_native(knobs: Sequence[Knob], config: BatchingConfig) -> NativeValues:
@@ -285,6 +298,9 @@ class Runtime(ABC, Generic[ControlT, ServerT]):
     # why a user's model takes only the requests of `tune --body-template` (BatchPilot
     # cannot build them), for people; None: they are built, or the runtime's own
     user_model_body: ClassVar[str | None] = None
+    # its requests are OpenAI token streams (`protocol` an openai-stream one): a run
+    # measures TTFT, TPOT, goodput and output tokens/s, and takes the stream flags
+    streams_tokens: ClassVar[bool] = False
 
     @abstractmethod
     def protocol(self, model: str | None = None) -> RequestProtocol:
@@ -384,6 +400,14 @@ class Runtime(ABC, Generic[ControlT, ServerT]):
     def check(self, config: BatchingConfig) -> None:
         """Raise ValueError when `config` cannot be expressed in this runtime's knobs."""
         to_native(self.knobs, config)
+
+    def with_token_budget(self, tokens: int) -> Self:
+        """This runtime with `tokens` as its per-step token budget (vLLM's
+        max_num_batched_tokens); ValueError where the runtime has none."""
+        raise ValueError(
+            f"{self.server_name} has no token budget: it is vLLM's max_num_batched_tokens "
+            "(--runtime vllm)"
+        )
 
     def describe_knobs(self) -> str:
         return ", ".join(f"{k.canonical} -> {k.native} ({k.unit})" for k in self.knobs)

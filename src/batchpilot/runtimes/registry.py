@@ -14,6 +14,7 @@ _ADAPTERS: dict[str, str] = {
     "triton": "batchpilot.runtimes.triton.adapter:TritonRuntime",
     "ray": "batchpilot.runtimes.rayserve.adapter:RayServeRuntime",
     "torchserve": "batchpilot.runtimes.torchserve.adapter:TorchServeRuntime",
+    "vllm": "batchpilot.runtimes.vllm.adapter:VllmRuntime",
 }
 DEFAULT_RUNTIME = "reference"
 

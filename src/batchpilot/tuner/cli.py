@@ -28,17 +28,22 @@ from batchpilot.loadgen.protocols import (
 )
 from batchpilot.models import DEFAULT_MIN_REQUESTS, MAX_LOAD_WORKERS, SLA, RequestMix
 from batchpilot.runtimes.registry import DEFAULT_RUNTIME, runtime_names
+from batchpilot.runtimes.vllm.knobs import DEFAULT_TOKEN_BUDGET
 from batchpilot.tuner.config import (
+    DEFAULT_STREAM_SLA,
     QUICK_FINALISTS,
     QUICK_MAX_ROUNDS,
     QUICK_MEASUREMENT,
     QUICK_MIN_REQUESTS,
     QUICK_SIMULATOR_WARM_STARTS,
+    QUICK_STREAM_MEASUREMENT,
     QUICK_TIME_BUDGET_S,
     QUICK_TRIALS,
+    STREAM_MEASUREMENT,
     Bounds,
     ConfigError,
     IntBounds,
+    Parameters,
     TuneConfig,
     check_rounds,
     load_config,
@@ -260,6 +265,14 @@ def _storage(spec: str | None) -> str | BaseStorage | None:
     "from --body-template. The file is read, never changed.",
 )
 @click.option(
+    "--token-budget",
+    "token_budget",
+    type=click.IntRange(1, 1_048_576),
+    default=None,
+    help="--local --runtime vllm: max_num_batched_tokens, the prompt and decode tokens one "
+    "engine step may compute, the same in every trial [default 2048, vLLM's own on a CPU].",
+)
+@click.option(
     "--prometheus",
     "prometheus_url",
     default=None,
@@ -437,18 +450,21 @@ def tune(**given: Any) -> None:
     model (--simulator, --profile-url)."""
     flags = TuneFlags(**given)
     check_flags(flags)
+    config = config_of(flags)
+    streaming = flags.local and local_token_streams(flags.runtime)
+    if streaming:
+        config = streaming_config(config, flags)
     try:
         streams = build_stream_protocol(
-            protocol=flags.protocol,
-            model=flags.model if flags.protocol is not None else None,
+            protocol=flags.protocol or ("openai-stream" if streaming else None),
+            model=_streamed_model(flags, streaming),
             prompt_tokens=flags.prompt_tokens,
             output_tokens=flags.output_tokens,
-            ttft_p99_ms=flags.ttft_p99_ms,
-            tpot_p99_ms=flags.tpot_p99_ms,
+            ttft_p99_ms=config.sla.ttft_p99_ms if streaming else flags.ttft_p99_ms,
+            tpot_p99_ms=config.sla.tpot_p99_ms if streaming else flags.tpot_p99_ms,
         )
     except ValueError as exc:
         raise TuneError(str(exc)) from None
-    config = config_of(flags)
     try:
         space, request_mix = resolve(config)
         process = resolve_arrival(config)
@@ -486,6 +502,7 @@ class TuneFlags:
     model: str | None
     model_dir: Path | None
     model_archive: Path | None
+    token_budget: int | None
     prometheus_url: str | None
     prometheus_selector: str
     control_url: str | None
@@ -563,11 +580,35 @@ def check_flags(flags: TuneFlags) -> None:
         )
     if flags.simulated and flags.runtime_name is not None:
         raise TuneError("--runtime applies to --local runs; a simulated service has no runtime")
-    if flags.protocol is not None and flags.attach_url is None:
+    streaming = flags.local and local_token_streams(flags.runtime)
+    if flags.protocol is not None and flags.attach_url is None and not streaming:
         raise TuneError(
-            f"--protocol {flags.protocol} applies to --url runs: the runtimes --local starts "
-            "and the simulator serve whole requests, not token streams"
+            f"--protocol {flags.protocol} applies to --url runs and to --local --runtime vllm: "
+            "the other runtimes --local starts and the simulator serve whole requests, not "
+            "token streams"
         )
+    if flags.token_budget is not None and not (flags.local and flags.runtime == "vllm"):
+        raise TuneError(
+            "--token-budget applies to --local --runtime vllm: it is the max_num_batched_tokens "
+            "vLLM starts with"
+        )
+    if streaming:
+        given = [
+            flag
+            for flag, value in (
+                ("--mix", flags.mix),
+                ("--body-template", flags.body_template),
+                ("--model-dir", flags.model_dir),
+                ("--model-archive", flags.model_archive),
+            )
+            if value is not None
+        ]
+        if given:
+            raise TuneError(
+                f"{given[0]} does not apply to --runtime {flags.runtime}: its load is streamed "
+                "completions of the model it writes, lengths from --prompt-tokens and "
+                "--output-tokens"
+            )
     url_only = [
         flag
         for flag, given in (
@@ -623,6 +664,90 @@ def check_flags(flags: TuneFlags) -> None:
     for flag, value, where in load_flags:
         if value is not None:
             raise TuneError(f"{flag} applies to {where}")
+
+
+def local_token_streams(runtime_name: str) -> bool:
+    """Whether the runtime `--local` starts is served with token streams (vLLM)."""
+    from batchpilot.runtimes.registry import get_runtime
+
+    return runtime_name in runtime_names() and get_runtime(runtime_name).streams_tokens
+
+
+def _streamed_model(flags: TuneFlags, streaming: bool) -> str | None:
+    """The model field of streamed requests: --model of a --url run, the model a
+    streaming runtime started here serves."""
+    if streaming:
+        from batchpilot.runtimes.registry import get_runtime
+
+        return get_runtime(flags.runtime).default_model
+    return flags.model if flags.protocol is not None else None
+
+
+def _file_config(flags: TuneFlags) -> TuneConfig | None:
+    """The --config file as written (None: no file)."""
+    if flags.config_path is None:
+        return None
+    try:
+        return load_config(flags.config_path)
+    except (ConfigError, ValueError) as exc:
+        raise TuneError(str(exc)) from None
+
+
+def _set_in(config: TuneConfig | None, section: str, key: str | None = None) -> bool:
+    """Whether the --config file sets `section` (or its `key`)."""
+    if config is None or section not in config.model_fields_set:
+        return False
+    return key is None or key in getattr(config, section).model_fields_set
+
+
+def streaming_config(config: TuneConfig, flags: TuneFlags) -> TuneConfig:
+    """`config` for a runtime served with token streams (`tune --local --runtime vllm`):
+    the queue-time axis pinned at 0 (continuous batching has none), a token budget that
+    holds the largest batch searched, and where neither a flag nor the --config file
+    says otherwise: TTFT and TPOT targets for the SLA, and steps judged on their own
+    streams (`STREAM_MEASUREMENT`: a few streams a second never fill the thousands of
+    requests whole-request steps hold) without the short screening steps."""
+    wait = config.parameters.max_queue_time_ms
+    start_wait = config.server.max_queue_time_ms
+    wait_set = flags.wait_range_ms is not None or wait != Parameters().max_queue_time_ms
+    if (wait_set and wait.max > 0) or (
+        "max_queue_time_ms" in config.server.model_fields_set and start_wait > 0
+    ):
+        raise TuneError(
+            f"--runtime {flags.runtime} batches continuously: a request joins the running "
+            "batch at the next engine step, there is no queue wait to tune (leave "
+            "--wait-range-ms, parameters.max_queue_time_ms and server.max_queue_time_ms out)"
+        )
+    budget = flags.token_budget or DEFAULT_TOKEN_BUDGET
+    top = config.parameters.max_batch_size.max
+    if budget < top:
+        raise TuneError(
+            f"--token-budget {budget} is below the largest batch searched ({top}): vLLM needs "
+            "max_num_batched_tokens >= max_num_seqs, as every running sequence takes a token "
+            "of each step; raise --token-budget or lower --batch-range"
+        )
+    written = _file_config(flags)
+    defaults = QUICK_STREAM_MEASUREMENT if flags.quick else STREAM_MEASUREMENT
+    stream_defaults = {
+        key: value
+        for key, value in defaults.model_dump().items()
+        if key in defaults.model_fields_set and not _set_in(written, "measurement", key)
+    }
+    if flags.min_requests is not None:
+        stream_defaults.pop("min_requests", None)
+    updates: dict[str, object] = {
+        "parameters": config.parameters.model_copy(
+            update={"max_queue_time_ms": Bounds(min=0, max=0)}
+        ),
+        "server": config.server.model_copy(update={"max_queue_time_ms": 0.0}),
+        "measurement": config.measurement.model_copy(update=stream_defaults),
+    }
+    if not _set_in(written, "tuning", "screen"):
+        updates["tuning"] = config.tuning.model_copy(update={"screen": False})
+    sla_flags = (flags.sla_p99_ms, flags.ttft_p99_ms, flags.tpot_p99_ms)
+    if all(v is None for v in sla_flags) and not _set_in(written, "sla"):
+        updates["sla"] = DEFAULT_STREAM_SLA
+    return config.model_copy(update=updates)
 
 
 def config_of(flags: TuneFlags) -> TuneConfig:
@@ -744,6 +869,7 @@ def _tune_measured(
         runtime=runtime,
         attach=attach,
         source=source,
+        token_budget=flags.token_budget,
     )
     try:
         summary = asyncio.run(tune_local(run, console))

@@ -26,6 +26,13 @@ from batchpilot.models import (
 # leaves room for batching to pay off without making every configuration infeasible.
 DEFAULT_SLA_P99_MS = 100.0
 
+# The default SLA of a token-streaming runtime started here (vLLM's CPU build serving its
+# tiny model): TTFT and TPOT p99 targets, no end-to-end bound (an answer's length sets
+# that). Its streams of 256 prompt and 128 output tokens met TTFT p99 28-32 ms and TPOT
+# p99 4-5 ms at 3-6 req/s with max_num_seqs 8 on two shared cores, and 437 ms and 6 ms
+# at 12 req/s, past what that cap serves.
+DEFAULT_STREAM_SLA = SLA(ttft_p99_ms=250.0, tpot_p99_ms=25.0)
+
 
 # Adaptive confirmation's cap (as the operator's tuning.maxConfirmRounds).
 DEFAULT_MAX_ROUNDS = 6
@@ -153,6 +160,14 @@ QUICK_MEASUREMENT = Measurement(
     step_duration_s=1.2, warmup_s=0.5, precision=0.15, min_requests=QUICK_MIN_REQUESTS
 )
 QUICK_TRIALS = 6
+# A token-streaming runtime's steps where nothing else is said: a few streams a second
+# never fill whole-request steps' request counts, so each step is judged on its own
+# streams' tails over windows long enough to hold dozens of them (--quick: half as long,
+# at its coarse precision).
+STREAM_MEASUREMENT = Measurement(step_duration_s=4.0, warmup_s=1.0, min_requests=0)
+QUICK_STREAM_MEASUREMENT = Measurement(
+    step_duration_s=2.0, warmup_s=0.5, precision=0.15, min_requests=0
+)
 
 
 def screening(measurement: Measurement) -> Measurement:

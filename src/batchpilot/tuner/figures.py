@@ -32,7 +32,11 @@ def runtime_figures(
         persisted = runtime.persistence(summary.recommended, model=runtime.default_model)
     return RuntimeFigures(
         name=runtime.name,
-        knobs={k.canonical: f"{k.native} ({k.unit})" for k in runtime.knobs},
+        # a knob the runtime does not have (vLLM's queue wait) is pinned at 0, no unit
+        knobs={
+            k.canonical: f"{k.native} ({k.unit})" if k.maximum > 0 else f"{k.native}: pinned at 0"
+            for k in runtime.knobs
+        },
         how_applied=runtime.how_applied,
         baseline=native(summary.baseline),
         best=native(summary.best),

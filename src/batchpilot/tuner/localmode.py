@@ -24,8 +24,15 @@ from rich.console import Console
 
 from batchpilot.loadgen.arrivals import ArrivalKind, Poisson
 from batchpilot.loadgen.protocols import RequestProtocol
+from batchpilot.loadgen.streaming import OpenAIStream
 from batchpilot.models import SLA, BatchingConfig, CapacityResult, RequestMix
-from batchpilot.runtimes.base import PersistsAsRun, Profiled, ShapesRequests, Verification
+from batchpilot.runtimes.base import (
+    PersistsAsRun,
+    Profiled,
+    ShapesRequests,
+    Verification,
+    wait_pinned,
+)
 from batchpilot.runtimes.registry import DEFAULT_RUNTIME, get_runtime
 from batchpilot.tuner.attached import Attached, check_attached, leave_attached
 from batchpilot.tuner.config import Measurement, TuneConfig, screening
@@ -79,6 +86,8 @@ class LocalRun:
     # the user's own model the runtime serves: a folder (`tune --local --model-dir`) or
     # TorchServe's archive (`--model-archive`)
     model_dir: Path | None = None
+    # vLLM's max_num_batched_tokens in every trial (`--token-budget`; None: its default)
+    token_budget: int | None = None
 
 
 class SimulatorWarmStart:
@@ -105,7 +114,7 @@ class SimulatorWarmStart:
             return []
         requests = self.run.requests
         if requests is not None and requests.stream is not None:
-            return self._skip("the simulator models whole requests, not token streams")
+            return await self._token_proposals(requests.stream)
         if not isinstance(self.target, Profiled):
             return self._skip(f"the {self.run.runtime} runtime reports no batch-cost profile")
         try:
@@ -168,6 +177,44 @@ class SimulatorWarmStart:
         log.info("simulator (%s) proposed %s", cost.label(), [c.label() for c in queued])
         return queued
 
+    async def _token_proposals(self, stream: OpenAIStream) -> list[BatchingConfig]:
+        """The token-level simulator fitted to the measured baseline ranks batch caps
+        (`tokenwarm`); only for a runtime with a token budget (vLLM)."""
+        if not wait_pinned(get_runtime(self.run.runtime).knobs):
+            return self._skip(
+                f"the {self.run.runtime} runtime batches whole requests: the token-level "
+                "simulator models a continuous-batching engine"
+            )
+        base = next((r for r in self.tuner.records() if r.source == "baseline"), None)
+        measured = self.tuner.result(base.number) if base is not None else None
+        if base is None or measured is None or not measured.feasible:
+            return self._skip("the baseline met the SLA at no rate: nothing to fit to")
+        from batchpilot.loadgen.lengths import draw_lengths
+        from batchpilot.runtimes.vllm.knobs import DEFAULT_TOKEN_BUDGET
+        from batchpilot.tuner.tokenwarm import propose_token_configs
+
+        cfg = self.run.config
+        try:
+            configs, note = await asyncio.to_thread(
+                propose_token_configs,
+                measured,
+                base.config(),
+                stream,
+                cfg.sla,
+                self.run.space.batch_bounds,
+                token_budget=self.run.token_budget or DEFAULT_TOKEN_BUDGET,
+                arrival=self.run.arrival,
+                seed=cfg.tuning.seed,
+                count=cfg.tuning.simulator_warm_starts,
+                lengths_sample=draw_lengths(stream.lengths, 1000, cfg.tuning.seed),
+            )
+        except ValueError as exc:
+            return self._skip(f"the token-level simulator could not be fitted: {exc}")
+        self.done = True
+        queued = self.tuner.add_warm_starts(configs)
+        log.info("token-level simulator: %s; proposed %s", note, [c.label() for c in queued])
+        return queued
+
     def _skip(self, reason: str) -> list[BatchingConfig]:
         self.done = True
         self.skipped = reason
@@ -203,6 +250,8 @@ async def tune_local(run: LocalRun, console: Console) -> TuneSummary:
     sla: SLA = cfg.sla
     rules = rules_of_thumb(run.space, sla) if cfg.tuning.rule_of_thumb else []
     runtime = get_runtime(run.runtime)
+    if run.token_budget is not None:
+        runtime = runtime.with_token_budget(run.token_budget)
     start = BatchingConfig(
         max_batch_size=cfg.server.max_batch_size, max_queue_time_ms=cfg.server.max_queue_time_ms
     )
@@ -298,6 +347,14 @@ async def tune_local(run: LocalRun, console: Console) -> TuneSummary:
             f"{fidelity_note(screen, cfg)}",
             highlight=False,
         )
+        if wait_pinned(runtime.knobs):
+            console.print(
+                f"{runtime.server_name} batches continuously: it has no queue wait, so "
+                "max_queue_time_ms stays 0 in every trial; "
+                + ", ".join(f"{k}={v:g}" for k, v in runtime.native(baseline).items())
+                + " at the baseline",
+                highlight=False,
+            )
         if tuner.measured_count():
             console.print(f"Resuming: {tuner.measured_count()} trials already in the storage")
 

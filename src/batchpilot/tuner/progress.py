@@ -63,10 +63,17 @@ class TrialProgress:
             else "no feasible trial yet"
         )
         detail = f"  [dim]{rec.reason}[/]" if rec.state == "Failed" else ""
+        # a token-stream trial is judged on its TTFT and TPOT tails, scored by goodput
+        tails = (
+            f"TTFT p99 {_ms(rec.ttft_p99_ms):>9}  TPOT p99 {_ms(rec.tpot_p99_ms):>8}  "
+            f"{_num(rec.output_tokens_per_s, 0)} tok/s"
+            if rec.ttft_p99_ms is not None or rec.tpot_p99_ms is not None
+            else f"p99 {_ms(rec.p99_ms):>9}"
+        )
         self.console.print(
             f"[bold]{measured:>2}/{self.total}[/] trial {rec.number:<3} {label:<13} "
             f"{_config_text(rec.params):<28} {_rps(rec.effective_rps):>11}  "
-            f"p99 {_ms(rec.p99_ms):>9}  {STATE_MARK.get(rec.state, rec.state)}  | {best_text}"
+            f"{tails}  {STATE_MARK.get(rec.state, rec.state)}  | {best_text}"
             f"{detail}",
             highlight=False,
         )
@@ -85,16 +92,26 @@ def _gain(gain: float | None) -> str:
     return f"{gain:+.0%}" if gain is not None else "-"
 
 
-def _row(name: str, fig: ConfigFigures | None, gain: float | None) -> list[str]:
+def _row(
+    name: str, fig: ConfigFigures | None, gain: float | None, *, tokens: bool = False
+) -> list[str]:
+    """A summary row; `tokens`: the TTFT and TPOT tails and output tokens/s in place of
+    the end-to-end p99 (a token-stream study is judged on them)."""
+    latency = 3 if tokens else 1
     if fig is None:
-        return [name, "-", "-", "-", "-", "-", "-"]
+        return [name, "-", "-", "-", "-", *["-"] * latency, "-"]
+    figures = (
+        [_num(fig.ttft_p99_ms, 1), _num(fig.tpot_p99_ms, 2), _num(fig.output_tokens_per_s, 0)]
+        if tokens
+        else [_num(fig.p99_ms, 1)]
+    )
     return [
         name,
         str(fig.trial),
         str(fig.max_batch_size),
         f"{fig.max_queue_time_ms:g}",
         _num(fig.effective_rps, 0),
-        _num(fig.p99_ms, 1),
+        *figures,
         _gain(gain),
     ]
 
@@ -143,12 +160,21 @@ def render_summary(console: Console, summary: TuneSummary) -> None:
         f"(errors <= {summary.sla.max_error_rate:g})",
         caption="req/s: effective throughput in the study; best+: the study's best over the row",
     )
+    tokens = any(
+        fig is not None and fig.ttft_p99_ms is not None
+        for fig in (summary.best, summary.baseline, summary.rule_of_thumb)
+    )
+    latency = ("TTFT p99 ms", "TPOT p99 ms", "tok/s") if tokens else ("p99 ms",)
     table.add_column("")
-    for column in ("trial", "batch", "wait ms", "req/s", "p99 ms", "best+"):
+    for column in ("trial", "batch", "wait ms", "req/s", *latency, "best+"):
         table.add_column(column, justify="right")
-    table.add_row(*_row("best", summary.best, None), style="bold")
-    table.add_row(*_row("baseline", summary.baseline, summary.gain_over_baseline))
-    table.add_row(*_row("rule of thumb", summary.rule_of_thumb, summary.gain_over_rule_of_thumb))
+    table.add_row(*_row("best", summary.best, None, tokens=tokens), style="bold")
+    table.add_row(*_row("baseline", summary.baseline, summary.gain_over_baseline, tokens=tokens))
+    table.add_row(
+        *_row(
+            "rule of thumb", summary.rule_of_thumb, summary.gain_over_rule_of_thumb, tokens=tokens
+        )
+    )
     console.print(table)
     if summary.verdict is not None:
         console.print(verdict_table(summary.verdict))

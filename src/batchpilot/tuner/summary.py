@@ -28,6 +28,10 @@ class ConfigFigures(BaseModel):
     effective_rps: float | None
     p99_ms: float | None
     state: str
+    # a token-stream trial's tails and output tokens/s at its effective rate (its goodput)
+    ttft_p99_ms: float | None = None
+    tpot_p99_ms: float | None = None
+    output_tokens_per_s: float | None = None
 
 
 class RuntimeFigures(BaseModel):
@@ -36,7 +40,7 @@ class RuntimeFigures(BaseModel):
 
     name: str
     knobs: dict[str, str]  # canonical name -> native name and unit, e.g. "max_batch_time (s)"
-    how_applied: str  # live, reload or rollout
+    how_applied: str  # live, reload, restart or rollout
     baseline: dict[str, float] | None = None
     best: dict[str, float] | None = None
     recommended: dict[str, float] | None = None
@@ -198,6 +202,9 @@ def figures(record: TrialRecord) -> ConfigFigures:
         effective_rps=record.effective_rps,
         p99_ms=record.p99_ms,
         state=record.state,
+        ttft_p99_ms=record.ttft_p99_ms,
+        tpot_p99_ms=record.tpot_p99_ms,
+        output_tokens_per_s=record.output_tokens_per_s,
     )
 
 

