@@ -216,3 +216,76 @@ def triton_inference_service(name: str, target: str, *, max_trials: int = 3) -> 
     spec["load"]["endpoint"] = {"port": TRITON_HTTP_PORT}
     spec["sla"] = {"p99LatencyMs": 500, "maxErrorRate": 0.01}
     return isvc
+
+
+VLLM_PORT = 8000
+VLLM_MODEL = "tiny-llama"
+
+
+def vllm_deployment(name: str, *, max_num_seqs: int = 4, token_budget: int = 256) -> dict[str, Any]:
+    """vLLM's CPU engine as a user would deploy it: the batch cap on the command line
+    from a variable (`--max-num-seqs=$(MAX_BATCH_SIZE)`, the way the operator's rollouts
+    reach an engine whose knobs are start-up options), readiness on the OpenAI API."""
+    command = [
+        "python",
+        "-m",
+        "batchpilot.runtimes.vllm.serve",
+        "--host=0.0.0.0",
+        f"--port={VLLM_PORT}",
+        "--max-num-seqs=$(MAX_BATCH_SIZE)",
+        f"--max-num-batched-tokens={token_budget}",
+        f"--served-model-name={VLLM_MODEL}",
+    ]
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": name, "labels": {"app": name}},
+        "spec": {
+            "replicas": 1,
+            "selector": {"matchLabels": {"app": name}},
+            "template": {
+                "metadata": {"labels": {"app": name}},
+                "spec": {
+                    "terminationGracePeriodSeconds": 10,
+                    "containers": [
+                        {
+                            "name": "server",
+                            "image": "batchpilot:dev",
+                            "command": command,
+                            "env": [{"name": "MAX_BATCH_SIZE", "value": str(max_num_seqs)}],
+                            "ports": [{"name": "http", "containerPort": VLLM_PORT}],
+                            "readinessProbe": {
+                                "httpGet": {"path": "/v1/models", "port": "http"},
+                                "periodSeconds": 1,
+                            },
+                        }
+                    ],
+                },
+            },
+        },
+    }
+
+
+def vllm_inference_service(name: str, target: str) -> dict[str, Any]:
+    """A study of a vLLM target by rollout (runtime VLLM, method Env) under TTFT and TPOT
+    targets, on streamed completions. The targets are generous: the engine shares two
+    cores with the rest of the suite, and the flow is under test. Steps are judged on
+    their own streams (`minRequests` 0: a few dozen streams a second never fill the
+    whole-request minimum), and the trial deadline holds a pod start of the engine."""
+    isvc = inference_service(name, target, max_trials=2, batch_range=(2, 8), deadline_s=600)
+    spec = isvc["spec"]
+    spec["runtime"] = {"kind": "VLLM", "model": VLLM_MODEL}
+    spec["sla"] = {"ttftP99Ms": 3000, "tpotP99Ms": 300, "maxErrorRate": 0.01}
+    spec["load"] = {
+        "endpoint": {"port": VLLM_PORT},
+        "protocol": "OpenAIStream",
+        "promptTokens": "fixed:16",
+        "outputTokens": "fixed:16",
+        "stepSeconds": 2,
+        "minRequests": 0,
+        "warmupSeconds": 0.5,
+        "precision": 0.3,
+        "requestTimeoutSeconds": 30,
+        "maxRps": 100_000.0,
+    }
+    return isvc
