@@ -6,9 +6,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import signal
 import socket
+import subprocess
 from abc import ABC, abstractmethod
-from types import TracebackType
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from types import FrameType, TracebackType
 from typing import IO, Self
 
 import aiohttp
@@ -129,3 +133,18 @@ def read_tail(file: IO[bytes], limit: int) -> str:
     size = file.seek(0, os.SEEK_END)
     file.seek(max(0, size - limit))
     return file.read().decode("utf-8", errors="replace")
+
+
+def run_in_foreground(command: Sequence[str], *, env: Mapping[str, str], cwd: Path) -> int:
+    """Run `command` as a child in this process group (whoever stops the group stops its
+    children too), pass SIGTERM and SIGINT on to it, and return its exit code once it has
+    stopped: a container command that wraps a server."""
+    process = subprocess.Popen(list(command), env=dict(env), cwd=cwd, stdin=subprocess.DEVNULL)
+
+    def forward(signum: int, frame: FrameType | None) -> None:
+        if process.poll() is None:
+            process.send_signal(signum)
+
+    signal.signal(signal.SIGTERM, forward)
+    signal.signal(signal.SIGINT, forward)
+    return process.wait()

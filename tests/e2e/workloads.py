@@ -149,6 +149,27 @@ def container_env(workload: dict[str, Any], container: str = "server") -> dict[s
     raise LookupError(f"no container {container!r}")
 
 
+def one_server_deployment(name: str, container: dict[str, Any]) -> dict[str, Any]:
+    """A one-replica Deployment of `container` (named "server", the e2e image) as a
+    runtime's users deploy it; `container` holds its command, env, ports and probe."""
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": name, "labels": {"app": name}},
+        "spec": {
+            "replicas": 1,
+            "selector": {"matchLabels": {"app": name}},
+            "template": {
+                "metadata": {"labels": {"app": name}},
+                "spec": {
+                    "terminationGracePeriodSeconds": 10,
+                    "containers": [{"name": "server", "image": "batchpilot:dev", **container}],
+                },
+            },
+        },
+    }
+
+
 TRITON_HTTP_PORT = 8000
 TRITON_METRICS_PORT = 8002
 TRITON_MODEL = "batchpilot"
@@ -171,39 +192,23 @@ def triton_deployment(
         f"--max-batch-size={max_batch_size}",
         f"--max-queue-delay-us={max_queue_delay_us}",
     ]
-    return {
-        "apiVersion": "apps/v1",
-        "kind": "Deployment",
-        "metadata": {"name": name, "labels": {"app": name}},
-        "spec": {
-            "replicas": 1,
-            "selector": {"matchLabels": {"app": name}},
-            "template": {
-                "metadata": {"labels": {"app": name}},
-                "spec": {
-                    "terminationGracePeriodSeconds": 10,
-                    "containers": [
-                        {
-                            "name": "server",
-                            "image": "batchpilot:dev",
-                            "command": command,
-                            # the bundled model's matrix product on one BLAS thread
-                            "env": [{"name": "OMP_NUM_THREADS", "value": "1"}],
-                            "ports": [
-                                {"name": "http", "containerPort": TRITON_HTTP_PORT},
-                                {"name": "grpc", "containerPort": 8001},
-                                {"name": "metrics", "containerPort": TRITON_METRICS_PORT},
-                            ],
-                            "readinessProbe": {
-                                "httpGet": {"path": "/v2/health/ready", "port": "http"},
-                                "periodSeconds": 1,
-                            },
-                        }
-                    ],
-                },
+    return one_server_deployment(
+        name,
+        {
+            "command": command,
+            # the bundled model's matrix product on one BLAS thread
+            "env": [{"name": "OMP_NUM_THREADS", "value": "1"}],
+            "ports": [
+                {"name": "http", "containerPort": TRITON_HTTP_PORT},
+                {"name": "grpc", "containerPort": 8001},
+                {"name": "metrics", "containerPort": TRITON_METRICS_PORT},
+            ],
+            "readinessProbe": {
+                "httpGet": {"path": "/v2/health/ready", "port": "http"},
+                "periodSeconds": 1,
             },
         },
-    }
+    )
 
 
 def triton_inference_service(name: str, target: str, *, max_trials: int = 3) -> dict[str, Any]:
@@ -236,34 +241,18 @@ def vllm_deployment(name: str, *, max_num_seqs: int = 4, token_budget: int = 256
         f"--max-num-batched-tokens={token_budget}",
         f"--served-model-name={VLLM_MODEL}",
     ]
-    return {
-        "apiVersion": "apps/v1",
-        "kind": "Deployment",
-        "metadata": {"name": name, "labels": {"app": name}},
-        "spec": {
-            "replicas": 1,
-            "selector": {"matchLabels": {"app": name}},
-            "template": {
-                "metadata": {"labels": {"app": name}},
-                "spec": {
-                    "terminationGracePeriodSeconds": 10,
-                    "containers": [
-                        {
-                            "name": "server",
-                            "image": "batchpilot:dev",
-                            "command": command,
-                            "env": [{"name": "MAX_BATCH_SIZE", "value": str(max_num_seqs)}],
-                            "ports": [{"name": "http", "containerPort": VLLM_PORT}],
-                            "readinessProbe": {
-                                "httpGet": {"path": "/v1/models", "port": "http"},
-                                "periodSeconds": 1,
-                            },
-                        }
-                    ],
-                },
+    return one_server_deployment(
+        name,
+        {
+            "command": command,
+            "env": [{"name": "MAX_BATCH_SIZE", "value": str(max_num_seqs)}],
+            "ports": [{"name": "http", "containerPort": VLLM_PORT}],
+            "readinessProbe": {
+                "httpGet": {"path": "/v1/models", "port": "http"},
+                "periodSeconds": 1,
             },
         },
-    }
+    )
 
 
 def vllm_inference_service(name: str, target: str) -> dict[str, Any]:

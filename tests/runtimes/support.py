@@ -16,27 +16,26 @@ from batchpilot.runtimes.venvs import venv_dir
 _LISTEN = "0A"
 
 
-def require_runtime(venv: str, program: str) -> None:
-    """Skip (or under CI fail) unless `program` is installed in runtime environment
-    `venv`."""
-    path = venv_dir(venv) / "bin" / program
+def _require(path: Path, installer: str) -> None:
+    """Skip (or under CI fail) unless `path` exists; `installer` makes it."""
     if path.is_file():
         return
-    message = f"{path} is missing: run scripts/runtimes"
+    message = f"{path} is missing: run {installer}"
     if os.environ.get("CI"):
         pytest.fail(f"{message} (CI is set, so the runtimes tier must run)")
     pytest.skip(message)
+
+
+def require_runtime(venv: str, program: str) -> None:
+    """Skip (or under CI fail) unless `program` is installed in runtime environment
+    `venv`."""
+    _require(venv_dir(venv) / "bin" / program, "scripts/runtimes")
 
 
 def require_engine(python: Path) -> None:
     """Skip (or under CI fail) unless the generative engine whose interpreter is `python`
     is installed (`scripts/engines`, which `scripts/test` runs)."""
-    if python.is_file():
-        return
-    message = f"{python} is missing: run scripts/engines"
-    if os.environ.get("CI"):
-        pytest.fail(f"{message} (CI is set, so the runtimes tier must run)")
-    pytest.skip(message)
+    _require(python, "scripts/engines")
 
 
 def group_pids(pgid: int) -> list[int]:

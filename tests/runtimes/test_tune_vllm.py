@@ -58,6 +58,8 @@ def test_tune_local_vllm_reports_token_tails_per_trial(tmp_path: Path) -> None:
     )
     assert all(t["params"]["max_queue_time_ms"] == 0.0 for t in trials)
     assert trials[1]["params"]["max_batch_size"] != 8  # a restart, not the baseline again
+    # what each change cost is in its trial: the baseline only read back, the next a restart
+    assert all(t["change_s"] is not None for t in trials)
     measured = [t for t in trials if t["effective_rps"]]
     assert measured, trials
     for trial in measured:

@@ -361,14 +361,19 @@ async def tune_local(run: LocalRun, console: Console) -> TuneSummary:
         def on_start(event: TrialStart) -> None:
             progress.start(event, label_of(tuner.records()[event.number], rules))
 
-        # batch sizes the server counted while each trial's change was verified
+        # batch sizes the server counted while each trial's change was verified, and
+        # what each change cost
         executed: dict[int, dict[int, int]] = {}
+        change_s: dict[int, float] = {}
 
         async def on_done(event: TrialDone) -> None:
             progress.done(event, label_of(event.record, rules), tuner.measured_count())
-            batches = verified_batches(target.last_verification, event.record.config())
+            verification = target.last_verification
+            batches = verified_batches(verification, event.record.config())
             if batches is not None:
                 executed[event.record.number] = batches
+            if verification is not None and verification.requested == event.record.config():
+                change_s[event.record.number] = round(verification.change_s, 3)
             await warm.maybe()
 
         study_started = time.monotonic()
@@ -410,7 +415,7 @@ async def tune_local(run: LocalRun, console: Console) -> TuneSummary:
             progress.stop()
             probe.accepted = probe.accepted or screen_probe.accepted
             summary = with_executed_batches(
-                _summary(tuner, run, rules, interrupted, started), executed
+                _summary(tuner, run, rules, interrupted, started), executed, change_s
             )
             if not interrupted and cfg.tuning.confirm:
                 summary = await _confirm(

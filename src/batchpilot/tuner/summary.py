@@ -55,21 +55,30 @@ class LabelledTrial(TrialRecord):
     # batch size -> batches the server itself counted while the trial's configuration
     # was verified live (Triton's per-size counters); None where the server says nothing
     executed_batches: dict[int, int] | None = None
+    # seconds from asking for the trial's configuration to its verification on the
+    # server (a restart for vLLM, a reload or a live change elsewhere); None when the
+    # change failed or was not made here
+    change_s: float | None = None
 
 
 def with_executed_batches(
-    summary: TuneSummary, executed: Mapping[int, Mapping[int, int]]
+    summary: TuneSummary,
+    executed: Mapping[int, Mapping[int, int]],
+    change_s: Mapping[int, float] | None = None,
 ) -> TuneSummary:
-    """`summary` whose trials carry the batch sizes the server executed for them, by
-    trial number."""
-    if not executed:
+    """`summary` whose trials carry the batch sizes the server executed for them and
+    what their change cost, by trial number."""
+    changes = change_s or {}
+    if not executed and not changes:
         return summary
-    trials = [
-        t.model_copy(update={"executed_batches": dict(executed[t.number])})
-        if t.number in executed
-        else t
-        for t in summary.trials
-    ]
+    trials = []
+    for t in summary.trials:
+        update: dict[str, object] = {}
+        if t.number in executed:
+            update["executed_batches"] = dict(executed[t.number])
+        if t.number in changes:
+            update["change_s"] = changes[t.number]
+        trials.append(t.model_copy(update=update) if update else t)
     return summary.model_copy(update={"trials": trials})
 
 

@@ -15,14 +15,12 @@ import argparse
 import asyncio
 import os
 import shutil
-import signal
-import subprocess
 import sys
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
-from types import FrameType
 
+from batchpilot.processes import run_in_foreground
 from batchpilot.runtimes.base import LaunchError
 from batchpilot.runtimes.triton.install import find_install
 from batchpilot.runtimes.triton.process import server_args
@@ -77,17 +75,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
         # Same process group as this one: whoever stops the group stops the python
         # backend's stubs with Triton.
-        server = subprocess.Popen(
-            command, env=install.environment(dict(os.environ)), cwd=root, stdin=subprocess.DEVNULL
-        )
-
-        def forward(signum: int, frame: FrameType | None) -> None:
-            if server.poll() is None:
-                server.send_signal(signum)
-
-        signal.signal(signal.SIGTERM, forward)
-        signal.signal(signal.SIGINT, forward)
-        return server.wait()
+        return run_in_foreground(command, env=install.environment(dict(os.environ)), cwd=root)
     finally:
         shutil.rmtree(root, ignore_errors=True)
 

@@ -14,14 +14,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import shutil
-import signal
-import subprocess
 import sys
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
-from types import FrameType
 
+from batchpilot.processes import run_in_foreground
 from batchpilot.runtimes.base import LaunchError
 from batchpilot.runtimes.vllm.knobs import DEFAULT_TOKEN_BUDGET, VllmKnobs
 from batchpilot.runtimes.vllm.process import MODEL, VllmProcess, engine_python, write_tiny_model
@@ -70,26 +68,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         server.host = args.host
         server.ports = {"http": args.port}
         server.root = root
-        # Same process group as this one: whoever stops the group stops the engine core
-        # with the API server.
         env = server.environment()
         # development endpoints (weights, sleep, cache resets) only on the loopback-only
         # servers `tune --local` starts, never on an address others reach
         env.pop("VLLM_SERVER_DEV_MODE", None)
-        process = subprocess.Popen(
-            [str(python), *server.args()],
-            env=env,
-            cwd=root,
-            stdin=subprocess.DEVNULL,
-        )
-
-        def forward(signum: int, frame: FrameType | None) -> None:
-            if process.poll() is None:
-                process.send_signal(signum)
-
-        signal.signal(signal.SIGTERM, forward)
-        signal.signal(signal.SIGINT, forward)
-        return process.wait()
+        # the engine core stops with the API server: one process group
+        return run_in_foreground([str(python), *server.args()], env=env, cwd=root)
     finally:
         shutil.rmtree(root, ignore_errors=True)
 
