@@ -3,7 +3,8 @@ build in a pod (runtime VLLM, apply.method Env), its batch cap a start-up option
 pod's command line reads from a variable, so every trial is a rollout. The study runs on
 streamed completions under TTFT and TPOT targets, searches the batch cap alone (the
 queue wait pinned at 0: continuous batching has none), converges, and writes the best
-cap back into the Deployment without any queue-wait variable."""
+cap back into the Deployment without any queue-wait variable; its status shows each
+trial's TTFT and TPOT p99."""
 
 from __future__ import annotations
 
@@ -53,6 +54,9 @@ def test_vllm_rollout_study_on_token_targets(
     assert trials[1]["params"]["max_batch_size"] != 4
     assert all(t["state"] == "Complete" for t in trials), diagnostics(cluster, operator)
     assert all(t["effectiveRps"] > 0 for t in trials)
+    # each trial shows the tails it was judged on, and the best its own
+    assert all(t["ttftP99Ms"] > 0 and t["tpotP99Ms"] > 0 for t in trials)
+    assert status["best"]["ttftP99Ms"] > 0
 
     # the best cap is what the Deployment now carries, and no queue-wait variable
     best = status["best"]["maxBatchSize"]

@@ -70,3 +70,28 @@ def test_other_kinds_still_need_and_write_both_variables() -> None:
     assert decisions.env_for_params(
         {MAX_BATCH_SIZE: 16, MAX_QUEUE_TIME_MS: 5.0}, generic.env_names()
     ) == {"MAX_BATCH_SIZE": "16", "MAX_QUEUE_TIME_MS": "5"}
+
+
+def test_a_token_trials_tails_reach_the_status_and_its_best() -> None:
+    from batchpilot.operator.trials import to_entry
+    from batchpilot.tuner.study import TrialRecord
+
+    record = TrialRecord(
+        number=1,
+        params={MAX_BATCH_SIZE: 16, MAX_QUEUE_TIME_MS: 0.0},
+        source="sampler",
+        state="Complete",
+        effective_rps=25.1,
+        ttft_p99_ms=35.5,
+        tpot_p99_ms=6.6,
+        output_tokens_per_s=3218.0,
+    )
+    entry = to_entry(record)
+    shown = entry.model_dump(by_alias=True, exclude_none=True)
+    assert (shown["ttftP99Ms"], shown["tpotP99Ms"], shown["outputTokensPerS"]) == (
+        35.5,
+        6.6,
+        3218.0,
+    )
+    best = decisions.result_of(entry, generation=1)
+    assert (best.ttft_p99_ms, best.tpot_p99_ms) == (35.5, 6.6)

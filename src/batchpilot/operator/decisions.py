@@ -464,6 +464,8 @@ def result_of(trial: TrialEntry, generation: int | None) -> Result:
         effective_rps=trial.effective_rps,
         p99_ms=trial.p99_ms,
         error_rate=trial.error_rate,
+        ttft_p99_ms=trial.ttft_p99_ms,
+        tpot_p99_ms=trial.tpot_p99_ms,
         trial=trial.number,
         generation=generation,
     )

@@ -248,8 +248,9 @@ _REQUEST_FIELDS: Final[Mapping[str, str]] = {
 
 
 def refusal_message(spec: InferenceServiceSpec, refusal: str) -> str:
-    """What a study says when the server refused its first requests with a 4xx: the
-    server's words, the requests it was sent, and the fields that set them."""
+    """What a study says when the server refused its first requests (a 4xx, or a 5xx to
+    every one of them twice): the server's words, the requests it was sent, and the
+    fields that set them."""
     protocol = spec.load.protocol
     if spec.runtime.kind in METADATA_RUNTIMES and protocol == "Runtime":
         protocol = "V2"  # these runtimes' own requests are the model's metadata's

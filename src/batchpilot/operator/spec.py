@@ -1101,7 +1101,9 @@ class LoadSpec(BaseModel):
         "their lengths from promptTokens and outputTokens: TTFT, TPOT, goodput and output "
         "tokens/s are measured, and sla.ttftP99Ms and sla.tpotP99Ms can be judged. "
         "Template: request.bodyTemplate. A server that refuses a trial's first requests "
-        "with a 4xx stops the study (reason RequestShape) with its message.",
+        "with a 4xx, or answers every one of them with a 5xx twice 2 s apart (a model "
+        "that raises on its input), stops the study (reason RequestShape) with its "
+        "message.",
     )
     request: LoadRequestSpec | None = Field(
         default=None,

@@ -120,6 +120,17 @@ class TrialEntry(_Status):
         default=False,
         description="The load generator was the limit: the score is a lower bound (ClientBound).",
     )
+    ttft_p99_ms: float | None = Field(
+        default=None,
+        description="Token streams: time-to-first-token p99 at the effective rate, ms.",
+    )
+    tpot_p99_ms: float | None = Field(
+        default=None,
+        description="Token streams: time-per-output-token p99 at the effective rate, ms.",
+    )
+    output_tokens_per_s: float | None = Field(
+        default=None, description="Token streams: output tokens per second at the effective rate."
+    )
 
 
 class TrialsSummary(_Status):
@@ -143,6 +154,14 @@ class Result(_Status):
     effective_rps: float | None = Field(default=None, description="Effective throughput, req/s.")
     p99_ms: float | None = Field(default=None, description="p99 at the effective rate, ms.")
     error_rate: float | None = Field(default=None, description="Error rate at the effective rate.")
+    ttft_p99_ms: float | None = Field(
+        default=None,
+        description="Token streams: time-to-first-token p99 at the effective rate, ms.",
+    )
+    tpot_p99_ms: float | None = Field(
+        default=None,
+        description="Token streams: time-per-output-token p99 at the effective rate, ms.",
+    )
     trial: int | None = Field(default=None, description="Trial that measured it.")
     generation: int | None = Field(default=None, description="Spec generation of the study.")
     effective_rps_low: float | None = Field(
