@@ -2,9 +2,9 @@
 environment serving the tiny model it writes, streamed completions as the load, each
 configuration applied by a restart and verified on the server (its configuration read
 back from /server_info, the running gauge under a burst), each trial's TTFT p99, TPOT p99,
-goodput and output tokens/s in the JSON, and the result in vLLM's own names. Short
-answers and steps keep the two engine restarts in the suite's time; the assertions are
-about behaviour, never speed."""
+goodput and output tokens/s in the JSON, the token-level simulator's proposal measured,
+and the result in vLLM's own names. Short answers and steps keep the engine restarts in
+the suite's time; the assertions are about behaviour, never speed."""
 
 from __future__ import annotations
 
@@ -22,9 +22,10 @@ from .support import require_engine
 
 pytestmark = [pytest.mark.runtimes, pytest.mark.timeout(1500)]
 
+# no confirmation, and a study budget that holds the simulator's proposal
 CONFIG = """\
 measurement: {step_duration_s: 2, warmup_s: 0.5}
-tuning: {confirm: false}
+tuning: {confirm: false, time_budget_s: 1200}
 """
 
 
@@ -35,7 +36,7 @@ def test_tune_local_vllm_reports_token_tails_per_trial(tmp_path: Path) -> None:
     done = subprocess.run(
         [
             sys.executable, "-m", "batchpilot", "tune", "--local", "--runtime", "vllm",
-            "--quick", "--trials", "2", "--batch-range", "2..16", "--seed", "3",
+            "--quick", "--trials", "3", "--batch-range", "2..16", "--seed", "3",
             "--prompt-tokens", "fixed:16", "--output-tokens", "fixed:32",
             "--config", str(config), "--json",
         ],
@@ -51,7 +52,9 @@ def test_tune_local_vllm_reports_token_tails_per_trial(tmp_path: Path) -> None:
     assert re.search(r"TTFT p99 +[\d.]+ ms +TPOT p99 +[\d.]+ ms +\d+ tok/s", done.stderr)
 
     trials = out["trials"]
-    assert [t["label"] for t in trials] == ["baseline", "rule of thumb"]
+    # the token-level simulator, fitted to the baseline, proposed the third trial
+    assert [t["label"] for t in trials] == ["baseline", "rule of thumb", "simulator"]
+    assert "warm start skipped" not in done.stderr
     assert (trials[0]["params"]["max_batch_size"], trials[0]["params"]["max_queue_time_ms"]) == (
         8,
         0.0,

@@ -128,3 +128,33 @@ def test_candidate_caps_are_powers_of_two_and_the_bounds() -> None:
     assert candidate_caps((1, 64)) == [1, 2, 4, 8, 16, 32, 64]
     assert candidate_caps((3, 20)) == [3, 4, 8, 16, 20]
     assert BatchingConfig(max_batch_size=16, max_queue_time_ms=0.0).max_queue_time_ms == 0.0
+
+
+def test_the_warm_start_proposes_caps_not_measured_yet() -> None:
+    from batchpilot.loadgen.streaming import OpenAIStream
+    from batchpilot.tuner.tokenwarm import propose_token_configs
+
+    baseline = TokenEngine(max_num_seqs=4, token_budget=2048, step=REAL_STEP)
+    measured = token_capacity(baseline, LONG_PROMPTS, TARGETS, precision=0.1)
+    stream = OpenAIStream(model="m", lengths=LONG_PROMPTS.lengths)
+
+    def proposed(measured_caps: set[int]) -> list[int]:
+        configs, note = propose_token_configs(
+            measured,
+            BatchingConfig(max_batch_size=4, max_queue_time_ms=0.0),
+            stream,
+            TARGETS,
+            (1, 16),
+            token_budget=2048,
+            arrival=LONG_PROMPTS.arrival,
+            seed=0,
+            count=1,
+            lengths_sample=[(384, 64)],
+            measured_caps=measured_caps,
+        )
+        assert "max_num_seqs" in note
+        assert all(c.max_queue_time_ms == 0.0 for c in configs)
+        return [c.max_batch_size for c in configs]
+
+    assert proposed(set()) == [16]  # the most goodput: the largest cap under these targets
+    assert proposed({4, 16}) == [8]  # the best of what is left

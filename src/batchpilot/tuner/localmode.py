@@ -207,6 +207,9 @@ class SimulatorWarmStart:
                 seed=cfg.tuning.seed,
                 count=cfg.tuning.simulator_warm_starts,
                 lengths_sample=draw_lengths(stream.lengths, 1000, cfg.tuning.seed),
+                # measured, or queued as rules of thumb: the proposal is a new cap
+                measured_caps={r.config().max_batch_size for r in self.tuner.records()}
+                | {rule.max_batch_size for rule in self.rules},
             )
         except ValueError as exc:
             return self._skip(f"the token-level simulator could not be fitted: {exc}")

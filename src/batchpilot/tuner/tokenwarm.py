@@ -12,7 +12,7 @@ goodput the baseline measured (bisection on a factor over both constants)."""
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 
 from batchpilot.loadgen.arrivals import ArrivalKind
 from batchpilot.loadgen.streaming import OpenAIStream
@@ -26,9 +26,9 @@ from batchpilot.simulator.tokens import (
     token_capacity,
 )
 
-# the scale factor's search: bounds and bisection steps (a factor of 2^(8/2^12) apart)
+# the scale factor's search: bounds and bisection steps (ln(4096) / 2^10: under 1 % apart)
 _SCALE_BOUNDS = (1 / 64, 64.0)
-_SCALE_STEPS = 12
+_SCALE_STEPS = 10
 
 
 def light_step_time(measured: CapacityResult, prompt_tokens: float) -> StepTime:
@@ -104,9 +104,11 @@ def propose_token_configs(
     seed: int,
     count: int,
     lengths_sample: Sequence[tuple[int, int]],
+    measured_caps: Collection[int] = (),
 ) -> tuple[list[BatchingConfig], str]:
-    """Up to `count` batch caps (the queue wait pinned at 0) worth measuring first, and
-    how the simulator was fitted, for the log. ValueError when it cannot be fitted."""
+    """Up to `count` batch caps (the queue wait pinned at 0) worth measuring first, none
+    of `measured_caps`, and how the simulator was fitted, for the log. ValueError when it
+    cannot be fitted."""
     prompt = sum(p for p, _ in lengths_sample) / len(lengths_sample)
     shape = light_step_time(measured, prompt)
     traffic = TokenTraffic(stream.lengths, arrival=arrival, seed=seed)
@@ -114,9 +116,8 @@ def propose_token_configs(
         max_num_seqs=baseline.max_batch_size, token_budget=token_budget, step=shape
     )
     step, factor = fit_scale(shape, engine, traffic, sla, measured.effective_rps)
-    top = propose_caps(
-        step, traffic, sla, candidate_caps(batch_bounds), token_budget=token_budget, count=count
-    )
+    caps = [cap for cap in candidate_caps(batch_bounds) if cap not in measured_caps]
+    top = propose_caps(step, traffic, sla, caps, token_budget=token_budget, count=count)
     note = (
         f"step time {step.fixed_ms:.2f} ms + {step.per_token_ms:.4f} ms/token (shape from "
         f"the baseline's lightest step, scaled x{factor:.2f} to its {measured.effective_rps:.1f}"
