@@ -22,9 +22,10 @@ from .support import require_engine
 
 pytestmark = [pytest.mark.runtimes, pytest.mark.timeout(1500)]
 
-# no confirmation, and a study budget that holds the simulator's proposal
+# quick's steps and precision without --quick (whose 75 s study budget would hold two
+# trials), no confirmation, and a study budget that holds the simulator's proposal
 CONFIG = """\
-measurement: {step_duration_s: 2, warmup_s: 0.5}
+measurement: {step_duration_s: 2, warmup_s: 0.5, precision: 0.15}
 tuning: {confirm: false, time_budget_s: 1200}
 """
 
@@ -36,7 +37,7 @@ def test_tune_local_vllm_reports_token_tails_per_trial(tmp_path: Path) -> None:
     done = subprocess.run(
         [
             sys.executable, "-m", "batchpilot", "tune", "--local", "--runtime", "vllm",
-            "--quick", "--trials", "3", "--batch-range", "2..16", "--seed", "3",
+            "--trials", "3", "--batch-range", "2..16", "--seed", "3",
             "--prompt-tokens", "fixed:16", "--output-tokens", "fixed:32",
             "--config", str(config), "--json",
         ],
