@@ -276,6 +276,8 @@ def _start(
             "--bind-address=127.0.0.1",
             "--secure-port=0",
             "--concurrent-deployment-syncs=2",
+            # HPAs act within a trial of a few seconds (the default period is 15 s)
+            "--horizontal-pod-autoscaler-sync-period=1s",
             "--v=0",
         ],
         log=logs["kcm"],

@@ -20,6 +20,7 @@ from .kubeapi import Kube
 from .kubectl import Kubectl
 from .nodeagent import NodeAgent
 from .operatorproc import service_account_kubeconfig
+from .podmetrics import PodMetricsApi
 from .prometheus import Prometheus, start_prometheus
 
 REPO = Path(__file__).resolve().parents[2]
@@ -69,8 +70,8 @@ def start_plane(
 
 @contextmanager
 def local_cluster(workdir: Path, apiserver_args: Sequence[str] = ()) -> Iterator[Cluster]:
-    """The control plane, Prometheus and the node agent on loopback, under `workdir`;
-    everything stopped, by PID, on the way out."""
+    """The control plane, Prometheus, the node agent and the resource metrics API on
+    loopback, under `workdir`; everything stopped, by PID, on the way out."""
     plane = start_plane(workdir, require_binaries(), apiserver_args=apiserver_args)
     cluster = Cluster(
         kubeconfig=plane.admin_kubeconfig,
@@ -78,13 +79,18 @@ def local_cluster(workdir: Path, apiserver_args: Sequence[str] = ()) -> Iterator
         workdir=workdir,
         plane=plane,
     )
+    metrics: PodMetricsApi | None = None
     try:
         cluster.prometheus = start_prometheus(workdir / "prometheus")
         api = Kube(plane.server, plane.pki.ca.cert, plane.pki.admin)
         cluster.agent = NodeAgent(api, workdir, scrape_file=cluster.prometheus.targets_file)
         cluster.agent.start()
+        metrics = PodMetricsApi(cluster.agent.containers, api, plane.pki.apiserver)
+        metrics.start()
         yield cluster
     finally:
+        if metrics is not None:
+            metrics.stop()
         if cluster.agent is not None:
             cluster.agent.stop()
         if cluster.prometheus is not None:

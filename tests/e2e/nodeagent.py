@@ -170,6 +170,16 @@ class NodeAgent:
                     return pod
         return None
 
+    def containers(self) -> list[tuple[str, str, int]]:
+        """(namespace, pod name, PID) of every container running now: its process and
+        the children in its session are what the pod uses (the metrics API's CPU)."""
+        with self._lock:
+            return [
+                (pod.namespace, pod.name, pod.proc.pid)
+                for pod in self._pods.values()
+                if pod.proc is not None
+            ]
+
     def kill_container(self, namespace: str, name: str) -> int:
         """`kill -9` the pod's container process, as a crash would; its PID."""
         pod = self.pod(namespace, name)
