@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from batchpilot.capacity.http import measure_capacity
+from batchpilot.capacity.http import measure_capacity, measure_step
 from batchpilot.models import SLA, RequestMix
 from batchpilot.server.process import ServerProcess
 from support.stub_server import StubServerProcess
@@ -150,3 +150,28 @@ async def test_capacity_cli_against_the_reference_server(tmp_path: Path) -> None
     assert any(not s["passed"] for s in steps)
     assert data["plot"] == str(plot)
     assert plot.read_bytes()[:4] == b"\x89PNG"
+
+
+async def test_a_step_on_production_ends_as_soon_as_its_breach_is_certain() -> None:
+    # twice what the server does: the p99 over 100 ms is certain a fraction of a second in
+    sla = SLA(p99_ms=100, max_error_rate=0.01)
+    async with StubServerProcess(capacity_rps=100, queue_limit=10_000) as stub:
+        whole, whole_load = await measure_step(
+            [stub.url], rate=200, sla=sla, mix=RequestMix.default(), duration_s=2.0,
+            timeout_s=10, seed=1, arrival="constant",
+        )  # fmt: skip
+        await asyncio.sleep(2.5)  # the stub's queue drains
+        cut, cut_load = await measure_step(
+            [stub.url], rate=200, sla=sla, mix=RequestMix.default(), duration_s=2.0,
+            timeout_s=10, seed=1, arrival="constant", stop_on_breach=True,
+        )  # fmt: skip
+    assert not whole.passed
+    assert whole.valid
+    assert whole_load.breach_stop is None
+    assert whole.duration_s == 2.0
+    assert (cut.passed, cut.valid) == (False, True), cut
+    assert cut.reason.startswith("stopped after ")
+    assert "more than the" in cut.reason
+    assert "a p99 within the SLA allows" in cut.reason
+    assert cut_load.duration_s < 1.0
+    assert cut.duration_s == cut_load.duration_s

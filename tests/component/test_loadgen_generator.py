@@ -10,6 +10,7 @@ import asyncio
 import pytest
 
 from batchpilot.loadgen.arrivals import MMPP
+from batchpilot.loadgen.breach import BreachRule
 from batchpilot.loadgen.generator import run_load
 from batchpilot.models import RequestMix
 from support.stub_server import StubServerProcess
@@ -114,3 +115,33 @@ async def test_mmpp_arrivals_reach_the_server_in_bursts() -> None:
     assert result.arrival == "mmpp:factor=8,fraction=0.3,burst_s=3"
     per_second = [s.scheduled for s in result.timeline]
     assert max(per_second) > 3 * min(per_second)
+
+
+async def test_a_breach_rule_stops_the_run_once_its_p99_must_break_the_bound() -> None:
+    # 200 req/s to a server of 100 req/s: request k waits about k/200 s. Of 400 planned
+    # requests 4 may be over 100 ms; the fifth over it (answered, or still in flight past
+    # it) comes at about 0.25 s, long before the window's end at 2 s.
+    rule = BreachRule(bound_ms=100.0)
+    async with StubServerProcess(capacity_rps=100, queue_limit=10_000) as stub:
+        result = await run_load(
+            stub.url, rate=200, duration_s=2.0, mix=MIX, arrival="constant", timeout_s=10,
+            breach=rule,
+        )  # fmt: skip
+    assert result.breach_stop is not None
+    assert result.breach_stop.startswith("stopped after ")
+    assert "of its 400 measured requests were already over 100 ms" in result.breach_stop
+    assert "more than the 4 a p99 within the SLA allows" in result.breach_stop
+    assert result.interrupted
+    assert result.duration_s < 1.0
+    assert result.offered_rps * result.duration_s < 200  # no sends after the stop
+
+
+async def test_a_breach_rule_leaves_a_run_within_its_bound_alone() -> None:
+    async with StubServerProcess(delay_ms=5) as stub:
+        result = await run_load(
+            stub.url, rate=100, duration_s=1.0, mix=MIX, arrival="constant",
+            breach=BreachRule(bound_ms=100.0),
+        )  # fmt: skip
+    assert result.breach_stop is None
+    assert not result.interrupted
+    assert result.ok == 100

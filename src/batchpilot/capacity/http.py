@@ -13,8 +13,13 @@ from typing import Protocol
 
 from batchpilot.capacity.lightload import LightLoad
 from batchpilot.capacity.search import search_capacity
-from batchpilot.capacity.steps import bounded_p99_min_requests, step_from_load
+from batchpilot.capacity.steps import (
+    bounded_p99_min_requests,
+    breach_stopped_step,
+    step_from_load,
+)
 from batchpilot.loadgen.arrivals import ArrivalKind, as_arrival
+from batchpilot.loadgen.breach import BreachRule
 from batchpilot.loadgen.endpoints import check_reachable, normalise_urls
 from batchpilot.loadgen.generator import run_load
 from batchpilot.loadgen.lengths import long_output_tokens
@@ -173,10 +178,19 @@ async def measure_step(
     workers: int = 1,
     sender: ShareSender | None = None,
     max_connections: int | None = None,
+    stop_on_breach: bool = False,
 ) -> tuple[StepResult, LoadResult]:
     """One window at `rate`: the step decision and the client's full measurement, sent
     by one generator process, split over `workers` of them, or handed to `sender`
-    (remote load workers; its WorkerError passes through)."""
+    (remote load workers; its WorkerError passes through). With `stop_on_breach`, a
+    window sent by this process ends as soon as its p99 is certain to break the SLA's
+    (`loadgen.breach`), and fails on that whatever a Prometheus source would say of the
+    part that ran."""
+    breach = (
+        BreachRule(sla.p99_ms)
+        if stop_on_breach and sla.p99_ms is not None and sender is None and workers == 1
+        else None
+    )
     start_unix = time.time()
     if sender is not None:
         load = await sender(
@@ -186,7 +200,7 @@ async def measure_step(
         load = await run_load(
             urls, rate=rate, duration_s=duration_s, mix=mix, arrival=arrival,
             timeout_s=timeout_s, seed=seed, path=path, warmup_s=step_warmup_s(duration_s),
-            max_connections=max_connections,
+            max_connections=max_connections, breach=breach,
         )  # fmt: skip
     else:
         load = await run_load_workers(
@@ -195,6 +209,8 @@ async def measure_step(
             max_connections=max_connections,
         )  # fmt: skip
     end_unix = time.time()
+    if load.breach_stop is not None:
+        return breach_stopped_step(load, sla), load
     if source is None:
         return step_from_load(load, sla, min_requests=min_requests), load
     step = await source.step_result(
@@ -270,6 +286,7 @@ async def measure_capacity(
     sender: ShareSender | None = None,
     max_connections: int | None = None,
     light_load: LightLoad | None = None,
+    stop_on_breach: bool = False,
 ) -> CapacityResult:
     """Warm up, then search for the effective throughput (see search_capacity).
     `on_step` sees every step as it completes (progress display, partial results).
@@ -294,6 +311,9 @@ async def measure_capacity(
     bound holds however the step ends.
     With `light_load`, the rates it names below the capacity found are measured by the
     same steps, and one that breaks the SLA caps the answer (`capacity.lightload`).
+    With `stop_on_breach` (load on production), a step sent from this process stops as
+    soon as its p99 is certain to break the SLA, so a failing step loads the pods only
+    until its verdict is known (`loadgen.breach`); load workers send whole windows.
     Raises ValueError for bad arguments and UnreachableError when a target does not
     answer at all."""
     bases = normalise_urls(urls)
@@ -360,6 +380,7 @@ async def measure_capacity(
                     workers=workers,
                     sender=sender,
                     max_connections=max_connections,
+                    stop_on_breach=stop_on_breach,
                 )
             except WorkerError as exc:
                 if sender is None:

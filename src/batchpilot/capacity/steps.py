@@ -312,6 +312,16 @@ def step_from_load(load: LoadResult, sla: SLA, *, min_requests: int = 0) -> Step
     )
 
 
+def breach_stopped_step(load: LoadResult, sla: SLA) -> StepResult:
+    """A window its breach rule stopped early (`LoadResult.breach_stop`): failed, its p99
+    certain to break the SLA, or invalid when the client's own delays could explain the
+    requests over the bound. Its figures are those of the requests answered before the
+    stop."""
+    step = step_from_load(load, sla)
+    _, reason, valid = judge_client(load, sla, step.p99_ms, False, load.breach_stop or "")
+    return step.model_copy(update={"passed": False, "reason": reason, "valid": valid})
+
+
 class StreamFigures(TypedDict, total=False):
     ttft_p99_ms: float | None
     tpot_p99_ms: float | None

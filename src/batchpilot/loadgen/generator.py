@@ -25,7 +25,9 @@ from typing import Any
 
 from yarl import URL
 
+from batchpilot.loadgen import breach as breaches
 from batchpilot.loadgen.arrivals import ArrivalKind, as_arrival, describe_arrival, schedule
+from batchpilot.loadgen.breach import BreachRule
 from batchpilot.loadgen.endpoints import endpoint_url, normalise_urls
 from batchpilot.loadgen.http1 import BadResponseError, Http1Client, Prepared, prepare
 from batchpilot.loadgen.lengths import TokenLengths, draw_lengths
@@ -56,6 +58,8 @@ _LEAD_S = 0.005
 _MAX_SLEEP_S = 0.1
 # How often the reaper looks for requests past their deadline (bounded by timeout/10).
 _REAP_INTERVAL_S = 0.01
+# How often a run with a breach rule counts the requests over its bound.
+_BREACH_CHECK_S = 0.05
 # The loop-delay sampler's period: its oversleep past this is how long the loop stalled.
 _LOOP_SAMPLE_S = 0.01
 
@@ -85,6 +89,7 @@ async def run_load(
     warmup_s: float = 0.0,
     share: tuple[int, int] = (0, 1),
     start_at: float | None = None,
+    breach: BreachRule | None = None,
 ) -> LoadResult:
     """Offer `rate` req/s for `duration_s` seconds, spread round-robin over `urls`, and
     measure. Requests scheduled in the first `warmup_s` are sent but left out of the
@@ -95,7 +100,10 @@ async def run_load(
     seeded schedule (each at the time and with the size it has there), so n processes
     started with the same arguments and `start_at` (a wall-clock time, the schedule's
     zero) send exactly the single schedule between them; `merge_results` makes one run of
-    their results. `max_connections` caps the connections (so the requests in flight) of
+    their results. With `breach`, the run stops (requests in flight cancelled,
+    `LoadResult.breach_stop` saying why) as soon as the p99 of its measured requests is
+    certain to exceed the rule's bound (`loadgen.breach`). `max_connections` caps the
+    connections (so the requests in flight) of
     this process; set, it is the user's cap and a wait for a slot is the client's limit
     (ClientHealth.connection_cap), while the default pool is sized for open loop and a
     wait there is the server's backpressure. A request protocol put in force around the call
@@ -134,6 +142,8 @@ async def run_load(
         stop=stop,
         start_at=start_at,
         conn_waits_ms=health.conn_waits_ms,
+        breach=breach,
+        measured_from=sum(1 for offset in offsets if offset < warmup_s),
     )
     # Deadlines run from each request's scheduled time; the run's reaper enforces them.
     async with Http1Client(
@@ -170,6 +180,7 @@ async def run_load(
         connection_cap=max_connections,
         slot_waits_ms=run.slot_waits_ms,
         stream=tokens,
+        breach_stop=run.breach_stop,
     )
 
 
@@ -364,6 +375,8 @@ class _Run:
         stop: asyncio.Event | None,
         start_at: float | None = None,
         conn_waits_ms: list[float] | None = None,
+        breach: BreachRule | None = None,
+        measured_from: int = 0,
     ) -> None:
         n = len(offsets)
         # where the wait of a request that timed out waiting for a connection goes
@@ -383,6 +396,13 @@ class _Run:
         self.streams: list[TokenStream | None] | None = [None] * n if streaming else None
         self.elapsed_s = 0.0
         self.interrupted = False
+        self.breach = breach
+        self.measured_from = measured_from  # requests before it are the warm-up's
+        self.breach_stop: str | None = None  # why the breach rule stopped the run
+        self._halted_at: float | None = None
+        self._position = 0  # requests dispatched so far
+        self._scan_from = 0  # the breach count's settled head ends here
+        self._settled_over = 0  # and holds this many over the bound
         self._timed_out = [False] * n
         # (deadline, index, request's future or task) in dispatch order, hence in deadline
         # order
@@ -398,6 +418,7 @@ class _Run:
         self._t0 = t0 = loop.time() + lead
         window_s = duration_s
         reaper = loop.create_task(self._reap(loop))
+        watcher = loop.create_task(self._watch(loop)) if self.breach is not None else None
         try:
             with Waker() as waker:
                 stopped_at = await self._dispatch(client, loop, t0, waker)
@@ -406,8 +427,12 @@ class _Run:
                 window_s = max(stopped_at - t0, 1e-3)
                 self._cancel_pending()
             await self._wait_pending()
+            if self._halted_at is not None:  # the breach rule, after the last send
+                window_s = min(window_s, max(self._halted_at - t0, 1e-3))
         finally:
             reaper.cancel()
+            if watcher is not None:
+                watcher.cancel()
             if self._pending:  # cancelled from outside: leave nothing running
                 self._cancel_pending()
                 await self._wait_pending()
@@ -440,7 +465,7 @@ class _Run:
                 return
             try:
                 now = loop.time()
-                if stop is not None and stop.is_set():
+                if (stop is not None and stop.is_set()) or self._halted_at is not None:
                     finished.set_result(now)
                     return
                 # Everything already due goes out now; if the generator is behind, the
@@ -454,7 +479,7 @@ class _Run:
                         self._in_flight += 1
                         pending.append((due + timeout_s, i, self._launch(client, loop, i, due)))
                     i += 1
-                position = i
+                position = self._position = i
                 if i >= n:
                     finished.set_result(None)
                 else:
@@ -563,6 +588,49 @@ class _Run:
                     self.done_at[i] = now - self._t0
                     self._in_flight -= 1
                 task.cancel()
+
+    async def _watch(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Count the measured requests over the breach rule's bound until their p99 is
+        certain to break it; then halt the run: no more sends, those in flight
+        cancelled (they are over the bound already or would add to a known verdict)."""
+        assert self.breach is not None
+        bound_ms = self.breach.bound_ms
+        planned = len(self.offsets) - self.measured_from
+        while True:
+            await asyncio.sleep(_BREACH_CHECK_S)
+            now = loop.time()
+            over = self._over_bound(now, bound_ms)
+            if breaches.certain(over, planned):
+                self.breach_stop = breaches.reason(over, planned, bound_ms, now - self._t0)
+                self._halted_at = now
+                self.interrupted = True
+                self._cancel_pending()
+                return
+
+    def _over_bound(self, now: float, bound_ms: float) -> int:
+        """Measured requests dispatched so far that are over `bound_ms`: answered slower,
+        failed, or still waiting for longer. Requests settle about in schedule order, so
+        the settled head is counted once and only the rest is looked at again."""
+        outcomes, position = self.outcomes, self._position
+        i = max(self._scan_from, self.measured_from)
+        while i < position and outcomes[i] is not None:
+            self._settled_over += self._settled_over_bound(i, bound_ms)
+            i += 1
+        self._scan_from = i
+        over = self._settled_over
+        latest_due = now - bound_ms / 1000.0 - self._t0  # due before it: waited longer
+        for j in range(i, position):
+            if outcomes[j] is None:
+                over += self.offsets[j] < latest_due
+            else:
+                over += self._settled_over_bound(j, bound_ms)
+        return over
+
+    def _settled_over_bound(self, i: int, bound_ms: float) -> bool:
+        outcome = self.outcomes[i]
+        if outcome == OK:
+            return self.latencies_ms[i] > bound_ms
+        return outcome not in (CANCELLED, OVERLOAD)  # those two: the client's, not the server's
 
     async def _wait_pending(self) -> None:
         # The reaper keeps running meanwhile, so this ends by the last deadline at worst.

@@ -104,6 +104,8 @@ class LoadResult(BaseModel):
     worker_clients: list[ClientHealth] = []
     # a token-stream run's TTFT, ITL, TPOT, output tokens and goodput (None: not one)
     stream: StreamSummary | None = None
+    # why a breach rule stopped the run before its end (loadgen.breach); None: it did not
+    breach_stop: str | None = None
 
     def latency_histogram(self) -> LatencyHistogram:
         return LatencyHistogram.decode(self.histogram)
@@ -149,6 +151,7 @@ def summarise(
     connection_cap: int | None = None,
     slot_waits_ms: Sequence[float] = (),
     stream: StreamSummary | None = None,
+    breach_stop: str | None = None,
 ) -> LoadResult:
     """Reduce per-request records (index i = i-th scheduled request; outcome None = never
     sent) to a LoadResult. `done_at` is the completion time relative to the start.
@@ -245,6 +248,7 @@ def summarise(
         max_lag_ms=max(lags, default=0.0),
         mean_lag_ms=math.fsum(lags) / len(lags) if lags else 0.0,
         interrupted=interrupted,
+        breach_stop=breach_stop,
         timeline=[per_second[t].freeze(t) for t in sorted(per_second)],
         trend=trend,
         histogram=histogram.encode(),
@@ -368,6 +372,7 @@ def merge_results(results: Sequence[LoadResult]) -> LoadResult:
             else 0.0
         ),
         interrupted=any(r.interrupted for r in results),
+        breach_stop=next((r.breach_stop for r in results if r.breach_stop), None),
         timeline=[_merge_second(t, seconds[t]) for t in sorted(seconds)],
         trend=trend,
         histogram=histogram.encode(),

@@ -311,8 +311,10 @@ class KubeTrials:
             max_rps=max_rps,
             max_overload_s=load.max_overload_seconds,
             max_connections=load.max_connections,
-            # on production a breach is not provoked a second time to confirm it
+            # on production a breach is not provoked a second time to confirm it, and a
+            # step ends as soon as its breach is certain
             confirm_failures=not in_place,
+            stop_on_breach=in_place,
             sender=sender,
             light_load=LightLoad() if light_load else None,
         )

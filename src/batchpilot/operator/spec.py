@@ -1397,7 +1397,8 @@ class TuningSpec(BaseModel):
     strategy: Literal["Canary", "InPlace"] = Field(
         default="Canary",
         description="Canary: tune a clone of the target that the Service does not select, "
-        "then delete it. InPlace: tune the target itself and restore it on failure.",
+        "then delete it. InPlace: tune the target itself and restore it on failure; its "
+        "failing steps stop as soon as their p99 is certain to break the SLA.",
     )
     max_trials: int = Field(
         default=20,
