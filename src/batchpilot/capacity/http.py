@@ -98,6 +98,21 @@ def step_window_s(rate: float, step_duration_s: float, min_requests: int) -> flo
     return max(step_duration_s, min(needed, MAX_STRETCH * step_duration_s))
 
 
+def judged_min_requests(rate: float, window_s: float, min_requests: int) -> int:
+    """The count below which a step of `window_s` at `rate` is judged on its p99's upper
+    bound: `min_requests` where the window could not be stretched to hold them, else
+    what random arrivals may leave it short of them. A window stretched to hold
+    `min_requests` holds them on average; under Poisson arrivals about half the windows
+    come a few short, and judging those on a bound (infinite under 299 requests) would
+    fail a step on the arrival process's noise, not on what the server did. Three
+    standard deviations of the count below its mean leave about one window in a
+    thousand short by chance."""
+    designed = rate * (window_s - step_warmup_s(window_s))
+    if designed < min_requests * (1.0 - 1e-9):
+        return min_requests
+    return min(min_requests, math.floor(designed - 3.0 * math.sqrt(designed)))
+
+
 def unjudged_reason(rate: float, step_duration_s: float, min_requests: int) -> str:
     """Why a step at `rate` could not pass whatever the server did (empty when it could):
     even stretched, its window holds fewer requests than it asks for and fewer than the
@@ -211,10 +226,11 @@ async def measure_step(
     end_unix = time.time()
     if load.breach_stop is not None:
         return breach_stopped_step(load, sla), load
+    judged_min = judged_min_requests(rate, duration_s, min_requests)
     if source is None:
-        return step_from_load(load, sla, min_requests=min_requests), load
+        return step_from_load(load, sla, min_requests=judged_min), load
     step = await source.step_result(
-        load=load, start_unix=start_unix, end_unix=end_unix, sla=sla, min_requests=min_requests
+        load=load, start_unix=start_unix, end_unix=end_unix, sla=sla, min_requests=judged_min
     )
     return step, load
 
