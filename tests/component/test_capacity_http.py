@@ -165,6 +165,13 @@ async def test_a_step_on_production_ends_as_soon_as_its_breach_is_certain() -> N
             [stub.url], rate=200, sla=sla, mix=RequestMix.default(), duration_s=2.0,
             timeout_s=10, seed=1, arrival="constant", stop_on_breach=True,
         )  # fmt: skip
+        await asyncio.sleep(1.0)
+        # under a connection cap the requests over the bound wait in the client, off the
+        # server: the window runs whole and is judged as before
+        capped, capped_load = await measure_step(
+            [stub.url], rate=200, sla=sla, mix=RequestMix.default(), duration_s=2.0,
+            timeout_s=10, seed=1, arrival="constant", stop_on_breach=True, max_connections=2,
+        )  # fmt: skip
     assert not whole.passed
     assert whole.valid
     assert whole_load.breach_stop is None
@@ -175,6 +182,9 @@ async def test_a_step_on_production_ends_as_soon_as_its_breach_is_certain() -> N
     assert "a p99 within the SLA allows" in cut.reason
     assert cut_load.duration_s < 1.0
     assert cut.duration_s == cut_load.duration_s
+    assert capped_load.breach_stop is None
+    assert capped.duration_s == 2.0
+    assert not capped.passed
 
 
 async def test_a_step_a_few_requests_short_by_chance_is_judged_on_its_p99() -> None:

@@ -200,10 +200,16 @@ async def measure_step(
     (remote load workers; its WorkerError passes through). With `stop_on_breach`, a
     window sent by this process ends as soon as its p99 is certain to break the SLA's
     (`loadgen.breach`), and fails on that whatever a Prometheus source would say of the
-    part that ran."""
+    part that ran. Not under `max_connections`: the requests over the bound may be
+    waiting for one of the client's own connections (its limit, not the server's), and
+    the cap already keeps the excess in the client, off the pods."""
     breach = (
         BreachRule(sla.p99_ms)
-        if stop_on_breach and sla.p99_ms is not None and sender is None and workers == 1
+        if stop_on_breach
+        and sla.p99_ms is not None
+        and sender is None
+        and workers == 1
+        and max_connections is None
         else None
     )
     start_unix = time.time()
@@ -329,7 +335,8 @@ async def measure_capacity(
     same steps, and one that breaks the SLA caps the answer (`capacity.lightload`).
     With `stop_on_breach` (load on production), a step sent from this process stops as
     soon as its p99 is certain to break the SLA, so a failing step loads the pods only
-    until its verdict is known (`loadgen.breach`); load workers send whole windows.
+    until its verdict is known (`loadgen.breach`); load workers and a client under
+    `max_connections` send whole windows.
     Raises ValueError for bad arguments and UnreachableError when a target does not
     answer at all."""
     bases = normalise_urls(urls)
