@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -13,6 +14,22 @@ from typing import Any
 from .procs import die_with_parent
 
 _TIMEOUT_S = 60.0
+# kubectl's own wait ends first: its message says what it waited for, ours would not
+_OWN_TIMEOUT_MARGIN_S = 30.0
+_DURATION = re.compile(r"--timeout=(?:(\d+)h)?(?:(\d+)m)?(?:(\d+)s)?$")
+
+
+def subprocess_timeout_s(args: tuple[str, ...], default_s: float = _TIMEOUT_S) -> float:
+    """How long to let kubectl run: `default_s`, or longer than a `--timeout=` it was given
+    (`rollout status`, `delete`, `wait`), so kubectl's wait, not ours, ends a slow one."""
+    longest = default_s
+    for arg in args:
+        match = _DURATION.match(arg)
+        if match is not None and any(match.groups()):
+            hours, minutes, seconds = (int(part or 0) for part in match.groups())
+            own = 3600 * hours + 60 * minutes + seconds
+            longest = max(longest, own + _OWN_TIMEOUT_MARGIN_S)
+    return longest
 
 
 class KubectlError(RuntimeError):
@@ -42,7 +59,7 @@ class Kubectl:
         *args: str,
         input: str | None = None,
         check: bool = True,
-        timeout_s: float = _TIMEOUT_S,
+        timeout_s: float | None = None,
     ) -> subprocess.CompletedProcess[str]:
         argv = [self._binary, *args]
         if self.namespace is not None:
@@ -53,7 +70,7 @@ class Kubectl:
             input=input,
             capture_output=True,
             text=True,
-            timeout=timeout_s,
+            timeout=subprocess_timeout_s(args) if timeout_s is None else timeout_s,
             env=env,
             check=False,
             preexec_fn=die_with_parent,  # a killed test run leaves no kubectl waiting

@@ -11,7 +11,7 @@ import asyncio
 import shutil
 import signal
 import tempfile
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
 from typing import IO, ClassVar
 
@@ -28,6 +28,23 @@ from batchpilot.runtimes.base import LaunchError
 
 LOG_TAIL_BYTES = 4000
 HOST = "127.0.0.1"
+PORT_ATTEMPTS = 3
+# How the runtimes' servers say a port was taken: gRPC's core, asyncio/uvicorn's errno 98,
+# Java's BindException, Go's net.Listen, Ray's own checks.
+_PORT_TAKEN = (
+    "already in use",
+    "address in use",
+    "failed to bind",
+    "eaddrinuse",
+    "bindexception",
+    "bind: address",
+)
+
+
+def port_taken(message: str) -> bool:
+    """Whether a failed start's message (its log's tail) says a port was already taken."""
+    lowered = message.lower()
+    return any(phrase in lowered for phrase in _PORT_TAKEN)
 
 
 class RuntimeProcess(ChildProcess):
@@ -64,6 +81,27 @@ class RuntimeProcess(ChildProcess):
         self.ports = dict(
             zip(self.port_names, free_ports(len(self.port_names), self.host), strict=True)
         )
+
+    async def _start_on_ports(self, start_once: Callable[[], Awaitable[None]]) -> None:
+        """`start_once` (which stops what it started when it fails) on this server's ports.
+        A first start chooses them, and chooses again, up to PORT_ATTEMPTS starts in all,
+        when the server says one was taken: a port is free when chosen, and on a shared
+        machine another process may bind it before the server does. A restart keeps its
+        ports and is not retried on others: clients hold its URL, and another server may
+        now answer there."""
+        first = not self.ports
+        for attempt in range(1, PORT_ATTEMPTS + 1):
+            if first:
+                self._choose_ports()
+            try:
+                await start_once()
+                return
+            except LaunchError as exc:
+                if not first:
+                    raise
+                if attempt == PORT_ATTEMPTS or not port_taken(str(exc)):
+                    self.ports = {}  # nothing listens there: a next start is a first one
+                    raise
 
     @property
     def url(self) -> str:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 from importlib import resources
+from pathlib import Path
 
 from batchpilot.models import BatchingConfig
 from batchpilot.runtimes.base import to_native
@@ -57,7 +58,6 @@ class MLServerProcess(V2Process):
         models = workdir / "models"
         self.repository = ModelRepository(models, user=self.user)
         self.repository.write(self.native_start)
-        self._choose_ports()
         settings = {
             "host": self.host,
             "http_port": self.http_port,
@@ -87,6 +87,9 @@ class MLServerProcess(V2Process):
         """Start MLServer and wait until the model is ready. A restart keeps the ports
         and the repository, at the start-up configuration again (a newer version)."""
         program = venv_executable(VENV, "mlserver", runtime="MLServer")
+        await self._start_on_ports(lambda: self._start_once(program))
+
+    async def _start_once(self, program: Path) -> None:
         if self.root is None or self.repository is None:
             await self._prepare()
         else:

@@ -141,6 +141,9 @@ class RayServeProcess(RuntimeProcess):
         """Start Ray, deploy the app and wait until it answers. A restart keeps the ports
         it had (clients hold its URL)."""
         ray = venv_executable(VENV, "ray", runtime="Ray")
+        await self._start_on_ports(lambda: self._start_once(ray))
+
+    async def _start_once(self, ray: Path) -> None:
         # Ray's unix sockets live under the temporary folder: keep its path short.
         root = await self._new_root("bp-ray-", "/tmp")
         app_dir = self._app_dir
@@ -149,8 +152,6 @@ class RayServeProcess(RuntimeProcess):
             app_dir.mkdir()
             source = resources.files("batchpilot.runtimes.models").joinpath(APP_FILE)
             (app_dir / APP_FILE).write_text(source.read_text(encoding="utf-8"), encoding="utf-8")
-        if not self.ports:
-            self._choose_ports()
         try:
             await self._spawn(
                 start_args(ray, self.ports, root / "ray", self._num_cpus),

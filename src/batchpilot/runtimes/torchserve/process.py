@@ -133,7 +133,6 @@ class TorchServeProcess(RuntimeProcess):
                 self.store = ArchiveStore(root / "store", self.archive, root / "archive")
             else:
                 self.store = ModelStore(root / "store", self.model, self._handler)
-            self._choose_ports()
         assert self.root is not None
         stale = self.store.versions()
         version, archive = self.store.add()
@@ -173,6 +172,9 @@ class TorchServeProcess(RuntimeProcess):
                 "TorchServe needs Java 11 or later and no `java` is on PATH: run "
                 "scripts/system-deps (it installs Debian's openjdk-17-jre-headless)"
             )
+        await self._start_on_ports(lambda: self._start_once(program))
+
+    async def _start_once(self, program: Path) -> None:
         config, env = await self._prepare()
         assert self.root is not None
         try:

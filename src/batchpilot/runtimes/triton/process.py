@@ -20,7 +20,6 @@ from batchpilot.runtimes.triton.repository import (
 )
 
 _POLL_S = 0.1
-_PORT_ATTEMPTS = 3
 # Triton waits this long for in-flight requests on SIGTERM before it exits.
 _EXIT_TIMEOUT_S = 5
 
@@ -113,26 +112,19 @@ class TritonProcess(V2Process):
 
     async def start(self) -> None:
         """Write the repository, start Triton and wait until it and the model are ready.
-        A port taken by someone else between choosing and binding it is retried on fresh
-        ports; a restart keeps the ports it had (clients hold its URL) and writes the
-        repository again at the starting configuration."""
+        A restart keeps the ports it had (clients hold its URL) and writes the repository
+        again at the starting configuration."""
         self.install = await find_install(self._venv)
         root = await self._new_root("batchpilot-triton-")
         if self.batching is not None:
             write_repository(root, self.install, self.batching, instances=self._instances)
         else:
             write_backends(root, self.install)
-        keep = bool(self.ports)
-        for attempt in range(_PORT_ATTEMPTS):
-            if not keep or attempt > 0:
-                self._choose_ports()
-            try:
-                await self._start_once()
-                return
-            except TritonStartError as exc:
-                if "already in use" not in str(exc) or attempt == _PORT_ATTEMPTS - 1:
-                    await self._remove_root()
-                    raise
+        try:
+            await self._start_on_ports(self._start_once)
+        except BaseException:
+            await self._remove_root()
+            raise
 
     async def _start_once(self) -> None:
         assert self.root is not None

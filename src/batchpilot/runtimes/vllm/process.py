@@ -159,6 +159,9 @@ class VllmProcess(RuntimeProcess):
         """Start the server and wait until it answers /v1/models (the model is loaded
         and the engine core is up). A restart keeps the port."""
         python = engine_python()
+        await self._start_on_ports(lambda: self._start_once(python))
+
+    async def _start_once(self, python: Path) -> None:
         if self.model_dir is None and self._own_model is None:
             folder = Path(await asyncio.to_thread(tempfile.mkdtemp, prefix="batchpilot-model-"))
             try:
@@ -166,8 +169,6 @@ class VllmProcess(RuntimeProcess):
             except BaseException:
                 await asyncio.to_thread(shutil.rmtree, folder, True)
                 raise
-        if not self.ports:
-            self._choose_ports()
         await self._new_root("batchpilot-vllm-")
         assert self.root is not None
         try:
