@@ -365,14 +365,27 @@ def _pod(name: str) -> dict[str, Any]:
 
 @pytest.mark.parametrize("scaled_in", [True, False])
 async def test_verify_tells_a_scale_in_from_a_pod_that_went_away(
-    kmock: kmock.KubernetesEmulator, kube: Kube, scaled_in: bool
+    kmock: kmock.KubernetesEmulator, kube: Kube, scaled_in: bool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     _replicas(kmock, 2)
     for name in ("resnet-1", "resnet-2"):
         kmock.objects["v1/pods", NS, name] = _pod(name)
     w = world(kube, make_spec())
+    # the pods change only after verify has seen them as they were: on a busy machine a
+    # fixed head start could let the change land before verify's first look
+    seen = asyncio.Event()
+    workload = w.target._workload
+    pods_of = workload.pods
+
+    async def pods_then_seen(target: Any) -> Any:
+        found = await pods_of(target)
+        seen.set()
+        return found
+
+    monkeypatch.setattr(workload, "pods", pods_then_seen)
 
     async def meanwhile() -> None:
+        await seen.wait()
         await asyncio.sleep(0.2)
         if scaled_in:  # an HPA scales in, then out again within the window
             _replicas(kmock, 1)
