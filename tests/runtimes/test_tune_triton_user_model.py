@@ -12,6 +12,7 @@ import json
 import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 import pytest
@@ -23,6 +24,7 @@ from batchpilot.runtimes.triton.control import TritonControl, batching_of, prefe
 from batchpilot.runtimes.triton.install import VENV_NAME
 from batchpilot.runtimes.triton.process import TritonProcess
 from batchpilot.runtimes.triton.repository import TritonBatching
+from support.gateway import Gateway
 
 from .support import require_runtime
 
@@ -77,6 +79,25 @@ async def read_back(triton: TritonProcess) -> tuple[TritonBatching, list[int]]:
     return batching_of(config), preferred_of(config)
 
 
+async def tune_url(url: str, triton: TritonProcess, tmp_path: Path, *extra: str) -> Any:
+    """The JSON of `tune --url URL --runtime triton --model ident --quick` with `extra`,
+    Triton's metrics read directly, without the confirmation rounds."""
+    config = tmp_path / "tune.yaml"
+    config.write_text("tuning:\n  confirm: false\n", encoding="utf-8")
+    tune = await asyncio.create_subprocess_exec(
+        sys.executable,
+        *("-m", "batchpilot", "tune", "--url", url, "--runtime", "triton"),
+        *("--model", MODEL, "--control-url", triton.metrics_url, *extra),
+        # the flow is under test, not the model's speed on a shared machine
+        *("--quick", "--p99-ms", "500", "--config", str(config), "--json"),
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    out, err = await asyncio.wait_for(tune.communicate(), timeout=420)
+    assert tune.returncode == 0, err.decode()[-2000:]
+    return json.loads(out)
+
+
 async def test_preferred_sizes_follow_the_cap_from_the_original_every_change(
     triton: TritonProcess,
 ) -> None:
@@ -109,20 +130,7 @@ async def test_a_users_model_tunes_on_requests_built_from_its_metadata(
         ) as response,
     ):
         assert response.status == 400, "the bundled model's request is not this model's"
-    config = tmp_path / "tune.yaml"
-    config.write_text("tuning:\n  confirm: false\n", encoding="utf-8")
-    tune = await asyncio.create_subprocess_exec(
-        sys.executable,
-        *("-m", "batchpilot", "tune", "--url", triton.url, "--runtime", "triton"),
-        *("--model", MODEL, "--control-url", triton.metrics_url, "--keep-winner"),
-        # the flow is under test, not the model's speed on a shared machine
-        *("--quick", "--trials", "3", "--p99-ms", "500", "--config", str(config), "--json"),
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-    )
-    out, err = await asyncio.wait_for(tune.communicate(), timeout=420)
-    assert tune.returncode == 0, err.decode()[-2000:]
-    result = json.loads(out)
+    result = await tune_url(triton.url, triton, tmp_path, "--keep-winner", "--trials", "3")
     assert all(t["state"] == "Complete" for t in result["trials"]), result["trials"]
     # the batches Triton itself counted while each trial's change was verified, never
     # above that trial's cap
@@ -156,3 +164,26 @@ async def test_a_users_model_tunes_on_requests_built_from_its_metadata(
         "}\n"
     )
     assert f"model '{MODEL}'" in runtime["persist_where"]
+
+
+async def test_behind_a_gateway_every_call_to_triton_carries_the_header(
+    triton: TritonProcess, tmp_path: Path
+) -> None:
+    """Triton's HTTP port behind a gateway that wants credentials: the metadata read,
+    the repository loads that change the model, the read-backs, the statistics and the
+    load all carry --header; its metrics port is reached directly (--control-url)."""
+    secret = "Bearer tr-51e0"
+    async with Gateway(triton.url, header=("Authorization", secret)) as gateway:
+        result = await tune_url(
+            gateway.url, triton, tmp_path, "--header", f"Authorization: {secret}", "--trials", "2"
+        )
+    assert len(result["trials"]) == 2
+    assert not gateway.refused, dict(gateway.refused)
+    model = f"/v2/models/{MODEL}"
+    assert gateway.forwarded[model] >= 1  # the metadata the requests are built from
+    assert gateway.forwarded[f"{model}/config"] >= 2  # read-backs
+    # each trial's change, and the restore at the end
+    assert gateway.forwarded[f"/v2/repository/models/{MODEL}/load"] >= 3
+    assert gateway.forwarded[f"{model}/infer"] >= 100
+    # put back as found, through the gateway
+    assert await read_back(triton) == (TritonBatching(16, 2000), [8])

@@ -118,6 +118,16 @@ async def test_a_failed_restore_says_what_the_server_may_still_run() -> None:
         (["--local", "--url", "http://127.0.0.1:9"], "--local and --url exclude each other"),
         (["--url", "ftp://x"], "--url ftp://x: target URL 'ftp://x' is not valid"),
         (["--url", "http://127.0.0.1:9", "--model", " "], "--model must name a model"),
+        (["--local", "--header", "A: b"], "--header applies to --url runs"),
+        (["--local", "--ca-bundle", "ca.pem"], "--ca-bundle applies to --url runs"),
+        (
+            ["--url", "http://127.0.0.1:9", "--header", "Bearer x"],
+            "--header: header 'Bearer x' is not NAME:VALUE (e.g. 'Authorization: Bearer TOKEN')",
+        ),
+        (
+            ["--url", "http://127.0.0.1:9", "--ca-bundle", "no-such-ca.pem"],
+            "--ca-bundle: the CA bundle (file no-such-ca.pem) is not usable: No such file",
+        ),
         (["--simulator", "c.json", "--body-template", "b.json"], "--body-template applies to"),
         (
             ["--local", "--runtime", "triton", "--body-template", "no-such-body.json"],

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+import ssl
+from collections.abc import Mapping, Sequence
 
 import aiohttp
 from yarl import URL
 
-from batchpilot.loadgen.protocols import client_server_name, client_tls
+from batchpilot.loadgen.protocols import client_server_name, client_tls, in_force
 
 
 class UnreachableError(ConnectionError):
@@ -54,14 +55,26 @@ def base_of(url: str, path: str) -> str:
     return trimmed
 
 
-async def check_reachable(urls: Sequence[str], *, timeout_s: float = 3.0) -> None:
+async def check_reachable(
+    urls: Sequence[str],
+    *,
+    timeout_s: float = 3.0,
+    tls: ssl.SSLContext | bool | None = None,
+    headers: Mapping[str, str] | None = None,
+) -> None:
     """Raise UnreachableError unless every base URL answers HTTP at all (any status will
-    do: only "nobody is listening" is an error here). https is verified as the load's
-    requests will be, by the protocol in force."""
+    do: only "nobody is listening" is an error here). https is verified by `tls`, and the
+    request carries `headers` (a gateway's credentials: a gateway may count or block what
+    comes without), each else as the load's requests will be, by the protocol in force."""
     timeout = aiohttp.ClientTimeout(total=timeout_s)
-    connector = aiohttp.TCPConnector(ssl=client_tls())
+    connector = aiohttp.TCPConnector(ssl=client_tls() if tls is None else tls)
     server_name = client_server_name()
-    async with aiohttp.ClientSession(timeout=timeout, connector=connector) as session:
+    if headers is None:
+        protocol = in_force()
+        headers = {} if protocol is None else protocol.headers
+    async with aiohttp.ClientSession(
+        timeout=timeout, connector=connector, headers=dict(headers)
+    ) as session:
         for url in urls:
             try:
                 async with session.get(

@@ -32,6 +32,7 @@ from typing_extensions import TypeVar
 from batchpilot.capacity.promql import Metrics
 from batchpilot.loadgen.protocols import RequestProtocol
 from batchpilot.models import MAX_BATCH_SIZE_LIMIT, MAX_QUEUE_TIME_MS_LIMIT, BatchingConfig, Frozen
+from batchpilot.runtimes.http import DIRECT, HttpAccess
 
 Canonical = Literal["max_batch_size", "max_queue_time_ms"]
 Unit = Literal["requests", "s", "ms", "us"]
@@ -266,6 +267,7 @@ class ControlOptions(TypedDict, total=False):
     model: str | None
     server: LocalServer | None
     control_url: str | None
+    access: HttpAccess
 
 
 # covariant: a runtime typed by its own control and server is a Runtime
@@ -313,17 +315,24 @@ class Runtime(ABC, Generic[ControlT, ServerT]):
         model: str | None = None,
         server: LocalServer | None = None,
         control_url: str | None = None,
+        access: HttpAccess = DIRECT,
     ) -> ControlT:
         """A control for the server at base URL `url` serving `model` (default: the
         bundled one). `server` is the local server BatchPilot started from `launcher` (it
         gives access to what lives on this machine, such as a model repository); None for
         one running elsewhere. `control_url` is `control_endpoint` where it is not at its
-        default."""
-        return self._control(url, model or self.default_model, server, control_url)
+        default. Every call it makes, to the control endpoint and to the server's
+        inference path alike, carries `access`'s headers and verifies https by it."""
+        return self._control(url, model or self.default_model, server, control_url, access)
 
     @abstractmethod
     def _control(
-        self, url: str, model: str | None, server: LocalServer | None, control_url: str | None
+        self,
+        url: str,
+        model: str | None,
+        server: LocalServer | None,
+        control_url: str | None,
+        access: HttpAccess,
     ) -> ControlT:
         """`control` with the model named (None only where there are no models)."""
 

@@ -15,6 +15,7 @@ import aiohttp
 
 from batchpilot.errors import TargetError
 from batchpilot.httpbody import MAX_CONTROL_BODY_BYTES, text_capped
+from batchpilot.runtimes.http import DIRECT, HttpAccess
 
 # this many concurrent requests per unit of batch cap, between BURST_MIN and BURST_MAX:
 # enough for batches to fill to the cap if batching is on, not a load test
@@ -61,6 +62,7 @@ async def burst(
     record: Callable[[Any], Mapping[str, Any] | None],
     bundled: str,
     error: type[TargetError] = TargetError,
+    access: HttpAccess = DIRECT,
 ) -> list[Mapping[str, Any]]:
     """`n` concurrent POSTs of `body` to `url`; the record `record` finds in each answer's
     JSON. `error` on a non-2xx answer, on one without a record (not the `bundled` one?)
@@ -78,7 +80,7 @@ async def burst(
         return found
 
     try:
-        async with aiohttp.ClientSession(timeout=timeout) as session:
+        async with access.session(timeout) as session:
             return list(await asyncio.gather(*(one(session) for _ in range(n))))
     except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
         raise error(f"inference on {url} failed: {exc or type(exc).__name__}") from exc
@@ -92,6 +94,7 @@ async def send(
     *,
     timeout_s: float,
     refused: Callable[[int, str], TargetError],
+    access: HttpAccess = DIRECT,
 ) -> None:
     """`n` concurrent POSTs of `body` to `url` whose answers matter only by their status:
     `refused(status, words)` is raised for the first that is not 2xx, TargetError when a
@@ -106,7 +109,7 @@ async def send(
             # a 2xx answer is left unread: only its status counts, whatever its size
 
     try:
-        async with aiohttp.ClientSession(timeout=timeout) as session:
+        async with access.session(timeout) as session:
             await asyncio.gather(*(one(session) for _ in range(n)))
     except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
         raise TargetError(f"inference on {url} failed: {exc or type(exc).__name__}") from exc

@@ -1,20 +1,27 @@
 """Calls to a runtime's control endpoints: connection errors, timeouts and 5xx are
 retried with exponential backoff and jitter; a 4xx is the server refusing, final. Each
 call is bounded in time (`timeout_s`, total) and its answer in size
-(MAX_CONTROL_BODY_BYTES: a longer one is refused, final)."""
+(MAX_CONTROL_BODY_BYTES: a longer one is refused, final). Every call carries the
+headers and verifies https as the server's `HttpAccess` says."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import random
+import ssl
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any, TypedDict
 
 import aiohttp
 
 from batchpilot.errors import TargetError
 from batchpilot.httpbody import MAX_CONTROL_BODY_BYTES, BodyTooLarge, error_message, text_capped
+from batchpilot.loadgen.protocols import RequestProtocol, with_headers
 from batchpilot.retry import backoff_delay, retry
+from batchpilot.tls import verifying_context
 
 log = logging.getLogger(__name__)
 
@@ -26,6 +33,44 @@ class _Retryable(Exception):
     pass
 
 
+@dataclass(frozen=True)
+class HttpAccess:
+    """What every call to a server needs besides its URL, the same for its inference and
+    its control endpoints (a gateway in front of both): `headers` on each request (a
+    bearer token, a tenant header), and https verified against only the CA certificates
+    in the PEM file `ca_file` (None: the system's trust store)."""
+
+    headers: Mapping[str, str] = field(default_factory=dict)
+    ca_file: str | None = None
+
+    def tls(self) -> ssl.SSLContext | bool:
+        """How https is verified (True: the system's trust store). ValueError when the CA
+        bundle is not a usable PEM bundle."""
+        if self.ca_file is None:
+            return True
+        return verifying_context(ca_file=self.ca_file, what="the CA bundle")
+
+    def session(self, timeout: aiohttp.ClientTimeout, *, limit: int = 100) -> aiohttp.ClientSession:
+        """A client session whose every request carries the headers and verifies https
+        as given, with at most `limit` connections."""
+        connector = aiohttp.TCPConnector(ssl=self.tls(), limit=limit)
+        return aiohttp.ClientSession(
+            timeout=timeout, headers=dict(self.headers), connector=connector
+        )
+
+    def applied_to(self, protocol: RequestProtocol) -> RequestProtocol:
+        """`protocol` with these headers (each over its own of the same name, any case)
+        and this CA bundle."""
+        protocol = with_headers(protocol, self.headers)
+        if self.ca_file is None:
+            return protocol
+        return dataclasses.replace(protocol, ca_file=self.ca_file)
+
+
+# a server reached as it is: no extra headers, https against the system's trust store
+DIRECT = HttpAccess()
+
+
 class ClientOptions(TypedDict, total=False):
     """The keywords of `ControlClient` after the URL, for a control that passes them on."""
 
@@ -33,6 +78,7 @@ class ClientOptions(TypedDict, total=False):
     attempts: int
     backoff_s: float
     rng: random.Random | None
+    access: HttpAccess
 
 
 class ControlClient:
@@ -46,6 +92,7 @@ class ControlClient:
         attempts: int = 4,
         backoff_s: float = 0.2,
         rng: random.Random | None = None,
+        access: HttpAccess = DIRECT,
     ) -> None:
         if attempts < 1:
             raise ValueError(f"attempts must be >= 1, got {attempts}")
@@ -54,6 +101,7 @@ class ControlClient:
         self._attempts = attempts
         self._backoff_s = backoff_s
         self._rng = rng or random.Random()
+        self.access = access
 
     async def call(
         self, method: str, path: str, body: Any = None, *, empty_ok: bool = False
@@ -83,7 +131,7 @@ class ControlClient:
         url = f"{self.url}{path}"
         try:
             async with (
-                aiohttp.ClientSession(timeout=self._timeout) as session,
+                self.access.session(self._timeout) as session,
                 session.request(method, url, json=body) as response,
             ):
                 text = await text_capped(response, cap=MAX_CONTROL_BODY_BYTES, url=url)

@@ -14,7 +14,7 @@ from batchpilot.extras import torch_missing
 from batchpilot.loadgen.protocols import REFERENCE, RequestProtocol
 from batchpilot.models import BatchingConfig
 from batchpilot.runtimes import base
-from batchpilot.runtimes.http import ClientOptions, ControlClient
+from batchpilot.runtimes.http import ClientOptions, ControlClient, HttpAccess
 
 ADMIN_PATH = "/admin/batching"
 PROFILE_PATH = "/admin/profile"
@@ -93,9 +93,14 @@ class ReferenceRuntime(base.Runtime[ReferenceControl, base.LocalServer]):
         return REFERENCE
 
     def _control(
-        self, url: str, model: str | None, server: base.LocalServer | None, control_url: str | None
+        self,
+        url: str,
+        model: str | None,
+        server: base.LocalServer | None,
+        control_url: str | None,
+        access: HttpAccess,
     ) -> ReferenceControl:
-        return ReferenceControl(control_url or url)
+        return ReferenceControl(control_url or url, access=access)
 
     def _launch(self, launch: base.Launch) -> base.LocalServer:
         from batchpilot.server.process import ServerProcess

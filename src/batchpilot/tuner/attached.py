@@ -14,6 +14,7 @@ from rich.console import Console
 from batchpilot.errors import RequestShapeError, TargetError
 from batchpilot.models import BatchingConfig
 from batchpilot.runtimes.base import Runtime
+from batchpilot.runtimes.http import DIRECT, HttpAccess
 from batchpilot.tuner.interfaces import Target
 from batchpilot.tuner.summary import TuneSummary
 
@@ -25,12 +26,15 @@ class Attached:
     """A server BatchPilot did not start: its base URL, the model to tune (None: the
     runtime's bundled one), whether the recommended configuration stays live at the
     end (else the configuration found running returns), and the runtime's control
-    endpoint where it is not at its default (None: the default)."""
+    endpoint where it is not at its default (None: the default); how every call to it,
+    load and control alike, is made (`access`: `tune --header`, `--ca-bundle`)."""
 
     url: str
     model: str | None = None
     keep_winner: bool = False
     control_url: str | None = None
+    # the headers every call carries and the CA bundle https is verified against
+    access: HttpAccess = DIRECT
 
 
 def control_hint(runtime: Runtime, control_url: str | None) -> str:

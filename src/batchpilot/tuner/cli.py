@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,6 +25,7 @@ from batchpilot.loadgen.protocols import (
     STREAM_PROTOCOLS,
     RequestProtocol,
     body_template_text,
+    parse_headers,
     template_protocol,
 )
 from batchpilot.models import DEFAULT_MIN_REQUESTS, MAX_LOAD_WORKERS, SLA, RequestMix
@@ -54,6 +56,7 @@ from batchpilot.tuner.space import SearchSpace
 
 if TYPE_CHECKING:
     from batchpilot.runtimes.base import Runtime
+    from batchpilot.runtimes.http import HttpAccess
 
 EXIT_INTERRUPTED = 130
 
@@ -294,6 +297,23 @@ def _storage(spec: str | None) -> str | BaseStorage | None:
     "runtime's own port on the --url host].",
 )
 @click.option(
+    "--header",
+    "headers",
+    multiple=True,
+    metavar="NAME:VALUE",
+    help="--url: a header every call to the server carries, to its inference and its "
+    "control endpoints alike (a gateway's 'Authorization: Bearer TOKEN'); repeatable. "
+    "Never printed.",
+)
+@click.option(
+    "--ca-bundle",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="--url: verify the server's https, inference and control alike, against only the "
+    "CA certificates in this PEM file [default: the system's trust store]. Certificates "
+    "are always verified.",
+)
+@click.option(
     "--body-template",
     "body_template",
     metavar="JSON|FILE",
@@ -506,6 +526,8 @@ class TuneFlags:
     prometheus_url: str | None
     prometheus_selector: str
     control_url: str | None
+    headers: tuple[str, ...]
+    ca_bundle: str | None
     body_template: str | None
     keep_winner: bool
     cost_file: Path | None
@@ -616,6 +638,8 @@ def check_flags(flags: TuneFlags) -> None:
             ("--keep-winner", flags.keep_winner),
             ("--prometheus", flags.prometheus_url is not None),
             ("--control-url", flags.control_url is not None),
+            ("--header", bool(flags.headers)),
+            ("--ca-bundle", flags.ca_bundle is not None),
         )
         if given
     ]
@@ -841,6 +865,7 @@ def _tune_measured(
             model=flags.model,
             keep_winner=flags.keep_winner,
             control_url=flags.control_url,
+            access=_access(flags),
         )
         what = f"{what} at {attach.url}"
         if flags.prometheus_url is not None:
@@ -879,10 +904,12 @@ def _tune_measured(
             f"{what}: {first}" if attach is not None else f"{what} did not start: {first}"
         ) from None
     except RequestShapeError as exc:  # the requests are wrong, not the server
-        raise click.ClickException(f"{what}: {exc}") from None
+        hint = credentials_hint(str(exc), headers_given=bool(flags.headers))
+        raise click.ClickException(f"{what}: {exc}{hint}") from None
     except TargetError as exc:
         why = f"{what}: {exc}" if attach is not None else f"{what} misbehaved: {exc}"
-        raise click.ClickException(why) from None
+        hint = credentials_hint(str(exc), headers_given=bool(flags.headers))
+        raise click.ClickException(why + hint) from None
     except ConnectionError as exc:  # the load generator found the server gone
         raise click.ClickException(f"{what} stopped answering: {exc}") from None
     except ValueError as exc:  # a stored study that does not fit this run
@@ -982,6 +1009,35 @@ def _check_user_model(
             "requests: pass --body-template FILE with one request body your model accepts "
             "(a {size} in it becomes each request's size)"
         )
+
+
+def credentials_hint(message: str, *, headers_given: bool) -> str:
+    """What to add to a message about a server refusing with HTTP 401 or 403 ("" for
+    any other): how to give credentials, or that the ones given were refused."""
+    if re.search(r"HTTP 40[13]\b", message) is None:
+        return ""
+    if headers_given:
+        return "; the server (or a gateway in front of it) refused the credentials --header gave"
+    return (
+        "; a server behind a gateway takes its credentials with --header, e.g. "
+        "--header 'Authorization: Bearer TOKEN'"
+    )
+
+
+def _access(flags: TuneFlags) -> HttpAccess:
+    """How every call to the server at --url is made: --header, --ca-bundle."""
+    from batchpilot.runtimes.http import HttpAccess
+
+    try:
+        headers = parse_headers(flags.headers)
+    except ValueError as exc:
+        raise TuneError(f"--header: {exc}") from None
+    access = HttpAccess(headers=headers, ca_file=flags.ca_bundle)
+    try:
+        access.tls()
+    except ValueError as exc:
+        raise TuneError(f"--ca-bundle: {exc}") from None
+    return access
 
 
 def _body_template(value: str, runtime: Runtime, model: str | None) -> RequestProtocol:

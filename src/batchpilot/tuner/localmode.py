@@ -33,6 +33,7 @@ from batchpilot.runtimes.base import (
     Verification,
     wait_pinned,
 )
+from batchpilot.runtimes.http import DIRECT
 from batchpilot.runtimes.registry import DEFAULT_RUNTIME, get_runtime
 from batchpilot.tuner.attached import Attached, check_attached, leave_attached
 from batchpilot.tuner.config import Measurement, TuneConfig, screening
@@ -290,15 +291,18 @@ async def tune_local(run: LocalRun, console: Console) -> TuneSummary:
         else:
             assert attach is not None  # no server started: one was given
             url = attach.url
+        access = attach.access if attach is not None else DIRECT
         target = runtime.control(
             url,
             model=model,
             server=server,
             control_url=attach.control_url if attach is not None else None,
+            access=access,
         )
-        protocol = run.requests or runtime.protocol(model)
+        requests = None if run.requests is None else access.applied_to(run.requests)
+        protocol = requests or access.applied_to(runtime.protocol(model))
         if isinstance(target, ShapesRequests):
-            protocol = await target.request_protocol(run.requests)
+            protocol = await target.request_protocol(requests)
         baseline = (
             await check_attached(target, runtime, model, console, control_url=attach.control_url)
             if attach is not None

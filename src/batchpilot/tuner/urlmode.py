@@ -15,6 +15,7 @@ from batchpilot.loadgen.endpoints import (
     normalise_urls,
 )
 from batchpilot.runtimes.base import Runtime
+from batchpilot.runtimes.http import DIRECT, HttpAccess
 from batchpilot.tuner.attached import Attached
 
 if TYPE_CHECKING:
@@ -37,11 +38,13 @@ def attach_to(
     model: str | None,
     keep_winner: bool,
     control_url: str | None = None,
+    access: HttpAccess = DIRECT,
 ) -> Attached:
     """The server to tune at `url`: its base URL (a full endpoint URL of the runtime's
     protocol is cut back to the base) once something answers HTTP there, and at
-    `control_url` too when its control endpoint is given. A runtime whose batching
-    cannot be changed on a server elsewhere is refused first, before any request."""
+    `control_url` too when its control endpoint is given, https verified as `access`
+    says. A runtime whose batching cannot be changed on a server elsewhere is refused
+    first, before any request."""
     try:
         (base,) = normalise_urls(url)
     except ValueError as exc:
@@ -52,27 +55,36 @@ def attach_to(
     if unchangeable is not None:
         raise AttachError(f"--url with --runtime {runtime.name}: {unchangeable}")
     base = base_of(base, runtime.protocol(model or runtime.default_model).path)
+    tls = access.tls()
     try:
-        asyncio.run(check_reachable([base], timeout_s=REACH_TIMEOUT_S))
+        asyncio.run(
+            check_reachable([base], timeout_s=REACH_TIMEOUT_S, tls=tls, headers=access.headers)
+        )
     except UnreachableError as exc:
         raise AttachError(
             f"--url {url}: nothing answers there ({exc}); give the base URL of a running "
             f"{runtime.title}"
         ) from None
-    control = None if control_url is None else control_at(control_url, runtime)
-    return Attached(url=base, model=model, keep_winner=keep_winner, control_url=control)
+    control = None if control_url is None else control_at(control_url, runtime, access=access)
+    return Attached(
+        url=base, model=model, keep_winner=keep_winner, control_url=control, access=access
+    )
 
 
-def control_at(url: str, runtime: Runtime) -> str:
+def control_at(url: str, runtime: Runtime, *, access: HttpAccess = DIRECT) -> str:
     """The runtime's control endpoint given by --control-url, once something answers
-    HTTP there."""
+    HTTP there (reached as `access` says)."""
     what = runtime.control_endpoint.what
     try:
         (base,) = normalise_urls(url)
     except ValueError as exc:
         raise AttachError(f"--control-url {url}: {exc}; give the address of {what}") from None
     try:
-        asyncio.run(check_reachable([base], timeout_s=REACH_TIMEOUT_S))
+        asyncio.run(
+            check_reachable(
+                [base], timeout_s=REACH_TIMEOUT_S, tls=access.tls(), headers=access.headers
+            )
+        )
     except UnreachableError as exc:
         raise AttachError(
             f"--control-url {url}: nothing answers there ({exc}); give the address of {what}"

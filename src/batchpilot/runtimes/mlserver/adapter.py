@@ -13,6 +13,7 @@ from batchpilot.capacity.promql import Metrics
 from batchpilot.loadgen.protocols import RequestProtocol, kserve_v2
 from batchpilot.models import BatchingConfig
 from batchpilot.runtimes import base
+from batchpilot.runtimes.http import DIRECT, HttpAccess
 from batchpilot.runtimes.mlserver.control import (
     FEATURES,
     INPUT_NAME,
@@ -57,8 +58,16 @@ class MLServerRuntime(base.Runtime[MLServerControl, MLServerProcess]):
         return kserve_v2(model or MODEL, input_name=INPUT_NAME, features=FEATURES)
 
     def _control(
-        self, url: str, model: str | None, server: base.LocalServer | None, control_url: str | None
+        self,
+        url: str,
+        model: str | None,
+        server: base.LocalServer | None,
+        control_url: str | None,
+        access: HttpAccess,
     ) -> MLServerControl:
+        if access != DIRECT:
+            # only a server BatchPilot started is changed, and it is reached directly
+            raise base.LaunchError(self.unchangeable_from_elsewhere(model))
         repository = server.repository if isinstance(server, MLServerProcess) else None
         if isinstance(server, MLServerProcess) and repository is not None and repository.user:
             return UserModelControl(url, repository=repository, metrics_url=server.metrics_url)

@@ -26,6 +26,7 @@ from batchpilot.runtimes.base import (
     batch_knob,
     wait_knob,
 )
+from batchpilot.runtimes.http import HttpAccess
 from batchpilot.runtimes.rayserve.config import (
     APP_NAME,
     BATCH_KEY,
@@ -110,7 +111,12 @@ class RayServeRuntime(Runtime[RayServeControl, RayServeProcess]):
         return super().control(url, **options)
 
     def _control(
-        self, url: str, model: str | None, server: LocalServer | None, control_url: str | None
+        self,
+        url: str,
+        model: str | None,
+        server: LocalServer | None,
+        control_url: str | None,
+        access: HttpAccess,
     ) -> RayServeControl:
         dashboard_url = control_url
         if dashboard_url is None:
@@ -129,7 +135,8 @@ class RayServeRuntime(Runtime[RayServeControl, RayServeProcess]):
             dashboard_url=dashboard_url,
             model=name,
             knobs=self.knobs,
-            protocol=self.protocol(name),
+            protocol=access.applied_to(self.protocol(name)),
+            access=access,
         )
 
     def _launch(self, launch: Launch) -> RayServeProcess:

@@ -18,7 +18,7 @@ from batchpilot.loadgen.protocols import RequestProtocol
 from batchpilot.models import BatchingConfig
 from batchpilot.runtimes import burst
 from batchpilot.runtimes.base import Knob, NativeValues, Verification, from_native, to_native
-from batchpilot.runtimes.http import ControlClient
+from batchpilot.runtimes.http import DIRECT, ControlClient, HttpAccess
 from batchpilot.runtimes.rayserve.config import (
     RECORD_KEYS,
     DeploymentState,
@@ -54,11 +54,15 @@ class RayServeControl:
         protocol: RequestProtocol,
         timeout_s: float = 30.0,
         settle_timeout_s: float = 60.0,
+        access: HttpAccess = DIRECT,
     ) -> None:
-        self._app = ControlClient(url, timeout_s=timeout_s)
-        self._dashboard = ControlClient(dashboard_url, timeout_s=timeout_s)
+        self.access = access
+        self._app = ControlClient(url, timeout_s=timeout_s, access=access)
+        self._dashboard = ControlClient(dashboard_url, timeout_s=timeout_s, access=access)
         # A PUT that timed out may still be under way: never sent twice.
-        self._deployer = ControlClient(dashboard_url, timeout_s=timeout_s, attempts=1)
+        self._deployer = ControlClient(
+            dashboard_url, timeout_s=timeout_s, attempts=1, access=access
+        )
         self.url = self._app.url
         self.dashboard_url = self._dashboard.url
         self.model = model
@@ -96,6 +100,7 @@ class RayServeControl:
             record=_record,
             bundled="bundled app",
             error=RayServeError,
+            access=self.access,
         )
 
     async def apply(self, config: BatchingConfig) -> None:

@@ -21,6 +21,7 @@ from batchpilot.runtimes.base import (
     Runtime,
     to_native,
 )
+from batchpilot.runtimes.http import HttpAccess
 from batchpilot.runtimes.torchserve.archive import models_entry
 from batchpilot.runtimes.torchserve.control import (
     KNOBS,
@@ -77,7 +78,12 @@ class TorchServeRuntime(Runtime[TorchServeControl, TorchServeProcess]):
         )
 
     def _control(
-        self, url: str, model: str | None, server: LocalServer | None, control_url: str | None
+        self,
+        url: str,
+        model: str | None,
+        server: LocalServer | None,
+        control_url: str | None,
+        access: HttpAccess,
     ) -> TorchServeControl:
         if isinstance(server, TorchServeProcess) and isinstance(server.store, ArchiveStore):
             return UserArchiveControl(
@@ -85,6 +91,7 @@ class TorchServeRuntime(Runtime[TorchServeControl, TorchServeProcess]):
                 management=control_url or server.management_url,
                 store=server.store,
                 handler_log=server.handler_error,
+                access=access,
             )
         if isinstance(server, TorchServeProcess):
             return TorchServeControl(
@@ -92,9 +99,10 @@ class TorchServeRuntime(Runtime[TorchServeControl, TorchServeProcess]):
                 management=control_url or server.management_url,
                 model=model or MODEL,
                 store=server.store,
+                access=access,
             )
         return TorchServeControl(
-            url, management=control_url or management_url(url), model=model or MODEL
+            url, management=control_url or management_url(url), model=model or MODEL, access=access
         )
 
     def _launch(self, launch: Launch) -> TorchServeProcess:

@@ -37,7 +37,7 @@ from batchpilot.runtimes.base import (
     to_native,
     wait_knob,
 )
-from batchpilot.runtimes.http import ControlClient
+from batchpilot.runtimes.http import DIRECT, ControlClient, HttpAccess
 from batchpilot.runtimes.torchserve.archive import archive_name, handler_source, model_archive
 from batchpilot.runtimes.torchserve.user import (
     MANIFEST,
@@ -215,9 +215,11 @@ class TorchServeControl:
         store: ModelStore | None = None,
         timeout_s: float = 60.0,
         verify_attempts: int = 20,
+        access: HttpAccess = DIRECT,
     ) -> None:
         self.url = url.rstrip("/")
-        self._management = ControlClient(management, timeout_s=timeout_s)
+        self.access = access
+        self._management = ControlClient(management, timeout_s=timeout_s, access=access)
         self.model = model
         self.store = store
         self._timeout_s = timeout_s
@@ -250,6 +252,7 @@ class TorchServeControl:
             timeout_s=self._timeout_s,
             record=_record,
             bundled="bundled handler",
+            access=self.access,
         )
         return Observed(answers)
 
@@ -389,6 +392,7 @@ class UserArchiveControl(TorchServeControl):
         handler_log: Callable[[], str] | None = None,
         timeout_s: float = 60.0,
         verify_attempts: int = 20,
+        access: HttpAccess = DIRECT,
     ) -> None:
         super().__init__(
             url,
@@ -397,6 +401,7 @@ class UserArchiveControl(TorchServeControl):
             store=store,
             timeout_s=timeout_s,
             verify_attempts=verify_attempts,
+            access=access,
         )
         self.archive = store.archive
         self.protocol: RequestProtocol | None = None
@@ -448,6 +453,7 @@ class UserArchiveControl(TorchServeControl):
                 n,
                 timeout_s=self._timeout_s,
                 refused=Refused,
+                access=self.access,
             )
         except Refused as exc:
             said = await self._handler_said()

@@ -38,6 +38,7 @@ from batchpilot.runtimes.base import (
     representable,
     wait_knob,
 )
+from batchpilot.runtimes.http import DIRECT, HttpAccess
 from batchpilot.runtimes.triton.control import (
     TritonControl,
     TritonCounters,
@@ -161,10 +162,17 @@ class TritonRuntimeControl:
     model's own metadata when it is None."""
 
     def __init__(
-        self, url: str, *, model: str, metrics_url: str, protocol: RequestProtocol | None = None
+        self,
+        url: str,
+        *,
+        model: str,
+        metrics_url: str,
+        protocol: RequestProtocol | None = None,
+        access: HttpAccess = DIRECT,
     ) -> None:
-        self.control = TritonControl(url, metrics_url, model)
+        self.control = TritonControl(url, metrics_url, model, access=access)
         self.url = self.control.url
+        self.access = access
         self.protocol = protocol
         self.last_verification: Verification | None = None
 
@@ -176,8 +184,14 @@ class TritonRuntimeControl:
             self.protocol = override
         if self.protocol is None:
             try:
-                model = await fetch_v2_model(self.url, self.control.model, triton_config=True)
-                self.protocol = v2_model_protocol(model)
+                model = await fetch_v2_model(
+                    self.url,
+                    self.control.model,
+                    triton_config=True,
+                    headers=self.access.headers,
+                    tls=self.access.tls(),
+                )
+                self.protocol = self.access.applied_to(v2_model_protocol(model))
             except MetadataError as exc:
                 raise TritonError(str(exc)) from None
         return self.protocol
@@ -280,7 +294,7 @@ class TritonRuntimeControl:
         url = self.url + protocol.path
         body = protocol.body(1)
         timeout = aiohttp.ClientTimeout(total=_VERIFY_TIMEOUT_S)
-        async with aiohttp.ClientSession(timeout=timeout) as session:
+        async with self.access.session(timeout) as session:
 
             async def one() -> tuple[int | None, str] | None:
                 try:
@@ -363,7 +377,12 @@ class TritonRuntime(Runtime[TritonRuntimeControl, TritonProcess]):
         return super().control(url, **options)
 
     def _control(
-        self, url: str, model: str | None, server: LocalServer | None, control_url: str | None
+        self,
+        url: str,
+        model: str | None,
+        server: LocalServer | None,
+        control_url: str | None,
+        access: HttpAccess,
     ) -> TritonRuntimeControl:
         if control_url is not None:
             metrics_url = metrics_endpoint(control_url)
@@ -372,7 +391,9 @@ class TritonRuntime(Runtime[TritonRuntimeControl, TritonProcess]):
         else:
             host = urlsplit(url).hostname or "127.0.0.1"
             metrics_url = f"http://{host}:{DEFAULT_METRICS_PORT}/metrics"
-        return TritonRuntimeControl(url, model=model or MODEL_NAME, metrics_url=metrics_url)
+        return TritonRuntimeControl(
+            url, model=model or MODEL_NAME, metrics_url=metrics_url, access=access
+        )
 
     def _launch(self, launch: Launch) -> TritonProcess:
         return TritonProcess(to_batching(launch.native), threads=launch.threads)

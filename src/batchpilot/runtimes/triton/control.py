@@ -20,7 +20,7 @@ import aiohttp
 
 from batchpilot.errors import TargetError
 from batchpilot.httpbody import MAX_METRICS_BODY_BYTES, BodyTooLarge, text_capped
-from batchpilot.runtimes.http import ControlClient
+from batchpilot.runtimes.http import DIRECT, ControlClient, HttpAccess
 from batchpilot.runtimes.triton.repository import TritonBatching
 
 
@@ -190,12 +190,21 @@ class TritonControl:
     """The HTTP endpoints of one Triton for one model: configuration, load, metrics.
     Connection errors and 5xx are retried; a 4xx (Triton refusing) raises TargetError."""
 
-    def __init__(self, url: str, metrics_url: str, model: str, *, timeout_s: float = 120.0) -> None:
+    def __init__(
+        self,
+        url: str,
+        metrics_url: str,
+        model: str,
+        *,
+        timeout_s: float = 120.0,
+        access: HttpAccess = DIRECT,
+    ) -> None:
         # A load builds the new instance before it answers: a generous timeout.
-        self._client = ControlClient(url, timeout_s=timeout_s)
+        self._client = ControlClient(url, timeout_s=timeout_s, access=access)
         # Triton answers 500 to a configuration it cannot load: final, and a load that
         # timed out may still be under way, so a load is never retried.
-        self._loader = ControlClient(url, timeout_s=timeout_s, attempts=1)
+        self._loader = ControlClient(url, timeout_s=timeout_s, attempts=1, access=access)
+        self.access = access
         self.url = self._client.url
         self.metrics_url = metrics_url
         self.model = model
@@ -271,7 +280,7 @@ class TritonControl:
     async def metrics_text(self) -> str:
         try:
             async with (
-                aiohttp.ClientSession(timeout=self._timeout) as session,
+                self.access.session(self._timeout) as session,
                 session.get(self.metrics_url) as response,
             ):
                 text = await text_capped(response, cap=MAX_METRICS_BODY_BYTES, url=self.metrics_url)

@@ -26,6 +26,7 @@ from batchpilot.runtimes.base import (
     from_native,
     pinned_wait_knob,
 )
+from batchpilot.runtimes.http import DIRECT, HttpAccess
 from batchpilot.runtimes.vllm.control import VllmControl
 from batchpilot.runtimes.vllm.knobs import (
     DEFAULT_TOKEN_BUDGET,
@@ -86,9 +87,15 @@ class VllmRuntime(Runtime[VllmControl, VllmProcess]):
         return from_native(KNOBS, {**values, NO_QUEUE_WAIT: 0.0})
 
     def _control(
-        self, url: str, model: str | None, server: LocalServer | None, control_url: str | None
+        self,
+        url: str,
+        model: str | None,
+        server: LocalServer | None,
+        control_url: str | None,
+        access: HttpAccess,
     ) -> VllmControl:
-        if not isinstance(server, VllmProcess):
+        # only a server BatchPilot started is changed, and it is reached directly
+        if not isinstance(server, VllmProcess) or access != DIRECT:
             raise LaunchError(self.unchangeable_from_elsewhere(model))
         return VllmControl(
             control_url or url,
