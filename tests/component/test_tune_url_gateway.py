@@ -12,6 +12,7 @@ import json
 import subprocess
 import sys
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import pytest
 
@@ -56,11 +57,14 @@ async def gateway(server: ServerProcess, tls: Tls) -> AsyncIterator[Gateway]:
 
 
 async def test_every_call_through_the_gateway_carries_the_header(
-    server: ServerProcess, gateway: Gateway, tls: Tls
+    server: ServerProcess, gateway: Gateway, tls: Tls, tmp_path: Path
 ) -> None:
+    # the calls are under test, not the verdict: no confirmation rounds (test_tune_url's)
+    config = tmp_path / "no-confirm.yaml"
+    config.write_text("tuning:\n  confirm: false\n")
     args = ["--url", gateway.url, "--runtime", "reference", "--quick", "--json"]
     args += ["--header", f"Authorization: {SECRET}", "--ca-bundle", str(tls.ca)]
-    args += ["--trials", "2", "--finalists", "1", "--seed", "5", "--sla-p99-ms", "1000"]
+    args += ["--trials", "2", "--seed", "5", "--sla-p99-ms", "1000", "--config", str(config)]
     args += ["--min-requests", "200"]
     done = await asyncio.to_thread(_tune, args)
     assert done.returncode == 0, done.stderr[-3000:]
