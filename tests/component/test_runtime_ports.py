@@ -135,3 +135,14 @@ def test_runtimes_messages_about_a_taken_port_are_recognised(log: str) -> None:
 def test_other_failures_are_not_taken_for_a_taken_port() -> None:
     assert not port_taken("ModuleNotFoundError: No module named 'mlserver_sklearn'")
     assert not port_taken("the Serve app did not become ready within 60 s")
+
+
+def test_ray_starts_again_when_its_node_timed_out_during_startup() -> None:
+    from batchpilot.runtimes.rayserve.process import start_again
+
+    assert start_again(
+        "Exception: The current node timed out during startup. This could happen because "
+        "some of the raylet failed to startup or the GCS has become overloaded."
+    )
+    assert start_again("OSError: [Errno 98] address already in use")
+    assert not start_again("Ray Serve refused the app (HTTP 400): bad config")

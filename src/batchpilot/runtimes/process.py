@@ -82,13 +82,18 @@ class RuntimeProcess(ChildProcess):
             zip(self.port_names, free_ports(len(self.port_names), self.host), strict=True)
         )
 
-    async def _start_on_ports(self, start_once: Callable[[], Awaitable[None]]) -> None:
+    async def _start_on_ports(
+        self,
+        start_once: Callable[[], Awaitable[None]],
+        retry_on: Callable[[str], bool] = port_taken,
+    ) -> None:
         """`start_once` (which stops what it started when it fails) on this server's ports.
         A first start chooses them, and chooses again, up to PORT_ATTEMPTS starts in all,
         when the server says one was taken: a port is free when chosen, and on a shared
         machine another process may bind it before the server does. A restart keeps its
         ports and is not retried on others: clients hold its URL, and another server may
-        now answer there."""
+        now answer there. `retry_on` tells a failed start's message worth another start
+        (default: a port taken)."""
         first = not self.ports
         for attempt in range(1, PORT_ATTEMPTS + 1):
             if first:
@@ -99,7 +104,7 @@ class RuntimeProcess(ChildProcess):
             except LaunchError as exc:
                 if not first:
                     raise
-                if attempt == PORT_ATTEMPTS or not port_taken(str(exc)):
+                if attempt == PORT_ATTEMPTS or not retry_on(str(exc)):
                     self.ports = {}  # nothing listens there: a next start is a first one
                     raise
 

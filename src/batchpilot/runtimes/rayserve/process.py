@@ -21,7 +21,7 @@ from pathlib import Path
 import aiohttp
 
 from batchpilot.runtimes.base import LaunchError
-from batchpilot.runtimes.process import RuntimeProcess
+from batchpilot.runtimes.process import RuntimeProcess, port_taken
 from batchpilot.runtimes.procfs import live_session_pids, signal_all, wait_gone
 from batchpilot.runtimes.rayserve.config import (
     BUNDLED_APP,
@@ -51,6 +51,13 @@ PORT_NAMES = (
     "runtime_env_agent",
     "http",
 )
+
+
+def start_again(message: str) -> bool:
+    """Whether a first start that failed so is worth another, on fresh ports: a port was
+    taken, or the node timed out during startup (its raylet did not come up, as when one
+    of the ports Ray was given is taken, or the GCS had no CPU in time on a busy machine)."""
+    return port_taken(message) or "timed out during startup" in message
 
 
 class RayStartError(LaunchError):
@@ -141,7 +148,7 @@ class RayServeProcess(RuntimeProcess):
         """Start Ray, deploy the app and wait until it answers. A restart keeps the ports
         it had (clients hold its URL)."""
         ray = venv_executable(VENV, "ray", runtime="Ray")
-        await self._start_on_ports(lambda: self._start_once(ray))
+        await self._start_on_ports(lambda: self._start_once(ray), retry_on=start_again)
 
     async def _start_once(self, ray: Path) -> None:
         # Ray's unix sockets live under the temporary folder: keep its path short.
