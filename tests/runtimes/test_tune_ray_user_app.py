@@ -1,8 +1,9 @@
 """`batchpilot tune --url --runtime ray` on a Serve app written here, not shipped in
 `src/`: a `@serve.batch` deployment whose `reconfigure(user_config)` passes the keys
 BatchPilot writes to the batcher, and whose answers say nothing about its batching. It
-tunes, every change verified by Ray Serve's REST API, and the configuration it found is
-put back at the end."""
+tunes, its requests sent under the route prefix Serve reports for it, every change
+verified by Ray Serve's REST API, and the configuration it found is put back at the
+end."""
 
 from __future__ import annotations
 
@@ -46,7 +47,10 @@ class Ranker:
 
 app = Ranker.bind()
 """
-APP = ServeApp(import_path="user_ranker:app", name="ranker", deployment="Ranker")
+# served under a route of its own: the requests go where Serve says the app is
+APP = ServeApp(
+    import_path="user_ranker:app", name="ranker", deployment="Ranker", route_prefix="/rank"
+)
 START = {"max_batch_size": 4, "batch_wait_timeout_s": 0.002}
 
 
@@ -63,11 +67,11 @@ async def ray(tmp_path: Path) -> AsyncIterator[RayServeProcess]:
 async def test_a_users_app_that_does_not_report_its_batching_tunes(
     ray: RayServeProcess, tmp_path: Path
 ) -> None:
-    async with (
-        aiohttp.ClientSession() as session,
-        session.post(ray.url + "/", json={"size": 3}) as response,
-    ):
-        assert await response.json() == {"score": 1.5}, "the app reports nothing else"
+    async with aiohttp.ClientSession() as session:
+        async with session.post(ray.url + "/rank", json={"size": 3}) as response:
+            assert await response.json() == {"score": 1.5}, "the app reports nothing else"
+        async with session.post(ray.url + "/", json={"size": 3}) as response:
+            assert response.status == 404, "nothing answers at the root"
     config = tmp_path / "tune.yaml"
     # a few timeouts on a loaded machine say nothing of the flow under test
     config.write_text(

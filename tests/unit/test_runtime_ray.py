@@ -12,6 +12,7 @@ import pytest
 from aiohttp import web
 from loopback import serving
 
+from batchpilot.loadgen.protocols import openai
 from batchpilot.models import BatchingConfig
 from batchpilot.runtimes.base import LaunchError, representable
 from batchpilot.runtimes.rayserve.adapter import RayServeRuntime, app_body
@@ -23,8 +24,10 @@ from batchpilot.runtimes.rayserve.config import (
     deployment_state,
     native_of,
     redeploy_config,
+    route_prefix,
     service_snippet,
     split_model,
+    under_prefix,
 )
 from batchpilot.runtimes.rayserve.control import RayServeControl
 from batchpilot.runtimes.rayserve.process import (
@@ -48,6 +51,7 @@ def details(user: dict[str, Any] | None = None, **app: Any) -> dict[str, Any]:
         "applications": {
             "batchpilot": {
                 "name": "batchpilot",
+                "route_prefix": app.get("route_prefix", "/"),
                 "status": app.get("status", "RUNNING"),
                 "deployed_app_config": app.get("deployed", deployed),
                 "deployments": {
@@ -61,6 +65,7 @@ def details(user: dict[str, Any] | None = None, **app: Any) -> dict[str, Any]:
             },
             "other": {
                 "name": "other",
+                "route_prefix": None,
                 "status": "RUNNING",
                 "deployed_app_config": {"name": "other", "import_path": "x:app"},
                 "deployments": {"A": {"name": "A"}, "B": {"name": "B"}},
@@ -205,6 +210,46 @@ async def test_a_rollout_that_never_ends_fails_the_change_saying_where_it_stands
         )
         with pytest.raises(RayServeError, match=r"replicas \[UPDATING\] of 1 wanted"):
             await control.apply(BatchingConfig(max_batch_size=2, max_queue_time_ms=1.0))
+
+
+def test_the_route_prefix_is_the_one_serve_reports_for_the_app() -> None:
+    assert route_prefix(details(route_prefix="/rank"), "batchpilot") == "/rank"
+    with pytest.raises(RayServeError, match=r"no HTTP route for application 'other'.*None"):
+        route_prefix(details(), "other")
+    with pytest.raises(RayServeError, match="'missing'"):
+        route_prefix(details(), "missing")
+
+
+@pytest.mark.parametrize(
+    ("prefix", "path", "expected"),
+    [
+        ("/", "/", "/"),
+        ("/", "/v1/completions", "/v1/completions"),
+        ("/rank", "/", "/rank"),
+        ("/rank", "/v1/completions", "/rank/v1/completions"),
+        ("/a/b", "/x", "/a/b/x"),
+    ],
+)
+def test_paths_relative_to_the_app_go_under_its_prefix(
+    prefix: str, path: str, expected: str
+) -> None:
+    assert under_prefix(prefix, path) == expected
+
+
+async def test_requests_go_to_the_route_prefix_serve_reports() -> None:
+    serve = FakeServe(updating_reads=0)
+    serve.document["applications"]["batchpilot"]["route_prefix"] = "/rank"
+    app = web.Application()
+    app.router.add_get("/api/serve/applications/", serve.get)
+    async with serving(app) as url:
+        control = RayServeRuntime().control("http://127.0.0.1:9", control_url=url)
+        protocol = await control.request_protocol()
+        assert protocol.path == "/rank"
+        assert protocol.body(3) == app_body(3)
+        assert control.protocol.path == "/rank", "the burst check sends there too"
+        assert (await control.request_protocol()).path == "/rank", "not prefixed twice"
+        users = openai("m", max_tokens=4)
+        assert (await control.request_protocol(users)).path == "/rank/v1/completions"
 
 
 def test_deployment_state_says_what_is_missing() -> None:

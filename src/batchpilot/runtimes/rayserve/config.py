@@ -163,6 +163,28 @@ def deployment_state(details: Mapping[str, Any], model: str) -> DeploymentState:
     )
 
 
+def route_prefix(details: Mapping[str, Any], app: str) -> str:
+    """The HTTP route prefix application `app` is served under, in the answer of
+    GET /api/serve/applications/; RayServeError when Serve exposes it over no route."""
+    found = (details.get("applications") or {}).get(app)
+    prefix = found.get("route_prefix") if isinstance(found, Mapping) else None
+    if not isinstance(prefix, str) or not prefix.startswith("/"):
+        raise RayServeError(
+            f"Ray Serve reports no HTTP route for application {app!r} (route_prefix "
+            f"{prefix!r}): it is not served over HTTP, or is still deploying; give it a "
+            "route_prefix in its deploy configuration"
+        )
+    return prefix
+
+
+def under_prefix(prefix: str, path: str) -> str:
+    """`path`, relative to an application's root, under its route `prefix`: '/' under
+    '/rank' is '/rank', '/v1/completions' under '/rank' is '/rank/v1/completions'."""
+    if prefix == "/":
+        return path
+    return prefix.rstrip("/") + ("" if path == "/" else path)
+
+
 def native_of(user: Mapping[str, Any], where: str) -> NativeValues:
     """The two knobs in a user_config; RayServeError names one that is missing."""
     missing = [key for key in (BATCH_KEY, WAIT_KEY) if key not in user]

@@ -9,6 +9,7 @@ tests that check the server-side verification against them."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 from collections.abc import Mapping
 from typing import Any
@@ -26,7 +27,10 @@ from batchpilot.runtimes.rayserve.config import (
     deployment_state,
     native_of,
     redeploy_config,
+    route_prefix,
     same_values,
+    split_model,
+    under_prefix,
 )
 
 APPLICATIONS_PATH = "/api/serve/applications/"
@@ -67,6 +71,9 @@ class RayServeControl:
         self.dashboard_url = self._dashboard.url
         self.model = model
         self.knobs = knobs
+        # paths relative to the application's root until `request_protocol` puts them
+        # under the route prefix Serve reports
+        self._relative = protocol
         self.protocol = protocol
         self._timeout_s = timeout_s
         self._settle_timeout_s = settle_timeout_s
@@ -87,6 +94,19 @@ class RayServeControl:
 
     async def current(self) -> BatchingConfig:
         return from_native(self.knobs, await self.native())
+
+    async def request_protocol(self, override: RequestProtocol | None = None) -> RequestProtocol:
+        """The requests under the route prefix Serve reports for the application (a
+        user's app is seldom at '/'): the app's own, or `override` (the user's body or
+        protocol, its path relative to the app's root)."""
+        if override is not None:
+            self._relative = override
+        app, _ = split_model(self.model)
+        prefix = route_prefix(await self.details(), app)
+        self.protocol = dataclasses.replace(
+            self._relative, path=under_prefix(prefix, self._relative.path)
+        )
+        return self.protocol
 
     async def burst(self, n: int) -> list[Mapping[str, Any]]:
         """`n` concurrent requests to the app; the answers' records. TargetError on any
