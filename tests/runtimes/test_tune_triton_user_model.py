@@ -82,6 +82,15 @@ async def read_back(triton: TritonProcess) -> tuple[TritonBatching, list[int]]:
 async def tune_url(url: str, triton: TritonProcess, tmp_path: Path, *extra: str) -> Any:
     """The JSON of `tune --url URL --runtime triton --model ident --quick` with `extra`,
     Triton's metrics read directly, without the confirmation rounds."""
+    code, out, err = await run_tune(url, triton, tmp_path, *extra)
+    assert code == 0, err[-2000:]
+    return json.loads(out)
+
+
+async def run_tune(
+    url: str, triton: TritonProcess, tmp_path: Path, *extra: str
+) -> tuple[int | None, str, str]:
+    """`tune_url`'s command: its exit code, stdout and stderr."""
     config = tmp_path / "tune.yaml"
     config.write_text("tuning:\n  confirm: false\n", encoding="utf-8")
     tune = await asyncio.create_subprocess_exec(
@@ -94,8 +103,7 @@ async def tune_url(url: str, triton: TritonProcess, tmp_path: Path, *extra: str)
         stderr=asyncio.subprocess.PIPE,
     )
     out, err = await asyncio.wait_for(tune.communicate(), timeout=420)
-    assert tune.returncode == 0, err.decode()[-2000:]
-    return json.loads(out)
+    return tune.returncode, out.decode(), err.decode()
 
 
 async def test_preferred_sizes_follow_the_cap_from_the_original_every_change(
@@ -164,6 +172,32 @@ async def test_a_users_model_tunes_on_requests_built_from_its_metadata(
         "}\n"
     )
     assert f"model '{MODEL}'" in runtime["persist_where"]
+
+
+async def test_a_tensor_described_by_hand_is_what_the_load_sends(
+    triton: TritonProcess, tmp_path: Path
+) -> None:
+    """--input-name and --features replace the requests built from the metadata: a wrong
+    name is refused by Triton at the first change, with its words and the flags to set;
+    the model's own name tunes."""
+    code, _, err = await run_tune(
+        triton.url, triton, tmp_path, "--input-name", "INPUT0", "--features", "4"
+    )
+    message = " ".join(err.split())
+    assert code == 1, message[-2000:]
+    assert (
+        f"Triton refused the requests --input-name and --features gave for model '{MODEL}' "
+        "(HTTP 400: unexpected inference input 'INPUT0' for model 'ident'); give requests "
+        "it accepts"
+    ) in message, message[-800:]
+    assert await read_back(triton) == (TritonBatching(16, 2000), [8]), "put back on failure"
+    result = await tune_url(
+        triton.url, triton, tmp_path, "--input-name", "x", "--features", "4", "--trials", "1"
+    )
+    (trial,) = result["trials"]
+    assert trial["state"] == "Complete", trial
+    assert trial["executed_batches"], trial
+    assert await read_back(triton) == (TritonBatching(16, 2000), [8])
 
 
 async def test_behind_a_gateway_every_call_to_triton_carries_the_header(

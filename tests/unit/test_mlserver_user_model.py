@@ -195,11 +195,14 @@ def test_refusals_and_missing_inputs_say_what_to_set() -> None:
         refused
     )
     assert "--body-template" in refused
-    template = refused_message(422, '{"detail": "no shape"}', "scaler", template=True)
+    template = refused_message(422, '{"detail": "no shape"}', "scaler", given="--body-template")
     assert template == (
         "MLServer refused the --body-template requests for model 'scaler' (HTTP 422: "
-        '{"detail": "no shape"}); give a request body it accepts with --body-template'
+        '{"detail": "no shape"}); give requests it accepts: one FP32 tensor with '
+        "--input-name and --features, or a request body with --body-template"
     )
+    tensor = refused_message(400, '{"error": "x?"}', "scaler", given="--input-name and --features")
+    assert tensor.startswith("MLServer refused the --input-name and --features requests")
     missing = no_inputs_message("scaler", "the metadata of model 'scaler' lists no inputs")
     assert '"inputs": [{"name": "<input>"' in missing
     assert "--body-template" in missing

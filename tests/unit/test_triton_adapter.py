@@ -212,21 +212,20 @@ async def test_batches_above_the_cap_twice_fail_the_change() -> None:
 
 
 async def test_requests_failing_after_a_change_fail_it() -> None:
-    control = control_with([{}], failed=[(503, "HTTP 503: busy"), (None, "TimeoutError: ")])
-    with pytest.raises(TargetError, match="2 requests failed right after the change: HTTP 503"):
+    control = control_with([{}], failed=[(503, "busy"), (None, "TimeoutError: ")])
+    failed = r"2 requests failed right after the change: HTTP 503: busy$"
+    with pytest.raises(TargetError, match=failed):
         await control._executed(4, REQUESTS)
 
 
 async def test_requests_refused_with_a_4xx_stop_with_the_servers_words_and_the_flag() -> None:
-    refusal = (
-        400,
-        "HTTP 400: {\"error\":\"unexpected inference input 'INPUT0' for model 'ident'\"}",
-    )
+    # (status, body) as the burst gives them
+    refusal = (400, "{\"error\":\"unexpected inference input 'INPUT0' for model 'ident'\"}")
     control = control_with([{}], failed=[refusal, refusal])
     with pytest.raises(RequestShapeError) as caught:
         await control._executed(16, REQUESTS)
     message = str(caught.value)
-    assert "unexpected inference input 'INPUT0' for model 'ident'" in message
+    assert "(HTTP 400: unexpected inference input 'INPUT0' for model 'ident');" in message
     assert "--body-template" in message
 
 
@@ -235,6 +234,14 @@ def test_only_a_4xx_is_a_refusal_of_the_requests() -> None:
     refused = refused_requests([(None, "timeout"), (422, '{"error": "bad shape"}')], "m")
     assert refused is not None
     assert "HTTP 422: bad shape" in refused
+    assert refused.startswith("Triton refused the requests built for model 'm'")
+    assert refused.endswith(
+        "give requests it accepts: one FP32 tensor with --input-name and --features, or a "
+        "request body with --body-template"
+    )
+    mine = refused_requests([(400, "{}")], "m", "--input-name and --features")
+    assert mine is not None
+    assert mine.startswith("Triton refused the requests --input-name and --features gave")
 
 
 async def test_metrics_that_cannot_be_read_leave_the_batches_unchecked() -> None:

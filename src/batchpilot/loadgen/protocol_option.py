@@ -1,7 +1,8 @@
 """The request-protocol options shared by commands that send load: --protocol, --model,
---input-name, --features, --body-template, --header, --ca-bundle, the --path they may
-replace, and the token-stream protocols' --prompt-tokens, --output-tokens, --ttft-p99-ms
-and --tpot-p99-ms."""
+--max-tokens, --input-name, --features, --body-template, --header, --ca-bundle, the --path
+they may replace, and the token-stream protocols' --prompt-tokens, --output-tokens,
+--ttft-p99-ms and --tpot-p99-ms; `tune` takes the same vocabulary, its requests otherwise
+the runtime's own."""
 
 from __future__ import annotations
 
@@ -85,61 +86,63 @@ def _applying(options: Sequence[Callable[[F], F]]) -> Callable[[F], F]:
     return decorate
 
 
-def stream_protocol_options(judged: str, *, with_model: bool = True) -> Callable[[F], F]:
-    """--protocol (the token-stream ones), --model and the token-stream options, for a
-    command whose other requests are the reference server's or the runtime's; the
-    command receives protocol, model, prompt_tokens, output_tokens, ttft_p99_ms and
-    tpot_p99_ms and builds the protocol with `build_stream_protocol`. `judged`: how the
-    command judges the TTFT and TPOT targets, for their help; `with_model` False: the
-    command has its own --model."""
-    model = click.option("--model", default=None, help="--protocol: the request's model field.")
+# the --protocol choices of a command whose requests are otherwise the runtime's own
+RUNTIME_PROTOCOLS = ("v2", "openai", "openai-chat", *STREAM_PROTOCOLS)
+
+
+def _tensor_options() -> list[Callable[[F], F]]:
+    """--input-name and --features: one FP32 tensor described by hand."""
+    return [
+        click.option(
+            "--input-name",
+            default=None,
+            help="v2: send one FP32 tensor of this name instead of the inputs the model's "
+            "metadata declares [default: from the metadata; INPUT with --features].",
+        ),
+        click.option(
+            "--features",
+            type=click.IntRange(1, 65_536),
+            default=None,
+            help="v2: values per item (the tensor is [size, features]) [default 1].",
+        ),
+    ]
+
+
+def _max_tokens_option() -> Callable[[F], F]:
+    return click.option(
+        "--max-tokens",
+        type=click.IntRange(1, 1_000_000),
+        default=None,
+        help="openai, openai-chat: max_tokens of every request [default 16].",
+    )
+
+
+def runtime_protocol_options(judged: str) -> Callable[[F], F]:
+    """--protocol, --max-tokens, the token-stream options, --input-name and --features, for
+    a command whose requests are the runtime's own unless these say otherwise (`tune`,
+    which has its own --model, --body-template, --header and --ca-bundle); the command
+    receives protocol, max_tokens, prompt_tokens, output_tokens, ttft_p99_ms,
+    tpot_p99_ms, input_name and features, and builds the protocol with `build_protocol`.
+    `judged`: how the command judges the TTFT and TPOT targets, for their help."""
     options = [
         click.option(
             "--protocol",
-            type=click.Choice(STREAM_PROTOCOLS, case_sensitive=False),
+            type=click.Choice(RUNTIME_PROTOCOLS, case_sensitive=False),
             default=None,
-            help="Send streamed OpenAI completions (openai-stream) or chat completions "
-            "(openai-chat-stream): TTFT, TPOT, goodput and output tokens/s measured, "
-            "lengths from --prompt-tokens/--output-tokens [default: the reference "
-            "server's, or the runtime's own, requests].",
+            help="Send these requests instead of the runtime's own: v2 (KServe v2 "
+            "inference of --model, with --input-name/--features one FP32 tensor [size, "
+            "features]), openai or openai-chat (completions with a prompt of size words), "
+            "openai-stream or openai-chat-stream (streamed completions: TTFT, TPOT, goodput "
+            "and output tokens/s measured, lengths from --prompt-tokens/--output-tokens) "
+            "[default: the runtime's own requests, built from the model's metadata for "
+            "Triton and MLServer; v2 with --input-name or --features].",
         ),
-        *([model] if with_model else []),
+        _max_tokens_option(),
         *_stream_options(judged),
+        *_tensor_options(),
     ]
 
     return _applying(options)
-
-
-def build_stream_protocol(
-    *,
-    protocol: str | None,
-    model: str | None,
-    prompt_tokens: str | None,
-    output_tokens: str | None,
-    ttft_p99_ms: float | None,
-    tpot_p99_ms: float | None,
-    headers: Sequence[str] = (),
-) -> RequestProtocol | None:
-    """The token-stream protocol `stream_protocol_options` describe, None for the reference
-    server's requests (no --protocol). ValueError names the option that is wrong and what
-    is allowed."""
-    if protocol is None and model is not None:
-        raise ValueError(f"--model applies to --protocol {' or '.join(STREAM_PROTOCOLS)}")
-    request = build_protocol(
-        protocol=protocol,
-        model=model,
-        max_tokens=None,
-        input_name=None,
-        features=None,
-        body_template=None,
-        headers=headers,
-        path=None,
-        prompt_tokens=prompt_tokens,
-        output_tokens=output_tokens,
-        ttft_p99_ms=ttft_p99_ms,
-        tpot_p99_ms=tpot_p99_ms,
-    )
-    return None if protocol is None else request
 
 
 def protocol_options(judged: str = _REPORTED) -> Callable[[F], F]:
@@ -163,25 +166,9 @@ def protocol_options(judged: str = _REPORTED) -> Callable[[F], F]:
         click.option(
             "--model", default=None, help="v2: the model in the path; openai: the model field."
         ),
-        click.option(
-            "--max-tokens",
-            type=click.IntRange(1, 1_000_000),
-            default=None,
-            help="openai, openai-chat: max_tokens of every request [default 16].",
-        ),
+        _max_tokens_option(),
         *_stream_options(judged),
-        click.option(
-            "--input-name",
-            default=None,
-            help="v2: send one FP32 tensor of this name instead of the inputs the model's "
-            "metadata declares [default: from the metadata; INPUT with --features].",
-        ),
-        click.option(
-            "--features",
-            type=click.IntRange(1, 65_536),
-            default=None,
-            help="v2: values per item (the tensor is [size, features]) [default 1].",
-        ),
+        *_tensor_options(),
         click.option(
             "--body-template",
             default=None,

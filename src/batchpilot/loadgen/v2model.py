@@ -38,6 +38,21 @@ _INT_HIGH = 8
 # The flag that replaces the built body with the user's own, named in every error that
 # a built body cannot get past.
 BODY_FLAG = "--body-template"
+# The flags that describe one FP32 tensor by hand instead.
+TENSOR_FLAGS = "--input-name and --features"
+# What to give when a server refuses the requests: either way of setting them.
+REQUEST_FLAGS = f"one FP32 tensor with {TENSOR_FLAGS}, or a request body with {BODY_FLAG}"
+
+
+def given_by(protocol: RequestProtocol) -> str:
+    """The flags that gave requests of the user's own, for messages about them."""
+    if protocol.name == "v2":
+        return TENSOR_FLAGS
+    if protocol.name == "template":
+        return BODY_FLAG
+    return f"--protocol {protocol.name}"
+
+
 METADATA_TIMEOUT_S = 10.0
 
 

@@ -20,7 +20,7 @@ from batchpilot.extras import gp_sampler_missing, matplotlib_missing
 from batchpilot.loadgen.arrival_option import ARRIVAL_HELP
 from batchpilot.loadgen.arrivals import ARRIVAL_SYNTAX, ArrivalKind
 from batchpilot.loadgen.connections_option import max_connections_option
-from batchpilot.loadgen.protocol_option import build_stream_protocol, stream_protocol_options
+from batchpilot.loadgen.protocol_option import build_protocol, runtime_protocol_options
 from batchpilot.loadgen.protocols import (
     STREAM_PROTOCOLS,
     RequestProtocol,
@@ -372,10 +372,9 @@ def _storage(spec: str | None) -> str | BaseStorage | None:
     help="p99 end-to-end latency SLA in ms [default 100; none when --ttft-p99-ms or "
     "--tpot-p99-ms is given].",
 )
-@stream_protocol_options(
+@runtime_protocol_options(
     "SLA: a step fails when the TTFT p99 is over it, and each trial scores its goodput, the "
-    "requests per second within it and --tpot-p99-ms (--url)",
-    with_model=False,
+    "requests per second within it and --tpot-p99-ms (--url)"
 )
 @click.option(
     "--batch-range",
@@ -474,23 +473,13 @@ def tune(**given: Any) -> None:
     streaming = flags.local and local_token_streams(flags.runtime)
     if streaming:
         config = streaming_config(config, flags)
-    try:
-        streams = build_stream_protocol(
-            protocol=flags.protocol or ("openai-stream" if streaming else None),
-            model=_streamed_model(flags, streaming),
-            prompt_tokens=flags.prompt_tokens,
-            output_tokens=flags.output_tokens,
-            ttft_p99_ms=config.sla.ttft_p99_ms if streaming else flags.ttft_p99_ms,
-            tpot_p99_ms=config.sla.tpot_p99_ms if streaming else flags.tpot_p99_ms,
-        )
-    except ValueError as exc:
-        raise TuneError(str(exc)) from None
+    requests = tune_requests(flags, config, streaming)
     try:
         space, request_mix = resolve(config)
         process = resolve_arrival(config)
     except (ConfigError, ValueError) as exc:
         raise TuneError(str(exc)) from None
-    check_config(flags, config, streams)
+    check_config(flags, config, requests)
 
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     import optuna
@@ -509,7 +498,7 @@ def tune(**given: Any) -> None:
             report_dir=flags.report_dir,
         )
         return
-    _tune_measured(flags, config, space, request_mix, process, streams)
+    _tune_measured(flags, config, space, request_mix, process, requests)
 
 
 @dataclass(frozen=True)
@@ -537,6 +526,9 @@ class TuneFlags:
     trials: int | None
     sla_p99_ms: float | None
     protocol: str | None
+    max_tokens: int | None
+    input_name: str | None
+    features: int | None
     prompt_tokens: str | None
     output_tokens: str | None
     ttft_p99_ms: float | None
@@ -603,12 +595,7 @@ def check_flags(flags: TuneFlags) -> None:
     if flags.simulated and flags.runtime_name is not None:
         raise TuneError("--runtime applies to --local runs; a simulated service has no runtime")
     streaming = flags.local and local_token_streams(flags.runtime)
-    if flags.protocol is not None and flags.attach_url is None and not streaming:
-        raise TuneError(
-            f"--protocol {flags.protocol} applies to --url runs and to --local --runtime vllm: "
-            "the other runtimes --local starts and the simulator serve whole requests, not "
-            "token streams"
-        )
+    _check_request_flags(flags, streaming)
     if flags.token_budget is not None and not (flags.local and flags.runtime == "vllm"):
         raise TuneError(
             "--token-budget applies to --local --runtime vllm: it is the max_num_batched_tokens "
@@ -660,9 +647,7 @@ def check_flags(flags: TuneFlags) -> None:
         raise TuneError(
             "--body-template applies to --local and --url runs; a simulated run sends no load"
         )
-    if flags.protocol is not None and flags.body_template is not None:
-        raise TuneError("--body-template and --protocol exclude each other: give one of them")
-    if flags.protocol is not None and flags.mix is not None:
+    if flags.protocol is not None and flags.protocol.lower() in STREAM_PROTOCOLS and flags.mix:
         raise TuneError(
             f"--mix applies to sized requests, not --protocol {flags.protocol}: its lengths "
             "come from --prompt-tokens and --output-tokens"
@@ -697,14 +682,123 @@ def local_token_streams(runtime_name: str) -> bool:
     return runtime_name in runtime_names() and get_runtime(runtime_name).streams_tokens
 
 
-def _streamed_model(flags: TuneFlags, streaming: bool) -> str | None:
-    """The model field of streamed requests: --model of a --url run, the model a
-    streaming runtime started here serves."""
+def _check_request_flags(flags: TuneFlags, streaming: bool) -> None:
+    """--protocol and the flags that shape the requests by hand, where the mode reads
+    them; TuneError names the flag and where it applies."""
+    kind = (flags.protocol or "").lower()
+    shaping = [
+        flag
+        for flag, value in (
+            ("--protocol", flags.protocol),
+            ("--input-name", flags.input_name),
+            ("--features", flags.features),
+            ("--max-tokens", flags.max_tokens),
+        )
+        if value is not None
+    ]
+    if not shaping:
+        return
+    if flags.simulated:
+        raise TuneError(
+            f"{shaping[0]} applies to --local and --url runs; a simulated run sends no load"
+        )
+    if flags.body_template is not None:
+        raise TuneError(
+            f"--body-template and {shaping[0]} exclude each other: give the requests one way"
+        )
+    if not flags.local:
+        return
     if streaming:
-        from batchpilot.runtimes.registry import get_runtime
+        if kind and kind not in STREAM_PROTOCOLS:
+            raise TuneError(
+                f"--protocol {kind} does not apply to --local --runtime {flags.runtime}: its "
+                f"load is token streams (--protocol {' or '.join(STREAM_PROTOCOLS)})"
+            )
+        return
+    if kind and kind != "v2":
+        raise TuneError(
+            f"--protocol {kind} applies to --url runs and to --local --runtime vllm: the other "
+            "runtimes --local starts serve their model's requests, not completions"
+        )
+    by_hand = [flag for flag in shaping if flag != "--max-tokens"]
+    _, user_model = flags.user_model
+    if by_hand and user_model is None:
+        raise TuneError(
+            f"{by_hand[0]} applies to --url runs and to --local with a model of your own "
+            "(--model-dir): the requests of a bundled model are built for it"
+        )
 
-        return get_runtime(flags.runtime).default_model
-    return flags.model if flags.protocol is not None else None
+
+def tune_requests(flags: TuneFlags, config: TuneConfig, streaming: bool) -> RequestProtocol | None:
+    """The requests --protocol and its flags describe; None: the runtime's own (built from
+    the model's metadata for Triton and MLServer) or --body-template's. TuneError names the
+    flag that is wrong and what is allowed."""
+    if flags.simulated:
+        return None
+    from batchpilot.loadgen.protocols import APPLIES_TO
+    from batchpilot.runtimes.registry import get_runtime
+
+    runtime = get_runtime(flags.runtime)
+    own = runtime.protocol().name
+    tensor = flags.input_name is not None or flags.features is not None
+    kind = (flags.protocol or "").lower()
+    if streaming and not kind:
+        kind = "openai-stream"
+    if tensor and not kind:
+        kind = "v2"
+    if kind == "v2" and own != "v2":
+        speakers = [n for n in runtime_names() if get_runtime(n).protocol().name == "v2"]
+        flag = "--protocol v2" if flags.protocol else "--input-name and --features"
+        raise TuneError(
+            f"{flag} applies to the runtimes that serve KServe v2 inference "
+            f"({', '.join(speakers)}); the {flags.runtime} runtime takes its own requests, "
+            "or a body of yours with --body-template"
+        )
+    if not kind or (kind == "v2" and not tensor):
+        # the runtime's own requests: only a body of the user's changes their shape
+        for flag, value in (
+            ("--max-tokens", flags.max_tokens),
+            ("--prompt-tokens", flags.prompt_tokens),
+            ("--output-tokens", flags.output_tokens),
+            ("--ttft-p99-ms", flags.ttft_p99_ms),
+            ("--tpot-p99-ms", flags.tpot_p99_ms),
+        ):
+            if value is not None:
+                raise TuneError(
+                    f"{flag} applies to --protocol {' or '.join(APPLIES_TO[flag])}, not to "
+                    f"the {flags.runtime} runtime's own requests"
+                )
+        return None
+    if kind == "v2":
+        model: str | None = _served_model(flags, runtime) or runtime.default_model
+    else:
+        model = runtime.default_model if streaming else flags.model
+    try:
+        return build_protocol(
+            protocol=kind,
+            model=model,
+            max_tokens=flags.max_tokens,
+            input_name=flags.input_name,
+            features=flags.features,
+            body_template=None,
+            headers=(),
+            path=None,
+            prompt_tokens=flags.prompt_tokens,
+            output_tokens=flags.output_tokens,
+            ttft_p99_ms=config.sla.ttft_p99_ms if streaming else flags.ttft_p99_ms,
+            tpot_p99_ms=config.sla.tpot_p99_ms if streaming else flags.tpot_p99_ms,
+        )
+    except ValueError as exc:
+        raise TuneError(str(exc)) from None
+
+
+def _served_model(flags: TuneFlags, runtime: Runtime) -> str | None:
+    """The model the requests name: the user's own that --local serves (its settings
+    say its name), else --model."""
+    _, user_model = flags.user_model
+    if user_model is not None:
+        return runtime.user_model(user_model)
+    return flags.model
 
 
 def _file_config(flags: TuneFlags) -> TuneConfig | None:
@@ -803,9 +897,9 @@ def config_of(flags: TuneFlags) -> TuneConfig:
         raise TuneError(str(exc)) from None
 
 
-def check_config(flags: TuneFlags, config: TuneConfig, streams: RequestProtocol | None) -> None:
+def check_config(flags: TuneFlags, config: TuneConfig, requests: RequestProtocol | None) -> None:
     """What the flags and the configuration file say together, before anything starts."""
-    if config.sla.token_targets and streams is None:
+    if config.sla.token_targets and (requests is None or requests.stream is None):
         raise TuneError(
             "the SLA's TTFT and TPOT targets (--ttft-p99-ms, --tpot-p99-ms, sla.ttft_p99_ms "
             "and sla.tpot_p99_ms in --config) are judged on token streams: give --url with "
@@ -839,9 +933,10 @@ def _tune_measured(
     space: SearchSpace,
     request_mix: RequestMix,
     process: ArrivalKind,
-    streams: RequestProtocol | None,
+    requests: RequestProtocol | None,
 ) -> None:
-    """`tune --local` and `tune --url`: a server measured by the load generator."""
+    """`tune --local` and `tune --url`: a server measured by the load generator;
+    `requests` None: the runtime's own."""
     from batchpilot.errors import RequestShapeError, TargetError
     from batchpilot.runtimes.base import LaunchError
     from batchpilot.runtimes.registry import get_runtime
@@ -876,13 +971,10 @@ def _tune_measured(
                 selector=flags.prometheus_selector,
                 step_s=config.measurement.step_duration_s,
             )
-    requests = streams
     _, user_model = flags.user_model
     if flags.body_template is not None:
-        served = (
-            get_runtime(runtime).user_model(user_model) if user_model is not None else flags.model
-        )
-        requests = _body_template(flags.body_template, get_runtime(runtime), served)
+        adapter = get_runtime(runtime)
+        requests = _body_template(flags.body_template, adapter, _served_model(flags, adapter))
     run = LocalRun(
         model_dir=user_model,
         requests=requests,

@@ -29,7 +29,14 @@ import aiohttp
 
 from batchpilot.errors import RequestShapeError, TargetError
 from batchpilot.loadgen.protocols import JSON_HEADERS, RequestProtocol, v2_body, v2_path
-from batchpilot.loadgen.v2model import BODY_FLAG, MetadataError, fetch_v2_model, v2_model_protocol
+from batchpilot.loadgen.v2model import (
+    BODY_FLAG,
+    REQUEST_FLAGS,
+    MetadataError,
+    fetch_v2_model,
+    given_by,
+    v2_model_protocol,
+)
 from batchpilot.models import BatchingConfig
 from batchpilot.runtimes import base, burst
 from batchpilot.runtimes.http import ControlClient
@@ -331,24 +338,24 @@ def answered(metrics: str, model: str, version: str) -> float:
     return total
 
 
-def refused_message(status: int, text: str, model: str, *, template: bool = False) -> str:
+def refused_message(status: int, text: str, model: str, *, given: str | None = None) -> str:
     """What to tell the user when MLServer refuses the requests for `model` with a 4xx
-    (built from its metadata, or with `template` the user's --body-template): the
+    (built from its metadata, or the user's own, which the flags `given` gave): the
     server's words and what to set."""
     try:
         data = json.loads(text)
     except ValueError:
         data = None
     said = data["error"] if isinstance(data, dict) and "error" in data else text[:200]
-    if template:
+    if given is not None:
         return (
-            f"MLServer refused the {BODY_FLAG} requests for model {model!r} (HTTP {status}: "
-            f"{said}); give a request body it accepts with {BODY_FLAG}"
+            f"MLServer refused the {given} requests for model {model!r} (HTTP {status}: "
+            f"{said}); give requests it accepts: {REQUEST_FLAGS}"
         )
     return (
         f"MLServer refused the requests built for model {model!r} from its metadata "
         f"(HTTP {status}: {said}); declare the model's inputs (name, datatype, shape) in "
-        f"its {SETTINGS_FILE}, or give a request body it accepts with {BODY_FLAG}"
+        f"its {SETTINGS_FILE}, or give requests it accepts: {REQUEST_FLAGS}"
     )
 
 
@@ -388,7 +395,7 @@ class UserModelControl(MLServerControl):
         self.repo = repository
         self.metrics_url = metrics_url
         self.protocol: RequestProtocol | None = None
-        self._template = False  # the requests are the user's --body-template
+        self._given: str | None = None  # the flags that gave the user's own requests
 
     async def request_protocol(self, override: RequestProtocol | None = None) -> RequestProtocol:
         """The requests the model takes: `override` (the user's own body), else built
@@ -396,7 +403,7 @@ class UserModelControl(MLServerControl):
         what to declare or give."""
         if override is not None:
             self.protocol = override
-            self._template = True
+            self._given = given_by(override)
         if self.protocol is None:
             try:
                 model = await fetch_v2_model(self.url, self.model, triton_config=False)
@@ -465,7 +472,7 @@ class UserModelControl(MLServerControl):
         def refused(status: int, text: str) -> TargetError:
             if 400 <= status < 500:
                 return RequestShapeError(
-                    refused_message(status, text, self.model, template=self._template)
+                    refused_message(status, text, self.model, given=self._given)
                 )
             return TargetError(f"POST {url} answered HTTP {status}: {text[:200]}")
 

@@ -23,7 +23,13 @@ from batchpilot.capacity.promql import Metrics, with_matchers
 from batchpilot.errors import RequestShapeError
 from batchpilot.httpbody import MAX_CONTROL_BODY_BYTES, BodyTooLarge, error_message, text_capped
 from batchpilot.loadgen.protocols import JSON_HEADERS, RequestProtocol, v2_path
-from batchpilot.loadgen.v2model import BODY_FLAG, MetadataError, fetch_v2_model, v2_model_protocol
+from batchpilot.loadgen.v2model import (
+    REQUEST_FLAGS,
+    MetadataError,
+    fetch_v2_model,
+    given_by,
+    v2_model_protocol,
+)
 from batchpilot.models import BatchingConfig
 from batchpilot.runtimes.base import (
     ControlEndpoint,
@@ -132,17 +138,25 @@ def check_batches(
     return f"mean executed batch {mean:.2f} (nv_inference_count/exec_count)", None
 
 
-def refused_requests(failed: list[tuple[int | None, str]], model: str) -> str | None:
+def refused_requests(
+    failed: list[tuple[int | None, str]], model: str, given: str | None = None
+) -> str | None:
     """What to tell the user when the server refused the requests with a 4xx (the
-    request, not the server, is wrong): its message and the flag that gives a body of the
-    user's own; None when no answer was a 4xx."""
+    request, not the server, is wrong): its message and the flags that set the requests
+    (`given`: the flags that gave these); None when no answer was a 4xx."""
+    what = "built" if given is None else f"{given} gave"
     for status, text in failed:
         if status is not None and 400 <= status < 500:
             return (
-                f"Triton refused the requests built for model {model!r} (HTTP {status}: "
-                f"{error_message(text)}); give a request body it accepts with {BODY_FLAG}"
+                f"Triton refused the requests {what} for model {model!r} (HTTP {status}: "
+                f"{error_message(text)}); give requests it accepts: {REQUEST_FLAGS}"
             )
     return None
+
+
+def failure_text(status: int | None, text: str) -> str:
+    """One failed request of a burst, for people."""
+    return text if status is None else f"HTTP {status}: {text}"
 
 
 @dataclass(frozen=True)
@@ -174,6 +188,8 @@ class TritonRuntimeControl:
         self.url = self.control.url
         self.access = access
         self.protocol = protocol
+        # the flags that gave the user's own requests (None: built from the metadata)
+        self._given = None if protocol is None else given_by(protocol)
         self.last_verification: Verification | None = None
 
     async def request_protocol(self, override: RequestProtocol | None = None) -> RequestProtocol:
@@ -182,6 +198,7 @@ class TritonRuntimeControl:
         built (metadata unreadable, an input such as BYTES that needs a sample)."""
         if override is not None:
             self.protocol = override
+            self._given = given_by(override)
         if self.protocol is None:
             try:
                 model = await fetch_v2_model(
@@ -246,11 +263,12 @@ class TritonRuntimeControl:
             before = await self._readings()
             failed = await self._burst(min(2 * cap, _VERIFY_MAX_REQUESTS), protocol)
             if failed:
-                refused = refused_requests(failed, self.control.model)
+                refused = refused_requests(failed, self.control.model, self._given)
                 if refused is not None:
                     raise RequestShapeError(refused)
                 raise TritonError(
-                    f"{len(failed)} requests failed right after the change: {failed[0][1]}"
+                    f"{len(failed)} requests failed right after the change: "
+                    + failure_text(*failed[0])
                 )
             after = await self._readings()
             if before.unread and after.unread:
@@ -289,8 +307,8 @@ class TritonRuntimeControl:
         return _Readings(stats, metrics, "; ".join(unread) if len(unread) == 2 else "")
 
     async def _burst(self, n: int, protocol: RequestProtocol) -> list[tuple[int | None, str]]:
-        """`n` requests at once; (HTTP status or None, what went wrong) for those that
-        did not answer 2xx."""
+        """`n` requests at once; for those that did not answer 2xx, (HTTP status, the
+        answer's body) or (None, what went wrong)."""
         url = self.url + protocol.path
         body = protocol.body(1)
         timeout = aiohttp.ClientTimeout(total=_VERIFY_TIMEOUT_S)
@@ -304,7 +322,7 @@ class TritonRuntimeControl:
                         text = await text_capped(response, cap=MAX_CONTROL_BODY_BYTES, url=url)
                         if 200 <= response.status < 300:
                             return None
-                        return response.status, f"HTTP {response.status}: {text[:200]}"
+                        return response.status, text[:200]
                 except (aiohttp.ClientError, TimeoutError, BodyTooLarge) as exc:
                     return None, f"{type(exc).__name__}: {exc}"
 
