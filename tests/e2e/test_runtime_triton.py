@@ -2,7 +2,8 @@
 plane: Triton, tuned live through its own API (runtime Triton, apply.method Live). The
 baseline is read from Triton, every trial is applied by explicit model control and
 verified by Triton's executed batches, the load speaks the KServe v2 protocol, and the
-winner is written back live with the config.pbtxt lines to commit in status."""
+winner is written back live with the config.pbtxt lines to commit in status; a pod that
+restarts on its model's configuration gets the winner again."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from runtimes.support import require_runtime
 from .conftest import Cluster
 from .operatorproc import OperatorProcess
 from .scenario import diagnostics, finished_trials, gap_free, pods, wait_converged
+from .study import wait_for
 from .workloads import (
     TRITON_HTTP_PORT,
     TRITON_MODEL,
@@ -80,3 +82,35 @@ def test_triton_live_study_through_the_operator(
     assert (persist["runtime"], persist["kind"]) == ("Triton", "recommend")
     assert f"max_batch_size: {best['maxBatchSize']}" in persist["snippet"]
     assert f"max_queue_delay_microseconds: {delay_us}" in persist["snippet"]
+
+    # A restarted pod starts from its model's configuration; the operator reads the
+    # pods of the converged study and sets the winner back live, and says so.
+    cluster.kubectl("delete", "pod", after["metadata"]["name"], "-n", namespace, "--wait=false")
+    status = wait_for(
+        cluster.kubectl,
+        namespace,
+        "tune-triton",
+        lambda s: s.get("liveReapplied", 0) >= 1,
+        what="the winner set back on the new pod",
+        timeout_s=240,
+        diagnostics=lambda: diagnostics(cluster, operator),
+    )
+    assert status["phase"] == "Converged"
+    [replaced] = [
+        p
+        for p in pods(cluster, namespace, "app=triton")
+        if not p["metadata"].get("deletionTimestamp")
+    ]
+    assert replaced["metadata"]["name"] != after["metadata"]["name"]
+    live = triton_config(replaced)
+    assert live["max_batch_size"] == best["maxBatchSize"]
+    assert int(live["dynamic_batching"]["max_queue_delay_microseconds"]) == delay_us
+    events = cluster.kubectl.json(
+        "get", "events", "-n", namespace, "--field-selector", "reason=LiveReapplied"
+    )["items"]
+    assert any(
+        f"on {replaced['metadata']['name']} (ran batch=4 wait=2ms)" in e["message"] for e in events
+    ), [e["message"] for e in events]
+    # the pod template is still untouched
+    template_now = cluster.kubectl.json("get", "deployment", "triton", "-n", namespace)
+    assert template_now["metadata"]["generation"] == template_before["metadata"]["generation"]

@@ -88,6 +88,15 @@ class FakeTarget:
             await asyncio.Event().wait()  # a rollout that never ends
         self.cluster.target = dict(params)
         self.cluster.written_back.append(dict(params))
+        self.cluster.pods = {name: dict(params) for name in self.cluster.pods}
+
+    async def keep_live(self, params: Params) -> list[str]:
+        self.cluster.live_checks += 1
+        kept = [name for name, live in sorted(self.cluster.pods.items()) if live != params]
+        said = [f"{name} (ran {self.cluster.label(name)})" for name in kept]
+        for name in kept:
+            self.cluster.pods[name] = dict(params)
+        return said
 
     async def restore(self, original: OriginalConfig) -> None:
         if self.cluster.restore_problem is not None:
@@ -279,6 +288,13 @@ class FakeCluster:
         # whether a configuration breaks the SLA at light load, when that is measured
         self.breaks_at_light_load: Callable[[Params], bool] = lambda params: False
         self.light_load_asked: list[bool] = []  # every measurement's light_load, in order
+        # what each pod of the target runs live (a write-back sets them all)
+        self.pods: dict[str, Params] = {"resnet-0": dict(ORIGINAL), "resnet-1": dict(ORIGINAL)}
+        self.live_checks = 0  # keep_live calls
+
+    def label(self, pod: str) -> str:
+        live = self.pods[pod]
+        return f"batch={live['max_batch_size']:g} wait={live['max_queue_time_ms']:g}ms"
 
     def factory(self) -> Callable[..., FakeWorld]:
         def make(

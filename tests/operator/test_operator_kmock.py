@@ -634,14 +634,19 @@ async def test_deletion_mid_rollback_of_a_canary_study_finishes_the_rollback(
     assert cluster.restored == 1
 
 
-async def test_live_runtime_write_back_leaves_the_snippet_to_commit_in_status(
-    kmock: kmock.KubernetesEmulator, operator: Operator, cluster: FakeCluster
-) -> None:
-    kmock.objects[ISVC, NAMESPACE, "resnet"] = isvc(
+def triton_live_isvc() -> dict[str, Any]:
+    """A study of Triton through its own API: the winner is written back live."""
+    return isvc(
         runtime={"kind": "Triton", "model": "resnet"},
         apply={"method": "Live"},
         load={"endpoint": {"port": 8000}},
     )
+
+
+async def test_live_runtime_write_back_leaves_the_snippet_to_commit_in_status(
+    kmock: kmock.KubernetesEmulator, operator: Operator, cluster: FakeCluster
+) -> None:
+    kmock.objects[ISVC, NAMESPACE, "resnet"] = triton_live_isvc()
     async with operator():
         await eventually(lambda: phase_is(kmock, "Converged"), what="convergence")
     status = status_of(kmock)
@@ -654,3 +659,46 @@ async def test_live_runtime_write_back_leaves_the_snippet_to_commit_in_status(
     delay_us = round(best["maxQueueTimeMs"] * 1000)
     assert f"max_queue_delay_microseconds: {delay_us}" in persist["snippet"]
     assert "config.pbtxt" in persist["where"]
+
+
+async def test_a_pod_restarted_off_a_live_winner_is_set_back_once_and_said(
+    kmock: kmock.KubernetesEmulator, operator: Operator, cluster: FakeCluster
+) -> None:
+    kmock.objects[ISVC, NAMESPACE, "resnet"] = triton_live_isvc()
+    async with operator():
+        await eventually(lambda: phase_is(kmock, "Converged"), what="convergence")
+        best = status_of(kmock)["best"]["params"]
+        assert set(map(str, cluster.pods.values())) == {str(best)}
+        checks = cluster.live_checks
+        await eventually(lambda: cluster.live_checks > checks + 1, what="checks of the pods")
+        assert "LiveReapplied" not in reasons_of(kmock), "nothing to set back"
+        # the pod restarts from the model's configuration
+        cluster.pods["resnet-1"] = dict(ORIGINAL)
+        await eventually(lambda: "LiveReapplied" in reasons_of(kmock), what="the winner set back")
+        assert cluster.pods["resnet-1"] == best
+        await eventually(lambda: status_of(kmock).get("liveReapplied") == 1, what="the count")
+        checks = cluster.live_checks
+        await eventually(lambda: cluster.live_checks > checks + 1, what="more checks")
+    status = status_of(kmock)
+    assert status["phase"] == "Converged"
+    assert status["liveReapplied"] == 1
+    [event] = [e for e in events_of(kmock) if e["reason"] == "LiveReapplied"]
+    assert event["type"] == "Warning"
+    assert "on resnet-1 (ran batch=32 wait=50ms)" in event["message"]
+    assert (
+        "to keep it, commit status.persist.snippet: replace these lines in config.pbtxt"
+        in (event["message"])
+    )
+
+
+async def test_a_winner_in_the_pod_template_needs_no_live_checks(
+    kmock: kmock.KubernetesEmulator, operator: Operator, cluster: FakeCluster
+) -> None:
+    kmock.objects[ISVC, NAMESPACE, "resnet"] = isvc()
+    async with operator():
+        await eventually(lambda: phase_is(kmock, "Converged"), what="convergence")
+        assert status_of(kmock)["applied"] is True
+        cluster.pods["resnet-1"] = {"max_batch_size": 1, "max_queue_time_ms": 0.0}
+        await asyncio.sleep(0.5)  # several polls of the converged study
+    assert cluster.live_checks == 0
+    assert "LiveReapplied" not in reasons_of(kmock)

@@ -469,6 +469,11 @@ async def test_rayservice_with_the_rayserve_runtime_goes_through_the_heads_serve
     written = yaml.safe_load(kmock.objects[RAYSERVICES, NS, "ranker"].raw["spec"]["serveConfigV2"])
     user = written["applications"][0]["deployments"][0]["user_config"]
     assert user == {"max_batch_size": 32, "batch_wait_timeout_s": 0.025}
+    # serveConfigV2 holds the winner, which KubeRay deploys on every new cluster: no pod
+    # to set back, nothing sent to Serve
+    api.user_config = {"max_batch_size": 8, "batch_wait_timeout_s": 0.01}
+    assert await w.target.keep_live({"max_batch_size": 32, "max_queue_time_ms": 25.0}) == []
+    assert len(api.puts) == 2
 
     await w.target.restore(original)
     assert len(api.puts) == 3

@@ -609,16 +609,21 @@ def fake_controls(
     return live
 
 
-async def test_runtime_live_applies_on_every_pod_and_never_touches_the_template(
-    kmock: kmock.KubernetesEmulator, kube: Kube, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    live = fake_controls(monkeypatch)
+def two_ready_pods(kmock: kmock.KubernetesEmulator) -> None:
+    """The target with pods resnet-0 at 127.0.0.1 and resnet-1 at 127.0.0.2, both ready."""
     kmock.objects[DEPLOYMENTS, NS, "resnet"] = target()
     for n, ip in enumerate(("127.0.0.1", "127.0.0.2")):
         pod = ready_pod()
         pod["metadata"]["name"] = f"resnet-{n}"
         pod["status"]["podIP"] = ip
         kmock.objects["v1/pods", NS, f"resnet-{n}"] = pod
+
+
+async def test_runtime_live_applies_on_every_pod_and_never_touches_the_template(
+    kmock: kmock.KubernetesEmulator, kube: Kube, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    live = fake_controls(monkeypatch)
+    two_ready_pods(kmock)
     w = world(kube, triton_spec())
     original = await w.target.record_original(NOW)
     # read through the runtime's control, not from the environment
@@ -631,6 +636,37 @@ async def test_runtime_live_applies_on_every_pod_and_never_touches_the_template(
     await w.target.restore(original)
     assert {c.label() for c in live.values()} == {"batch=4 wait=1ms"}
     assert not [r for r in kmock["patch"] if r.resource is not None]
+
+
+async def test_a_live_winner_is_set_back_on_the_pods_that_run_other_values(
+    kmock: kmock.KubernetesEmulator, kube: Kube, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    live = fake_controls(monkeypatch, fail=[])
+    two_ready_pods(kmock)
+    w = world(kube, triton_spec())
+    winner = {"max_batch_size": 16, "max_queue_time_ms": 0.5}
+    await w.target.write_back(winner)
+    assert await w.target.keep_live(winner) == []
+    del live["127.0.0.2"]  # restarted: back on the model's configuration (4, 1 ms)
+    assert await w.target.keep_live(winner) == ["resnet-1 (ran batch=4 wait=1ms)"]
+    assert live["127.0.0.2"] == BatchingConfig(max_batch_size=16, max_queue_time_ms=0.5)
+    # both pods restarted; the first refuses the change now: it is left to the next
+    # check, the other kept
+    fake_controls(monkeypatch, fail=["still loading"])
+    assert await w.target.keep_live(winner) == ["resnet-1 (ran batch=4 wait=1ms)"]
+    assert await w.target.keep_live(winner) == ["resnet-0 (ran batch=4 wait=1ms)"]
+
+
+async def test_a_winner_in_the_pod_template_reads_no_pod(
+    kmock: kmock.KubernetesEmulator, kube: Kube, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def control_for(*_: object) -> None:
+        raise AssertionError("no pod is read")
+
+    monkeypatch.setattr(operator_runtimes, "control_for", control_for)
+    kmock.objects[DEPLOYMENTS, NS, "resnet"] = target()
+    kmock.objects["v1/pods", NS, "resnet-1"] = ready_pod()
+    assert await world(kube, make_spec()).target.keep_live({"max_batch_size": 8}) == []
 
 
 async def test_runtime_apply_waits_out_a_failing_pod_then_names_it(

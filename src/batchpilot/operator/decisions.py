@@ -856,9 +856,15 @@ def sla_breach(
 
 def ready_pod_ips(pods: Sequence[Mapping[str, Any]]) -> list[str]:
     """IPs of pods that are Running, Ready and not being deleted."""
-    ips: list[str] = []
+    return sorted(ip for _, ip in ready_pods(pods))
+
+
+def ready_pods(pods: Sequence[Mapping[str, Any]]) -> list[tuple[str, str]]:
+    """(name, IP) of the pods that are Running, Ready and not being deleted, by name."""
+    found: list[tuple[str, str]] = []
     for pod in pods:
-        if pod.get("metadata", {}).get("deletionTimestamp"):
+        meta = pod.get("metadata", {}) or {}
+        if meta.get("deletionTimestamp"):
             continue
         status = pod.get("status", {}) or {}
         ready = any(
@@ -866,8 +872,21 @@ def ready_pod_ips(pods: Sequence[Mapping[str, Any]]) -> list[str]:
             for c in status.get("conditions", []) or []
         )
         if status.get("phase") == "Running" and ready and status.get("podIP"):
-            ips.append(str(status["podIP"]))
-    return sorted(ips)
+            found.append((str(meta.get("name", "?")), str(status["podIP"])))
+    return sorted(found)
+
+
+def keeps_live_winner(spec: InferenceServiceSpec, status: InferenceServiceStatus) -> bool:
+    """Whether the study's winner lives only in the target's processes: written back
+    live through the runtime's API (status.persist says how to commit it), with nothing
+    in the pod template that a restarted or new pod would start from."""
+    return (
+        status.phase == "Converged"
+        and status.applied
+        and not status.restored
+        and spec.tuning.write_back == "Apply"
+        and status.persist is not None
+    )
 
 
 def label_selector(workload: Mapping[str, Any]) -> str:

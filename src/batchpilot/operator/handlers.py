@@ -69,6 +69,8 @@ MAX_UNEXPECTED_ERRORS = 5
 # How often a step in flight looks for an edit that must stop it (a restarting spec, the
 # suspend brake): a parse of the body, nothing sent to the API server.
 EDIT_CHECK_S = 1.0
+# polls between two checks of a winner written live (every 15 s at the 5 s poll)
+LIVE_CHECK_POLLS = 3
 
 
 def kube_world(
@@ -262,6 +264,8 @@ def _runner(
         slots=memo["slots"],
         clock=utcnow,
         world_for=world_for,
+        # a pod restarted off a live winner is set back within a few polls
+        live_check_s=LIVE_CHECK_POLLS * float(memo["poll_s"]),
     )
     holder.append(runner)
     memo["runners"][namespace, name] = runner

@@ -75,6 +75,13 @@ class KubeTarget:
         env = decisions.env_for_params(params, self._spec.env_names(), self._env_wait)
         await self._workload.apply_env(await self._workload.target(), dict(env), force=True)
 
+    async def keep_live(self, params: Params) -> list[str]:
+        """A winner written live: every pod running other values set back to it (a pod
+        template write-back needs nothing: a new pod starts from the template)."""
+        if self._live.runtime is None:
+            return []
+        return await self._live.keep(await self._workload.target(), params)
+
     async def restore(self, original: OriginalConfig) -> None:
         workload = await self._workload.target()
         if self._spec.apply.method == "Live" and original.params:

@@ -5,6 +5,7 @@ GET or the runtime's own API, a pod that is (re)starting waited out."""
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -12,6 +13,7 @@ import aiohttp
 
 from batchpilot.errors import TargetError
 from batchpilot.httpbody import MAX_CONTROL_BODY_BYTES, BodyTooLarge, json_capped, text_capped
+from batchpilot.operator import decisions
 from batchpilot.operator import runtimes as operator_runtimes
 from batchpilot.operator.kubeworkload import Workload
 from batchpilot.operator.spec import InferenceServiceSpec, Params, batching_config
@@ -19,6 +21,8 @@ from batchpilot.operator.world import TargetProblem
 
 if TYPE_CHECKING:
     from batchpilot.runtimes.base import Runtime
+
+log = logging.getLogger(__name__)
 
 # problems of a pod that is (re)starting: waited out rather than failing the trial
 TRANSIENT = frozenset({"NoReadyPods", "AdminUnreachable", "AdminNotApplied"})
@@ -105,6 +109,35 @@ class LivePods:
                 raise TargetProblem(
                     "AdminNotApplied", f"{runtime.title} at {ip}: {config.label()}: {exc}"
                 ) from exc
+
+    async def keep(
+        self, workload: Mapping[str, Any], params: Mapping[str, float | int]
+    ) -> list[str]:
+        """Every ready pod that runs other values than `params` set to them again through
+        the runtime's API and verified, as a trial's change is (a restarted or new pod
+        starts from the model's own configuration): "POD (ran LABEL)" for each. A pod
+        that cannot be read or set now (still loading its model) is left to the next
+        check; nothing to do without a runtime applied live."""
+        runtime = self.runtime
+        if runtime is None:
+            return []
+        from batchpilot.runtimes.base import representable
+
+        config = batching_config(dict(params))
+        wanted = representable(runtime.knobs, config)
+        kept: list[str] = []
+        for name, ip in decisions.ready_pods(await self._workload.pods(workload)):
+            control = operator_runtimes.control_for(runtime, self._spec, ip)
+            try:
+                running = await control.current()
+                if running == wanted:
+                    continue
+                await control.apply(config)
+            except TargetError as exc:
+                log.info("%s at %s: live values not checked now: %s", name, ip, exc)
+                continue
+            kept.append(f"{name} (ran {running.label()})")
+        return kept
 
     async def apply(self, workload: Mapping[str, Any], params: Mapping[str, float | int]) -> None:
         """Apply `params` on every ready pod and verify them: PUT and GET on apply.live,

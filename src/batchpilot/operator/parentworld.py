@@ -187,6 +187,13 @@ class ParentTarget(KubeTarget):
             await self._live.apply(parent, params)
         await self._parent.apply_user_config(parent, parents.user_config_values(params))
 
+    async def keep_live(self, params: Params) -> list[str]:
+        parent = await self._parent.target()
+        if parent.get("kind") == "RayService":
+            # the winner is in serveConfigV2: KubeRay deploys it on every new cluster
+            return []
+        return await super().keep_live(params)
+
     async def restore(self, original: OriginalConfig) -> None:
         parent = await self._parent.target()
         if parent.get("kind") != "RayService":

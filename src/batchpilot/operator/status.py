@@ -335,6 +335,11 @@ class InferenceServiceStatus(_Status):
         description="For a runtime written back live: the snippet that keeps the "
         "configuration across pod restarts, to commit with the model's configuration.",
     )
+    live_reapplied: int = Field(
+        default=0,
+        description="A winner written back live: pods found on other values (restarted, or "
+        "new) and set to it again since the write-back, each with a LiveReapplied event.",
+    )
     suspended: bool = Field(
         default=False,
         description="spec.suspend took effect: no trial runs, the canary is gone and an "

@@ -5,7 +5,8 @@ after every change) and the world, asks `decisions.plan` what comes next and han
 to the flow that does it: `studystart` (a new study, an adopted edit, the original
 recorded), `trials`, `confirmation`, `finish` with `writeback` (the write-back, its
 verification and rollback), `pause` (suspend, maintenance windows), `retune` and
-`cleanup` (failure, early stop). The tuner is rebuilt from the trial history for every
+`cleanup` (failure, early stop), and once converged `liveguard` (a winner written live
+kept on pods that restart). The tuner is rebuilt from the trial history for every
 trial, so a resumed operator takes exactly the path an uninterrupted one would (the
 status is the study's only persistent state: `operator.status`).
 """
@@ -17,6 +18,7 @@ from batchpilot.operator.cleanup import Cleanup, WorldFor
 from batchpilot.operator.confirmation import ConfirmationRounds
 from batchpilot.operator.finish import Finish
 from batchpilot.operator.kube import KubeError
+from batchpilot.operator.liveguard import LiveGuard
 from batchpilot.operator.pause import Pause
 from batchpilot.operator.retune import Retune
 from batchpilot.operator.slots import Slots, StudySlot
@@ -50,6 +52,7 @@ class StudyRunner:
         slots: Slots,
         clock: Clock = utcnow,
         world_for: WorldFor | None = None,
+        live_check_s: float = 15.0,
     ) -> None:
         self._state = state = StudyState(
             namespace=namespace,
@@ -70,6 +73,7 @@ class StudyRunner:
         self._finish = finish
         self._pause = Pause(state, slot, cleanup)
         self._retune = Retune(state, slot)
+        self._live_guard = LiveGuard(state, live_check_s)
         self._in_flight: str | None = None  # the plan's kind while a step runs
 
     @property
@@ -144,6 +148,7 @@ class StudyRunner:
             await self._pause.resume()
             return True
         if plan.kind == "idle":
+            await self._live_guard.step()
             return await self._retune.step()
         writes = plan.kind == "write-back" or (
             plan.kind == "finish" and self._state.spec.tuning.write_back == "Apply"

@@ -55,6 +55,13 @@ class TargetWorld(Protocol):
         runtime applied live, onto every pod of the target."""
         ...
 
+    async def keep_live(self, params: Params) -> list[str]:
+        """For a winner written live through the runtime's API: every pod of the target
+        that runs other values (a restarted or new pod starts from the model's own
+        configuration) set to `params` again and verified; one "POD (ran LABEL)" per pod
+        set. [] when every pod runs them, or the write-back went to the pod template."""
+        ...
+
     async def restore(self, original: OriginalConfig) -> None:
         """Put the original configuration back on the target."""
         ...
