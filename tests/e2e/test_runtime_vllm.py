@@ -2,7 +2,8 @@
 build in a pod (runtime VLLM, apply.method Env), its batch cap a start-up option the
 pod's command line reads from a variable, so every trial is a rollout. The study runs on
 streamed completions under TTFT and TPOT targets, searches the batch cap alone (the
-queue wait pinned at 0: continuous batching has none), converges, and writes the best
+queue wait pinned at 0: continuous batching has none), verifies every rollout on the
+engine's own gauge of running sequences, converges, and writes the best
 cap back into the Deployment without any queue-wait variable; its status shows each
 trial's TTFT and TPOT p99."""
 
@@ -53,6 +54,12 @@ def test_vllm_rollout_study_on_token_targets(
     assert all(t["params"]["max_queue_time_ms"] == 0.0 for t in trials)
     assert trials[1]["params"]["max_batch_size"] != 4
     assert all(t["state"] == "Complete" for t in trials), diagnostics(cluster, operator)
+    # every rollout was verified on the engine itself: its gauge of running sequences
+    # under a burst beyond the cap (a trial it failed would be EnvIgnored)
+    unverified = cluster.kubectl.json(
+        "get", "events", "-n", namespace, "--field-selector", "reason=EnvUnverified"
+    )["items"]
+    assert not unverified, [e["message"] for e in unverified]
     assert all(t["effectiveRps"] > 0 for t in trials)
     # each trial shows the tails it was judged on, and the best its own
     assert all(t["ttftP99Ms"] > 0 and t["tpotP99Ms"] > 0 for t in trials)

@@ -7,6 +7,8 @@ does not)."""
 
 from __future__ import annotations
 
+import asyncio
+import json
 from collections.abc import AsyncIterator, Callable
 from datetime import UTC, datetime
 from typing import Any
@@ -343,3 +345,116 @@ async def test_a_study_on_a_container_that_ignores_the_variables_fails_on_max_fa
     assert all(t["reason"].startswith("EnvIgnored: pod resnet-1 runs ") for t in failed)
     assert "2 trials in a row failed" in status["message"]
     assert "EnvIgnored" in [e["reason"] for e in events_of(kmock)]
+
+
+class VllmPod:
+    """The target's pod as a vLLM engine: streamed completions, at most `max_num_seqs`
+    of them running at once (the others wait), and its gauge of those running in
+    /metrics. It runs MAX_BATCH_SIZE from the environment rolled out when `reads_env`,
+    else vLLM's own default."""
+
+    DEFAULT_MAX_NUM_SEQS = 256
+
+    def __init__(self, k: kmock.KubernetesEmulator) -> None:
+        self.k = k
+        self.reads_env = True
+        self.running = 0
+        self.streams = 0
+        self.admission = asyncio.Condition()
+
+    def cap(self) -> int:
+        if not self.reads_env:
+            return self.DEFAULT_MAX_NUM_SEQS
+        return int(rolled_out(self.k)["MAX_BATCH_SIZE"])
+
+    async def completions(self, request: web.Request) -> web.StreamResponse:
+        body = await request.json()
+        self.streams += 1
+        if body["model"] != "tiny":
+            return web.json_response({"error": f"model {body['model']!r} not found"}, status=404)
+        async with self.admission:  # admitted once a running sequence ends
+            await self.admission.wait_for(lambda: self.running < self.cap())
+            self.running += 1
+        try:
+            response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+            await response.prepare(request)
+            for _ in range(body["max_tokens"]):
+                await asyncio.sleep(0.002)
+                await response.write(b'data: {"choices": [{"text": " hi"}]}\n\n')
+            usage = {"choices": [], "usage": {"completion_tokens": body["max_tokens"]}}
+            await response.write(f"data: {json.dumps(usage)}\n\ndata: [DONE]\n\n".encode())
+            return response
+        finally:
+            async with self.admission:
+                self.running -= 1
+                self.admission.notify_all()
+
+    async def metrics(self, _: web.Request) -> web.Response:
+        return web.Response(
+            text="# TYPE vllm:num_requests_running gauge\n"
+            f'vllm:num_requests_running{{model_name="tiny"}} {self.running}\n'
+        )
+
+
+@pytest.fixture
+async def vllm_pod(kmock: kmock.KubernetesEmulator) -> AsyncIterator[tuple[VllmPod, int]]:
+    cluster_objects(kmock)
+    server = VllmPod(kmock)
+    app = web.Application()
+    app.router.add_post("/v1/completions", server.completions)
+    app.router.add_get("/metrics", server.metrics)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    yield server, runner.addresses[0][1]
+    await runner.cleanup()
+
+
+def vllm_spec(port: int, model: str = "tiny") -> InferenceServiceSpec:
+    return parse_spec(
+        {
+            "target": {"name": "resnet", "container": "server"},
+            "sla": {"ttftP99Ms": 3000, "tpotP99Ms": 300},
+            "runtime": {"kind": "VLLM", "model": model},
+            "apply": {"method": "Env", "env": {"maxBatchSize": "MAX_BATCH_SIZE"}},
+            "parameters": {"maxBatchSize": {"min": 2, "max": 8}},
+            "load": {"endpoint": {"port": port}, "protocol": "OpenAIStream", "maxRps": 1000},
+            "tuning": {"strategy": "InPlace"},
+        }
+    )
+
+
+async def test_a_vllm_pod_is_verified_by_its_engines_own_gauge_under_a_burst(
+    kmock: kmock.KubernetesEmulator, kube: Kube, vllm_pod: tuple[VllmPod, int]
+) -> None:
+    server, port = vllm_pod
+    w = world(kube, vllm_spec(port))
+    await w.trials.apply({"max_batch_size": 4, "max_queue_time_ms": 0.0})
+    assert rolled_out(kmock)["MAX_BATCH_SIZE"] == "4"
+    assert server.streams == 6  # beyond the cap, so a cap it did not run would show
+    assert not [e for e in events_of(kmock) if e["reason"] == "EnvUnverified"]
+    server.reads_env = False  # the engine runs its default, whatever the variable says
+    with pytest.raises(TargetProblem) as caught:
+        await w.trials.apply({"max_batch_size": 4, "max_queue_time_ms": 0.0})
+    assert caught.value.reason == "EnvIgnored"
+    assert caught.value.message.startswith(
+        "pod resnet-1 ran 6 sequences at once (vllm:num_requests_running under 6 concurrent "
+        "streams) after MAX_BATCH_SIZE=4 was rolled out: the container does not pass the "
+        "variable to vLLM"
+    )
+    assert caught.value.message.endswith("e.g. --max-num-seqs=$(MAX_BATCH_SIZE)")
+
+
+async def test_a_vllm_pod_whose_burst_fails_is_measured_unverified_and_said_so(
+    kmock: kmock.KubernetesEmulator, kube: Kube, vllm_pod: tuple[VllmPod, int]
+) -> None:
+    _, port = vllm_pod
+    await world(kube, vllm_spec(port, model="not-served")).trials.apply(
+        {"max_batch_size": 4, "max_queue_time_ms": 0.0}
+    )
+    [posted] = [e for e in events_of(kmock) if e["reason"] == "EnvUnverified"]
+    assert posted["message"].startswith(
+        "pod resnet-1: 6 concurrent streams, sent to see that vLLM runs at most "
+        "max_num_seqs=4 at once, failed (POST /v1/completions answered HTTP 404"
+    )

@@ -154,7 +154,9 @@ def test_a_kserve_predictor_is_read_in_the_runtimes_unit() -> None:
         (TRITON, False, "https", None),  # the runtime's API is plain http
         (MLSERVER, False, "http", None),  # reports its values in nothing but its answers
         ({"kind": "Generic"}, False, "http", None),
-        ({"kind": "VLLM", "model": "m"}, False, "http", None),
+        # no configuration to read: its engine's gauge under a burst beyond the cap
+        ({"kind": "VLLM", "model": "m"}, False, "http", "engine"),
+        ({"kind": "VLLM", "model": "m"}, False, "https", None),
         (None, True, "http", "apply.live"),
         (None, False, "http", None),  # a plain Deployment: nothing to ask
     ],

@@ -34,6 +34,8 @@ if TYPE_CHECKING:
 # reads of a pod's knobs after an Env rollout before it counts as unreadable: the pod
 # is ready, so its server answers; a port that never answers is not waited out
 ENV_READ_ATTEMPTS = 3
+# the bound of one pod's verification burst (vLLM's engine, method Env)
+ENGINE_BURST_TIMEOUT_S = 120.0
 
 
 class KubeTrials:
@@ -118,6 +120,11 @@ class KubeTrials:
         expected = decisions.params_from_env(env, names, self._env_wait)
         if not expected:
             return
+        if self._env_readback == "engine":
+            cap = expected.get("max_batch_size")
+            if cap is not None:
+                await self._check_engine_cap(workload, int(cap), env)
+            return
         tolerance = envknobs.resolution_ms(operator_runtimes.wait_knob(self._spec))
         for pod in await self._workload.pods(workload):
             ips = decisions.ready_pod_ips([pod])
@@ -132,6 +139,41 @@ class KubeTrials:
             )
             if ignored is not None:
                 raise TargetProblem("EnvIgnored", f"pod {name} {ignored}")
+
+    async def _check_engine_cap(
+        self, workload: Mapping[str, Any], cap: int, env: Mapping[str, str | None]
+    ) -> None:
+        """vLLM reports no configuration, but its own gauge of running sequences never
+        exceeds the max_num_seqs it runs: under a burst of more streams than `cap`, a peak
+        above it is a container that did not read the variable (EnvIgnored). A burst that
+        fails leaves the pod measured unverified, and an event says so."""
+        from batchpilot.runtimes.vllm.control import RUNNING, burst_streams, peak_running
+
+        variable = self._spec.env_names()["max_batch_size"]
+        model = self._spec.runtime.model
+        assert model is not None  # the spec requires it for kind VLLM
+        streams = burst_streams(cap)
+        for name, ip in decisions.ready_pods(await self._workload.pods(workload)):
+            url = operator_runtimes.pod_url(self._spec, ip)
+            try:
+                peak = await peak_running(url, model, streams, timeout_s=ENGINE_BURST_TIMEOUT_S)
+            except TargetError as exc:
+                await self._events.post(
+                    "EnvUnverified",
+                    f"pod {name}: {streams} concurrent streams, sent to see that vLLM runs "
+                    f"at most max_num_seqs={cap} at once, failed ({exc}); the trial is "
+                    "measured without knowing that the container read the variables",
+                )
+                continue
+            if peak > cap:
+                raise TargetProblem(
+                    "EnvIgnored",
+                    f"pod {name} ran {peak:g} sequences at once ({RUNNING} under {streams} "
+                    f"concurrent streams) after {variable}={env.get(variable)} was rolled out: "
+                    "the container does not pass the variable to vLLM (every trial would "
+                    f"measure the same configuration); give it in the args, e.g. "
+                    f"--max-num-seqs=$({variable})",
+                )
 
     async def _env_read(self, pod: str, ip: str) -> Params | None:
         """The knobs the pod at `ip` reports, None (with an event) when it does not

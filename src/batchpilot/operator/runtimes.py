@@ -47,7 +47,9 @@ DEFAULT_RAY_DASHBOARD_PORT = 8265
 # its values only in its bundled model's answers; vLLM and Generic report none.
 READBACK_RUNTIMES: Final = ("Triton", "RayServe", "TorchServe")
 
-EnvReadback = Literal["apply.live", "runtime"]
+# "engine": vLLM reports no configuration; its own gauge of running sequences under a
+# burst of more streams than the cap shows whether it runs that cap
+EnvReadback = Literal["apply.live", "runtime", "engine"]
 
 
 def adapter(spec: InferenceServiceSpec) -> Runtime | None:
@@ -80,14 +82,17 @@ def env_wait(spec: InferenceServiceSpec) -> envknobs.WaitEncoding:
 
 def env_readback(spec: InferenceServiceSpec) -> EnvReadback | None:
     """Where the knobs an Env rollout left on a pod are read back from: apply.live's
-    admin endpoint (kind Reference), the runtime's own API (READBACK_RUNTIMES), or
-    nowhere (MLServer, VLLM, Generic, Reference without apply.live): then a pod that
-    ignores the variables cannot be told from one that reads them."""
+    admin endpoint (kind Reference), the runtime's own API (READBACK_RUNTIMES), vLLM's
+    engine under a burst of streams (VLLM), or nowhere (MLServer, Generic, Reference
+    without apply.live): then a pod that ignores the variables cannot be told from one
+    that reads them."""
     if spec.apply.method != "Env":
         return None
     kind = spec.runtime.kind
     if kind == "Reference":
         return "apply.live" if spec.apply.live is not None else None
+    if kind == "VLLM":
+        return "engine" if spec.load.endpoint.scheme == "http" else None
     # a runtime's API is reached over plain http, as its live control is
     readable = kind in READBACK_RUNTIMES and spec.load.endpoint.scheme == "http"
     return "runtime" if readable else None

@@ -1,4 +1,5 @@
-"""The control of a vLLM server BatchPilot started (`tune --local --runtime vllm`).
+"""The control of a vLLM server BatchPilot started (`tune --local --runtime vllm`), and
+the burst check (`peak_running`) that verifies any vLLM server's cap by its own gauge.
 
 vLLM reads its scheduler's limits only at start, so a change is a restart with the new
 command line. It counts as applied only when the server itself says so, twice: its
@@ -159,7 +160,7 @@ class VllmControl:
         ):
             raise TargetError(f"asked vLLM for {knobs.label()}, it runs {live.label()}")
         streams = burst_streams(knobs.max_num_seqs)
-        peak = await self._peak_under_burst(streams)
+        peak = await peak_running(self.url, self.model, streams, timeout_s=self._burst_timeout_s)
         if peak > knobs.max_num_seqs:
             raise TargetError(
                 f"vLLM ran {peak:g} sequences at once with max_num_seqs={knobs.max_num_seqs} "
@@ -181,61 +182,66 @@ class VllmControl:
             change_s=time.monotonic() - started,
         )
 
-    async def _peak_under_burst(self, streams: int) -> float:
-        """The highest vllm:num_requests_running while `streams` concurrent streams of
-        VERIFY_OUTPUT_TOKENS tokens each are answered; every one must come back whole."""
-        done = asyncio.Event()
-        timeout = aiohttp.ClientTimeout(total=self._burst_timeout_s)
-        async with aiohttp.ClientSession(timeout=timeout) as session:
-            poller = asyncio.create_task(self._poll_running(session, done))
-            try:
-                counted = await asyncio.gather(*(self._stream(session) for _ in range(streams)))
-            except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
-                raise TargetError(
-                    f"a verification stream to {self.url} failed: {exc or type(exc).__name__}"
-                ) from None
-            finally:
-                done.set()
-                peak = await poller
-        short = [n for n in counted if n != VERIFY_OUTPUT_TOKENS]
-        if short:
+
+async def peak_running(url: str, model: str, streams: int, *, timeout_s: float) -> float:
+    """The highest vllm:num_requests_running of the vLLM server at `url` while `streams`
+    concurrent streams of VERIFY_OUTPUT_TOKENS tokens of `model` are answered; every one
+    must come back whole (TargetError otherwise; RequestShapeError on a 4xx)."""
+    url = url.rstrip("/")
+    done = asyncio.Event()
+    timeout = aiohttp.ClientTimeout(total=timeout_s)
+    async with aiohttp.ClientSession(timeout=timeout) as session:
+        poller = asyncio.create_task(_poll_running(session, url, done))
+        try:
+            counted = await asyncio.gather(*(_stream(session, url, model) for _ in range(streams)))
+        except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
             raise TargetError(
-                f"{len(short)} of {streams} verification streams came back with other than "
-                f"{VERIFY_OUTPUT_TOKENS} tokens (e.g. {short[0]}): the server did not honour "
-                "max_tokens, min_tokens and ignore_eos"
-            )
-        return peak
+                f"a verification stream to {url} failed: {exc or type(exc).__name__}"
+            ) from None
+        finally:
+            done.set()
+            peak = await poller
+    short = [n for n in counted if n != VERIFY_OUTPUT_TOKENS]
+    if short:
+        raise TargetError(
+            f"{len(short)} of {streams} verification streams came back with other than "
+            f"{VERIFY_OUTPUT_TOKENS} tokens (e.g. {short[0]}): the server did not honour "
+            "max_tokens, min_tokens and ignore_eos"
+        )
+    return peak
 
-    async def _poll_running(self, session: aiohttp.ClientSession, done: asyncio.Event) -> float:
-        peak = 0.0
-        url = f"{self.url}/metrics"
-        while not done.is_set():
-            try:
-                async with session.get(url) as response:
-                    page = await text_capped(response, cap=MAX_CONTROL_BODY_BYTES, url=url)
-                peak = max(peak, running(page))
-            except (aiohttp.ClientError, TimeoutError, ValueError):
-                pass  # one missed reading; the burst decides whether the server is gone
-            await asyncio.sleep(_POLL_S)
-        return peak
 
-    async def _stream(self, session: aiohttp.ClientSession) -> int:
-        """One streamed completion; the tokens its usage chunk counts."""
-        body = {
-            "model": self.model,
-            "prompt": VERIFY_PROMPT,
-            "max_tokens": VERIFY_OUTPUT_TOKENS,
-            "min_tokens": VERIFY_OUTPUT_TOKENS,
-            "ignore_eos": True,
-            "stream": True,
-            "stream_options": {"include_usage": True},
-        }
-        async with session.post(f"{self.url}/v1/completions", json=body) as response:
-            if response.status != 200:
-                text = await text_capped(response, cap=MAX_CONTROL_BODY_BYTES, url=self.url)
-                error = RequestShapeError if 400 <= response.status < 500 else TargetError
-                raise error(f"POST /v1/completions answered HTTP {response.status}: {text[:300]}")
-            return await _usage_tokens(response.content)
+async def _poll_running(session: aiohttp.ClientSession, url: str, done: asyncio.Event) -> float:
+    peak = 0.0
+    metrics = f"{url}/metrics"
+    while not done.is_set():
+        try:
+            async with session.get(metrics) as response:
+                page = await text_capped(response, cap=MAX_CONTROL_BODY_BYTES, url=metrics)
+            peak = max(peak, running(page))
+        except (aiohttp.ClientError, TimeoutError, ValueError):
+            pass  # one missed reading; the burst decides whether the server is gone
+        await asyncio.sleep(_POLL_S)
+    return peak
+
+
+async def _stream(session: aiohttp.ClientSession, url: str, model: str) -> int:
+    """One streamed completion; the tokens its usage chunk counts."""
+    body = {
+        "model": model,
+        "prompt": VERIFY_PROMPT,
+        "max_tokens": VERIFY_OUTPUT_TOKENS,
+        "min_tokens": VERIFY_OUTPUT_TOKENS,
+        "ignore_eos": True,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+    async with session.post(f"{url}/v1/completions", json=body) as response:
+        if response.status != 200:
+            text = await text_capped(response, cap=MAX_CONTROL_BODY_BYTES, url=url)
+            error = RequestShapeError if 400 <= response.status < 500 else TargetError
+            raise error(f"POST /v1/completions answered HTTP {response.status}: {text[:300]}")
+        return await _usage_tokens(response.content)
 
 
 async def _usage_tokens(content: aiohttp.StreamReader) -> int:
