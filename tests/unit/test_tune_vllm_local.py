@@ -130,16 +130,19 @@ def test_the_configuration_is_read_back_from_server_info() -> None:
         scheduler_knobs({"vllm_config": "text, not JSON"})
 
 
-def test_the_running_gauge_is_summed_over_engines() -> None:
+def test_the_running_gauge_is_the_busiest_engines() -> None:
+    # each engine of a data-parallel server runs up to max_num_seqs of its own
     page = (
         "# HELP vllm:num_requests_running Number of requests in model execution batches.\n"
         "# TYPE vllm:num_requests_running gauge\n"
         'vllm:num_requests_running{engine="0",model_name="m"} 3.0\n'
         'vllm:num_requests_running{engine="1",model_name="m"} 2.0\n'
+        'vllm:num_requests_running{engine="1",model_name="lora"} 2.0\n'
         "# TYPE vllm:num_requests_waiting gauge\n"
         'vllm:num_requests_waiting{engine="0",model_name="m"} 7.0\n'
     )
-    assert running(page) == 5.0
+    assert running(page) == 4.0
+    assert running('vllm:num_requests_running{model_name="m"} 6.0\n') == 6.0
     assert running("") == 0.0
 
 

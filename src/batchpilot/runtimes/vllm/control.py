@@ -66,12 +66,16 @@ def scheduler_knobs(info: Any) -> VllmKnobs:
 
 
 def running(page: str) -> float:
-    """vllm:num_requests_running in a /metrics page, summed over engines and models."""
-    total = 0.0
+    """vllm:num_requests_running in a /metrics page for the busiest engine (summed over
+    its models): each engine of a data-parallel server schedules up to max_num_seqs of
+    its own, so the cap bounds one engine's count, not their sum."""
+    per_engine: dict[str, float] = {}
     for family in text_string_to_metric_families(page):
         if family.name == RUNNING:
-            total += sum(sample.value for sample in family.samples)
-    return total
+            for sample in family.samples:
+                engine = sample.labels.get("engine", "")
+                per_engine[engine] = per_engine.get(engine, 0.0) + sample.value
+    return max(per_engine.values(), default=0.0)
 
 
 def burst_streams(cap: int) -> int:
