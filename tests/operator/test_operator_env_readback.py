@@ -8,6 +8,7 @@ does not)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 from collections.abc import AsyncIterator, Callable
 from datetime import UTC, datetime
@@ -141,6 +142,19 @@ class Pod:
         )
 
 
+@contextlib.asynccontextmanager
+async def on_loopback(app: web.Application) -> AsyncIterator[int]:
+    """`app` served on 127.0.0.1 while the block runs; its port."""
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    try:
+        yield runner.addresses[0][1]
+    finally:
+        await runner.cleanup()
+
+
 @pytest.fixture
 async def pod(kmock: kmock.KubernetesEmulator) -> AsyncIterator[tuple[Pod, int]]:
     cluster_objects(kmock)
@@ -148,12 +162,8 @@ async def pod(kmock: kmock.KubernetesEmulator) -> AsyncIterator[tuple[Pod, int]]
     app = web.Application()
     app.router.add_get("/admin/batching", server.admin)
     app.router.add_get("/v2/models/resnet/config", server.triton_config)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    yield server, runner.addresses[0][1]
-    await runner.cleanup()
+    async with on_loopback(app) as port:
+        yield server, port
 
 
 @pytest.fixture
@@ -403,12 +413,8 @@ async def vllm_pod(kmock: kmock.KubernetesEmulator) -> AsyncIterator[tuple[VllmP
     app = web.Application()
     app.router.add_post("/v1/completions", server.completions)
     app.router.add_get("/metrics", server.metrics)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    yield server, runner.addresses[0][1]
-    await runner.cleanup()
+    async with on_loopback(app) as port:
+        yield server, port
 
 
 def vllm_spec(port: int, model: str = "tiny") -> InferenceServiceSpec:

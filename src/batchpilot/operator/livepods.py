@@ -18,6 +18,7 @@ from batchpilot.operator import runtimes as operator_runtimes
 from batchpilot.operator.kubeworkload import Workload
 from batchpilot.operator.spec import InferenceServiceSpec, Params, batching_config
 from batchpilot.operator.world import TargetProblem
+from batchpilot.runtimes.base import representable
 
 if TYPE_CHECKING:
     from batchpilot.runtimes.base import Runtime
@@ -121,8 +122,6 @@ class LivePods:
         runtime = self.runtime
         if runtime is None:
             return []
-        from batchpilot.runtimes.base import representable
-
         config = batching_config(dict(params))
         wanted = representable(runtime.knobs, config)
         kept: list[str] = []
